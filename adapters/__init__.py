@@ -1,0 +1,1 @@
+"""Framework adapters: `import perseus.adapters.<framework>` patches that framework."""

@@ -1,0 +1,309 @@
+"""Structured configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` only pick values; these dataclasses define which keys exist, so a
+misspelled key (in a YAML file or a command-line override) fails with the key named. Core classes
+take these dataclasses (or plain values), never a ``DictConfig``: apps convert once with
+:func:`to_object`.
+
+This module runs on Python 3.9 (the Merak runtime path): keep ``Optional``/``List`` annotations,
+OmegaConf evaluates them at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from perseus.errors import ConfigError
+
+ENERGY_POLICIES = (
+    "no_slowdown",
+    "slowdown",
+    "deadline",
+    "min_energy",
+    "max_speed",
+    "zeus_cost",
+    "power_limit",
+)
+FRAMEWORKS = ("deepspeed", "megatron", "merak", "torch")
+GPU_BACKENDS = ("auto", "nvml", "emulated")
+SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
+
+
+@dataclass
+class ModelConfig:
+    """What to train (config group ``model``)."""
+
+    name: str = "gpt3-tiny"
+    family: str = "gpt"
+    num_layers: int = 8
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None
+    seq_length: int = 32
+    vocab_size: int = 512
+    # Partition of layers over stages: uniform, uniform_transformer, or custom:0,8,14,20,26.
+    partition: str = "uniform"
+    dataset: Optional[str] = None
+    extra: Any = field(default_factory=dict)
+
+
+@dataclass
+class ParallelismConfig:
+    """How the job is split (config group ``parallelism``)."""
+
+    pp: int = 4
+    dp: int = 1
+    tp: int = 1
+    num_microbatches: int = 8
+    microbatch_size: int = 1
+    schedule: str = "1f1b"
+    # Model chunks per stage for the interleaved schedule (Megatron's virtual pipeline).
+    num_model_chunks: int = 1
+
+
+@dataclass
+class PowerLimitConfig:
+    """Power-limit optimizer settings (used by ``energy=power_limit``)."""
+
+    step_w: float = 25.0
+    warmup_steps: int = 5
+    profile_steps: int = 10
+    selector: str = "zeus_cost"
+    max_slowdown: float = 0.1
+    profile_path: Optional[str] = None
+
+
+@dataclass
+class EnergyConfig:
+    """The energy policy (config group ``energy``)."""
+
+    policy: str = "no_slowdown"
+    # slowdown: allowed iteration-time increase over all-max, as a fraction (0.05 = 5 %).
+    max_slowdown: Optional[float] = None
+    # deadline: target iteration time in seconds.
+    iteration_time_s: Optional[float] = None
+    # zeus_cost: weight of energy in eta * E + (1 - eta) * P_max * T.
+    eta: float = 0.5
+    power_limit: PowerLimitConfig = field(default_factory=PowerLimitConfig)
+
+
+@dataclass
+class FrameworkConfig:
+    """The training framework and its adapter (config group ``framework``)."""
+
+    name: str = "deepspeed"
+    options: Any = field(default_factory=dict)
+
+
+@dataclass
+class EmulatedGPUConfig:
+    """Device model used when no NVIDIA GPU is usable."""
+
+    # Device profile CSV (DESIGN §3.1 format); None = the bundled A100 profile.
+    profile: Optional[str] = None
+    # Multiply every profiled time and energy by this (small = quick demo runs).
+    time_scale: float = 1.0
+    # Power while idle or blocked on communication (W); None = from the profile's notes.
+    blocking_power_w: Optional[float] = None
+    idle_power_w: Optional[float] = None
+    energy_update_period_s: float = 0.02
+    energy_noise: float = 0.0
+    power_limit_max_w: float = 400.0
+    power_limit_min_w: float = 100.0
+    # Sleep so instructions last their profiled time (off only for hook benchmarks).
+    sleep: bool = True
+    seed: int = 0
+
+
+@dataclass
+class GPUConfig:
+    """GPU backend (config group ``gpu``)."""
+
+    backend: str = "auto"
+    # Log every clock / power change instead of making it.
+    dry_run: bool = False
+    # Where restoration state files live (SIGKILL recovery).
+    state_dir: Optional[str] = None
+    lock_memory_clock: bool = False
+    emulated: EmulatedGPUConfig = field(default_factory=EmulatedGPUConfig)
+
+
+@dataclass
+class ProfilerConfig:
+    """Online profiler (config group ``profiler``)."""
+
+    enabled: bool = True
+    # sweep: one frequency per (stage, instruction) per window; fast: several per iteration.
+    mode: str = "fast"
+    # Stop lowering the frequency once energy rose this many times in a row.
+    energy_rise_patience: int = 5
+    warmup_instructions: int = 2
+    min_window_s: float = 0.1
+    max_iterations: int = 40
+    frequency_step: int = 1
+    # Lowest frequency to try (MHz); None = the device's lowest supported.
+    min_frequency_mhz: Optional[int] = None
+
+
+@dataclass
+class PlannerConfig:
+    """Planner (config group ``planner``)."""
+
+    # Profile CSV to plan from (perseus-plan).
+    profile: Optional[str] = None
+    # GPU power while blocked on pipeline communication (W): one value or one per stage.
+    p2p_power_w: Any = 83.64
+    solver: str = "lp"
+    # lowtime's time quantum (s).
+    time_unit_s: float = 1e-3
+    # Also write plans in the reference freqs_pipeline_%05d.py format.
+    export_reference: bool = False
+    # Only keep frequencies at or above this (MHz) when planning; None = all.
+    min_frequency_mhz: Optional[int] = None
+    plots: bool = True
+
+
+@dataclass
+class ServerConfig:
+    """Coordination server (config group ``server``)."""
+
+    # URL of a running server; None = start one automatically.
+    url: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 7787
+    token: Optional[str] = None
+    dump_dir: Optional[str] = None
+    request_timeout_s: float = 10.0
+    max_retries: int = 3
+
+
+@dataclass
+class RuntimeConfig:
+    """Hook runtime inside every training rank."""
+
+    # measure | max_speed | plan | online
+    mode: str = "online"
+    plan: Optional[str] = None
+    trace: bool = False
+    # Check that instructions arrive as the plan expects.
+    strict: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """Training loop and launcher (config group ``train``)."""
+
+    warmup_steps: int = 2
+    measure_steps: int = 5
+    max_steps: int = 200
+    seed: int = 1234
+    lr: float = 1e-3
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    nproc_per_node: Optional[int] = None
+    progress: bool = True
+
+
+@dataclass
+class PerseusConfig:
+    """The whole configuration of ``perseus-train`` and ``perseus-plan``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    framework: FrameworkConfig = field(default_factory=FrameworkConfig)
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: Optional[str] = None
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="perseus_schema", node=PerseusConfig)
+
+
+def to_object(cfg: Any) -> PerseusConfig:
+    """Turn a composed ``DictConfig`` into a validated :class:`PerseusConfig`."""
+    from omegaconf import OmegaConf
+
+    obj = cfg if isinstance(cfg, PerseusConfig) else OmegaConf.to_object(cfg)
+    if not isinstance(obj, PerseusConfig):
+        raise ConfigError(
+            f"expected a PerseusConfig, got {type(obj).__name__}; compose the config with "
+            "the perseus_schema defaults entry"
+        )
+    validate(obj)
+    return obj
+
+
+def validate(cfg: PerseusConfig) -> None:
+    """Check the whole configuration and report every problem at once.
+
+    Raises:
+        ConfigError: listing each bad key, its value and how to fix it.
+    """
+    problems: List[str] = []
+    par = cfg.parallelism
+    for key in ("pp", "dp", "tp", "num_microbatches", "microbatch_size", "num_model_chunks"):
+        value = getattr(par, key)
+        if value < 1:
+            problems.append(f"parallelism.{key}={value}: must be a positive integer")
+    if par.schedule not in SCHEDULES:
+        problems.append(f"parallelism.schedule={par.schedule!r}: choose one of {SCHEDULES}")
+    problems += _energy_problems(cfg.energy)
+    if cfg.framework.name not in FRAMEWORKS:
+        problems.append(f"framework={cfg.framework.name!r}: choose one of {FRAMEWORKS}")
+    if cfg.energy.policy == "power_limit" and cfg.framework.name != "torch":
+        problems.append(
+            "energy=power_limit is for jobs without pipeline parallelism: "
+            "add framework=torch (or pick a pipeline policy such as energy=no_slowdown)"
+        )
+    if cfg.gpu.backend not in GPU_BACKENDS:
+        problems.append(f"gpu={cfg.gpu.backend!r}: choose one of {GPU_BACKENDS}")
+    if cfg.gpu.emulated.time_scale <= 0:
+        problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
+    if cfg.profiler.energy_rise_patience < 1:
+        problems.append("profiler.energy_rise_patience must be >= 1")
+    if not (0 < cfg.server.port < 65536):
+        problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
+    if cfg.runtime.mode not in ("measure", "max_speed", "plan", "online"):
+        problems.append(
+            f"runtime.mode={cfg.runtime.mode!r}: choose measure, max_speed, plan or online"
+        )
+    if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
+        problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _energy_problems(energy: EnergyConfig) -> List[str]:
+    problems: List[str] = []
+    if energy.policy not in ENERGY_POLICIES:
+        return [f"energy={energy.policy!r}: choose one of {ENERGY_POLICIES}"]
+    if energy.policy == "slowdown" and (energy.max_slowdown is None or energy.max_slowdown < 0):
+        problems.append(
+            "energy=slowdown needs energy.max_slowdown=<fraction >= 0>, e.g. 0.05 for 5 %"
+        )
+    if energy.policy == "deadline" and (
+        energy.iteration_time_s is None or energy.iteration_time_s <= 0
+    ):
+        problems.append("energy=deadline needs energy.iteration_time_s=<seconds > 0>")
+    if not (0.0 <= energy.eta <= 1.0):
+        problems.append(f"energy.eta={energy.eta}: must be within [0, 1]")
+    selectors = ("zeus_cost", "energy", "time", "max_slowdown")
+    if energy.power_limit.selector not in selectors:
+        problems.append(
+            f"energy.power_limit.selector={energy.power_limit.selector!r}: choose one of "
+            f"{selectors}"
+        )
+    return problems

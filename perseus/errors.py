@@ -1,0 +1,63 @@
+"""One exception tree for Perseus.
+
+Every message says what went wrong and how to fix it. Catch :class:`PerseusError` to handle
+anything Perseus raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class PerseusError(Exception):
+    """Base of every error Perseus raises on purpose."""
+
+
+class ConfigError(PerseusError, ValueError):
+    """A configuration value is missing, misspelled or out of range."""
+
+
+class ProfileError(PerseusError, ValueError):
+    """A profile CSV is malformed; the message names the file, row and problem."""
+
+
+class PlanError(PerseusError, ValueError):
+    """A plan file is malformed or does not match the pipeline it is applied to."""
+
+
+class ScheduleMismatchError(PerseusError, RuntimeError):
+    """The training framework ran an instruction the plan did not expect at that point."""
+
+
+class SolverError(PerseusError, RuntimeError):
+    """A planner solver failed or was given an instance it cannot handle."""
+
+
+class GPUError(PerseusError, RuntimeError):
+    """Base of GPU-layer errors."""
+
+
+class GPUNotFoundError(GPUError):
+    """No usable GPU (no driver, no device, or an index out of range)."""
+
+
+class GPUPermissionError(GPUError):
+    """Changing clocks or power limits needs privileges this process does not have."""
+
+
+class GPUNotSupportedError(GPUError):
+    """The device or driver does not support the requested operation."""
+
+
+class GPUValueError(GPUError, ValueError):
+    """A clock or power value outside what the device supports."""
+
+
+class GPUOwnershipError(GPUError):
+    """Another controller already owns this GPU's clocks or power limit."""
+
+
+class AdapterError(PerseusError, RuntimeError):
+    """A framework adapter cannot patch the installed framework (missing or changed names)."""
+
+
+class ServerError(PerseusError, RuntimeError):
+    """The coordination server rejected a request or could not be reached."""

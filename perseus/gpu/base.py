@@ -1,0 +1,92 @@
+"""The abstract GPU every other layer talks to.
+
+Units are in the names: ``_mhz`` clocks, ``_mw`` power, ``_mj`` energy, ``_s`` time. A backend
+(NVML, emulated) implements the abstract methods; nothing above this layer imports pynvml.
+
+Runs on Python 3.9 (the Merak runtime path).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import List, Tuple
+
+
+class GPU(abc.ABC):
+    """One GPU driven by this process.
+
+    Attributes:
+        index: The index of the GPU as this process sees it (after ``CUDA_VISIBLE_DEVICES``).
+        name: A human-readable device name.
+    """
+
+    index: int
+    name: str
+
+    # -- clocks ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def supported_sm_clocks_mhz(self) -> List[int]:
+        """SM (graphics) clocks the device supports, highest first."""
+
+    @abc.abstractmethod
+    def supported_memory_clocks_mhz(self) -> List[int]:
+        """Memory clocks the device supports, highest first."""
+
+    @abc.abstractmethod
+    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock into ``[min_mhz, max_mhz]`` (equal values pin one frequency)."""
+
+    @abc.abstractmethod
+    def reset_sm_clocks(self) -> None:
+        """Undo :meth:`lock_sm_clocks_mhz`: the driver picks clocks again."""
+
+    @abc.abstractmethod
+    def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the memory clock into ``[min_mhz, max_mhz]``."""
+
+    @abc.abstractmethod
+    def reset_memory_clocks(self) -> None:
+        """Undo :meth:`lock_memory_clocks_mhz`."""
+
+    # -- power limit ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def power_limit_mw(self) -> int:
+        """The power limit in force (mW)."""
+
+    @abc.abstractmethod
+    def power_limit_constraints_mw(self) -> Tuple[int, int]:
+        """``(min_mw, max_mw)`` the power limit may be set to."""
+
+    @abc.abstractmethod
+    def default_power_limit_mw(self) -> int:
+        """The power limit the device boots with (mW)."""
+
+    @abc.abstractmethod
+    def set_power_limit_mw(self, limit_mw: int) -> None:
+        """Set the power limit (mW)."""
+
+    def reset_power_limit(self) -> None:
+        """Restore the default power limit."""
+        self.set_power_limit_mw(self.default_power_limit_mw())
+
+    # -- measurement ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def total_energy_mj(self) -> int:
+        """Energy consumed since the driver loaded (mJ); advances in discrete updates."""
+
+    @abc.abstractmethod
+    def power_mw(self) -> int:
+        """Current power draw (mW)."""
+
+    # -- instruction marks (the emulated device uses them; real devices ignore them) -------------
+    def instruction_begin(self, stage: int, instruction: str) -> None:
+        """The runtime starts ``instruction`` (forward/backward) of pipeline ``stage`` now.
+
+        The emulated device runs it at its currently locked SM clock.
+        """
+
+    def instruction_end(self, instruction: str) -> None:
+        """The runtime finished the instruction begun last (blocks until it is done)."""
+
+    def close(self) -> None:
+        """Release the device (restoring settings is the controller's job, not this)."""
