@@ -131,8 +131,14 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
             where = f"{source}: stages[{s}][{i}]"
             if not isinstance(step, dict):
                 raise PlanError(f"{where}: expected an object, got {step!r}")
-            steps.append(_step(step.get("instruction"), step.get("microbatch"),
-                               step.get("frequency_mhz"), where))
+            steps.append(
+                _step(
+                    step.get("instruction"),
+                    step.get("microbatch"),
+                    step.get("frequency_mhz"),
+                    where,
+                )
+            )
         _check_stage(steps, int(data["num_microbatches"]), f"{source}: stage {s}")
         stages.append(steps)
     predicted = data.get("predicted") or {}

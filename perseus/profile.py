@@ -51,15 +51,11 @@ class Profile:
         self._table = {k: sorted(v, key=lambda m: -m.frequency_mhz) for k, v in table.items()}
         self.source = source
         self.num_stages = 1 + max(stage for stage, _ in self._table)
-        self._index = {
-            k: {m.frequency_mhz: m for m in v} for k, v in self._table.items()
-        }
+        self._index = {k: {m.frequency_mhz: m for m in v} for k, v in self._table.items()}
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_rows(
-        cls, rows: Iterable[Sequence[Any]], source: str = "<profile>"
-    ) -> Profile:
+    def from_rows(cls, rows: Iterable[Sequence[Any]], source: str = "<profile>") -> Profile:
         """Build from ``(stage, instruction, frequency, time, energy)`` tuples, validating."""
         table: Dict[Tuple[int, str], List[Measurement]] = {}
         seen: Dict[Tuple[int, str, int], int] = {}
@@ -72,9 +68,7 @@ class Profile:
                     f"{instruction}, {freq} MHz); keep one measurement per frequency"
                 )
             seen[key3] = row_no
-            table.setdefault((stage, instruction), []).append(
-                Measurement(freq, time_s, energy_j)
-            )
+            table.setdefault((stage, instruction), []).append(Measurement(freq, time_s, energy_j))
         if not table:
             raise ProfileError(f"{source}: no rows; a profile needs at least one stage")
         num_stages = 1 + max(stage for stage, _ in table)
@@ -136,8 +130,10 @@ class Profile:
         A frequency is dropped when another is at least as fast and uses at most as much
         energy (strictly better in one). Ties keep the higher frequency.
         """
-        ms = sorted(self.measurements(stage, instruction),
-                    key=lambda m: (m.time_s, m.energy_j, -m.frequency_mhz))
+        ms = sorted(
+            self.measurements(stage, instruction),
+            key=lambda m: (m.time_s, m.energy_j, -m.frequency_mhz),
+        )
         out: List[Measurement] = []
         for m in ms:
             if not out or m.energy_j < out[-1].energy_j:
@@ -155,8 +151,10 @@ class Profile:
     def scaled(self, time_scale: float, energy_scale: float) -> Profile:
         """A copy with every time and energy multiplied by the given factors."""
         table = {
-            key: [Measurement(m.frequency_mhz, m.time_s * time_scale, m.energy_j * energy_scale)
-                  for m in ms]
+            key: [
+                Measurement(m.frequency_mhz, m.time_s * time_scale, m.energy_j * energy_scale)
+                for m in ms
+            ]
             for key, ms in self._table.items()
         }
         return Profile(table, self.source)
@@ -212,9 +210,7 @@ def _check_row(row: Sequence[Any], source: str, row_no: int) -> Tuple[int, str, 
     if stage_i < 0:
         raise ProfileError(f"{where}: stage {stage!r} must be >= 0")
     if instruction not in INSTRUCTIONS:
-        raise ProfileError(
-            f"{where}: instruction {instruction!r} must be 'forward' or 'backward'"
-        )
+        raise ProfileError(f"{where}: instruction {instruction!r} must be 'forward' or 'backward'")
     freq_i = _as_int(freq, where, "frequency")
     if freq_i <= 0:
         raise ProfileError(f"{where}: frequency {freq!r} must be a positive integer (MHz)")

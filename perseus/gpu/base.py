@@ -22,6 +22,9 @@ class GPU(abc.ABC):
 
     index: int
     name: str
+    # True when clock changes cost next to nothing (the emulated device): the runtime then
+    # applies them in the calling thread instead of a background controller.
+    fast_clock_changes: bool = False
 
     # -- clocks ---------------------------------------------------------------------------------
     @abc.abstractmethod

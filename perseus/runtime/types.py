@@ -103,8 +103,9 @@ class FrequencySource(Protocol):
     def begin_step(self, step: int) -> None:
         """Iteration ``step`` starts."""
 
-    def frequency_mhz(self, step: int, position: int, instruction: str, microbatch: int
-                      ) -> Optional[int]:
+    def frequency_mhz(
+        self, step: int, position: int, instruction: str, microbatch: int
+    ) -> Optional[int]:
         """Frequency for the ``position``-th instruction of iteration ``step`` on this stage."""
 
     def end_step(self, record: StepRecord) -> None:
