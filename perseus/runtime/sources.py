@@ -1,0 +1,184 @@
+"""Frequency sources: who decides the SM clock of each instruction.
+
+* :class:`MeasureSource` never touches clocks; the optimizer only measures.
+* :class:`MaxSpeedSource` runs every instruction at one clock (the device's highest).
+* :class:`PlanSource` applies a :class:`perseus.plan.Plan` and checks that the training
+  framework runs instructions in the order the plan expects.
+
+The online profiler's source lives in :mod:`perseus.runtime.online`. Standard library only;
+runs on Python 3.9 (the Merak runtime path). ``frequency_mhz`` runs on the training critical
+path: plan lookups are precomputed per position.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+from perseus.errors import PlanError, ScheduleMismatchError
+from perseus.plan import Plan
+from perseus.runtime.types import StepRecord
+
+
+class MeasureSource:
+    """Leave the clocks alone: every instruction runs at whatever the driver picks."""
+
+    wants_energy = False
+    changes_clocks = False
+
+    def begin_step(self, step: int) -> None:
+        """Nothing to prepare."""
+
+    def frequency_mhz(
+        self, step: int, position: int, instruction: str, microbatch: int
+    ) -> Optional[int]:
+        """Always ``None`` (default clocks)."""
+        return None
+
+    def end_step(self, record: StepRecord) -> None:
+        """Nothing to learn."""
+
+
+class MaxSpeedSource:
+    """Every instruction at one SM clock, normally the highest the device supports.
+
+    Args:
+        max_mhz: The clock to lock (MHz).
+    """
+
+    wants_energy = False
+    changes_clocks = True
+
+    def __init__(self, max_mhz: int) -> None:
+        """Lock every instruction at ``max_mhz``."""
+        if max_mhz <= 0:
+            raise PlanError(f"MaxSpeedSource(max_mhz={max_mhz}): the clock must be > 0 MHz")
+        self.max_mhz = int(max_mhz)
+
+    def begin_step(self, step: int) -> None:
+        """Nothing to prepare."""
+
+    def frequency_mhz(
+        self, step: int, position: int, instruction: str, microbatch: int
+    ) -> Optional[int]:
+        """The fixed clock."""
+        return self.max_mhz
+
+    def end_step(self, record: StepRecord) -> None:
+        """Nothing to learn."""
+
+
+class PlanSource:
+    """Apply one stage's part of a frequency plan, position by position.
+
+    The optimizer numbers the instructions of an iteration 0, 1, 2, ... on this stage and counts
+    microbatches per instruction kind. In strict mode an instruction that is not the one the plan
+    has at that position raises :class:`~perseus.errors.ScheduleMismatchError` naming the
+    position, the expected instruction and microbatch, and what came instead. In non-strict mode
+    the first mismatch warns once; from then on instructions are looked up by (instruction,
+    occurrence) and anything the plan does not cover runs at the plan's highest clock of that
+    instruction kind (never slower than the plan intends).
+
+    Args:
+        plan: The plan to apply.
+        stage: This rank's pipeline stage (index into ``plan.stages``).
+        strict: Raise on a mismatch (True) or warn once and fall back (False).
+    """
+
+    wants_energy = False
+    changes_clocks = True
+
+    def __init__(self, plan: Plan, stage: int, strict: bool = True) -> None:
+        """Precompute the per-position arrays of ``plan.stages[stage]``."""
+        if not 0 <= stage < plan.num_stages:
+            raise PlanError(
+                f"the plan has {plan.num_stages} stage(s) but this rank is stage {stage}; "
+                "plan for the job's parallelism.pp (regenerate the plan with perseus-plan)"
+            )
+        steps = plan.stages[stage]
+        self.plan = plan
+        self.stage = stage
+        self.strict = strict
+        self.names: List[str] = [s.instruction for s in steps]
+        self.microbatches: List[int] = [s.microbatch for s in steps]
+        self.freqs_mhz: List[int] = [s.frequency_mhz for s in steps]
+        self.num_positions = len(steps)
+        self._by_occurrence = _occurrence_table(self.names, self.freqs_mhz)
+        self._fallback_mhz = {
+            name: max(f for n, f in zip(self.names, self.freqs_mhz) if n == name)
+            for name in set(self.names)
+        }
+        self._fell_back = False
+
+    def begin_step(self, step: int) -> None:
+        """Nothing to prepare: the plan is the same every iteration."""
+
+    def frequency_mhz(
+        self, step: int, position: int, instruction: str, microbatch: int
+    ) -> Optional[int]:
+        """The plan's clock at ``position``, after checking the instruction matches."""
+        if (
+            not self._fell_back
+            and position < self.num_positions
+            and self.names[position] == instruction
+        ):
+            return self.freqs_mhz[position]
+        return self._mismatch(step, position, instruction, microbatch)
+
+    def end_step(self, record: StepRecord) -> None:
+        """Check that the iteration ran every instruction the plan has."""
+        ran = len(record.instructions)
+        if ran == self.num_positions or self._fell_back:
+            return
+        if ran < self.num_positions:
+            got = f"the iteration ended after {ran} instruction(s)"
+        else:  # pragma: no cover - frequency_mhz already reported the extra instruction
+            got = f"the iteration ran {ran} instructions"
+        self._report(record.step, ran, got)
+
+    # -- mismatch handling ---------------------------------------------------------------------
+    def _mismatch(self, step: int, position: int, instruction: str, microbatch: int) -> int:
+        if not self._fell_back:
+            self._report(step, position, f"got {instruction} of microbatch {microbatch}")
+        fallback = self._by_occurrence.get((instruction, microbatch))
+        if fallback is None:
+            fallback = self._fallback_mhz.get(instruction, max(self.freqs_mhz))
+        return fallback
+
+    def _report(self, step: int, position: int, got: str) -> None:
+        if position < self.num_positions:
+            expected = (
+                f"expected {self.names[position]} of microbatch {self.microbatches[position]} "
+                f"at position {position}"
+            )
+        else:
+            expected = (
+                f"expected the iteration to end after {self.num_positions} instructions "
+                f"(position {position} is past the plan's end)"
+            )
+        message = (
+            f"stage {self.stage}, iteration {step}: {expected}, but {got}. The plan "
+            f"({self.plan.schedule}, {self.plan.num_stages} stages, "
+            f"{self.plan.num_microbatches} microbatches) does not match the framework's "
+            "schedule: plan with the job's parallelism.schedule / num_microbatches, or set "
+            "runtime.strict=false to warn and fall back"
+        )
+        if self.strict:
+            raise ScheduleMismatchError(message)
+        self._fell_back = True
+        warnings.warn(
+            message + "; falling back to per-(instruction, microbatch) clocks",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _occurrence_table(names: List[str], freqs_mhz: List[int]) -> Dict[Tuple[str, int], int]:
+    """Map (instruction, k) to the clock of the k-th occurrence of that instruction."""
+    counts: Dict[str, int] = {}
+    table: Dict[Tuple[str, int], int] = {}
+    for name, freq in zip(names, freqs_mhz):
+        k = counts.get(name, 0)
+        table[(name, k)] = freq
+        counts[name] = k + 1
+    return table

@@ -1,0 +1,205 @@
+"""The exact NVML calls of applying a plan over two iterations (pynvml autospec'd)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
+from unittest import mock
+
+import pytest
+
+from perseus.gpu.guard import GPUGuard
+from perseus.gpu.nvml import NVMLGPU
+from perseus.runtime.optimizer import PerseusOptimizer
+from perseus.runtime.sources import PlanSource
+from perseus.runtime.types import RankInfo
+from tests.unit.gpu.nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml
+from tests.unit.runtime.fakes import make_plan, one_f_one_b
+
+REPO = Path(__file__).resolve().parents[3]
+H = "handle-0"
+CLOCKS_MHZ = (1410, 1200, 1200, 1005)  # repeats exercise skip-identical
+
+
+def _expected_plan_calls(freqs: List[int], num_iterations: int) -> List[Any]:
+    calls: List[Any] = []
+    last = None
+    for _ in range(num_iterations):
+        calls.append(mock.call.nvmlDeviceGetTotalEnergyConsumption(H))  # step begin
+        for f in freqs:
+            if f != last:
+                calls.append(mock.call.nvmlDeviceSetGpuLockedClocks(H, f, f))
+                last = f
+        calls.append(mock.call.nvmlDeviceGetTotalEnergyConsumption(H))  # step end
+    return calls
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "thread+flush"])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_plan_over_two_iterations_exact_nvml_calls(
+    tmp_path: Path, synchronous: bool, stage: int
+) -> None:
+    plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
+    order = one_f_one_b(2, stage, 3)
+    nvml = make_pynvml_mock()
+    with patched_pynvml(nvml):
+        gpu = NVMLGPU(0)
+        guard = GPUGuard(gpu, state_dir=tmp_path, owner="test").acquire()
+        opt = PerseusOptimizer(
+            RankInfo(stage=stage, num_stages=2),
+            gpu,
+            PlanSource(plan, stage),
+            guard=guard,
+            owns_guard=True,
+            owns_gpu=True,
+            synchronous_clocks=synchronous,
+        )
+        for _ in range(2):
+            opt.on_step_begin()
+            for name, _mb in order:
+                opt.on_instruction_begin(name)
+                opt.flush_clocks()  # a no-op when synchronous
+                opt.on_instruction_end(name)
+            opt.on_step_end()
+        state_files = list(tmp_path.glob("*.state.json"))
+        opt.close()
+    expected = (
+        opening_calls(0)
+        + _expected_plan_calls(plan.frequencies(stage), 2)
+        + [mock.call.nvmlDeviceResetGpuLockedClocks(H), mock.call.nvmlShutdown()]
+    )
+    assert nvml.mock_calls == expected
+    assert len(state_files) == 1  # SIGKILL recovery record while clocks were locked
+    assert list(tmp_path.glob("*.state.json")) == []  # removed by the clean restore
+    assert not guard.acquired
+
+
+def test_exception_mid_iteration_restores_with_exact_calls(tmp_path: Path) -> None:
+    plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
+    nvml = make_pynvml_mock()
+    with patched_pynvml(nvml), pytest.raises(KeyError, match="data loader"):
+        gpu = NVMLGPU(0)
+        guard = GPUGuard(gpu, state_dir=tmp_path).acquire()
+        with PerseusOptimizer(
+            RankInfo(stage=0, num_stages=2),
+            gpu,
+            PlanSource(plan, 0),
+            guard=guard,
+            owns_guard=True,
+            owns_gpu=True,
+            synchronous_clocks=True,
+        ) as opt:
+            opt.on_step_begin()
+            opt.on_instruction_begin("forward")
+            try:
+                raise KeyError("data loader")
+            finally:
+                opt.on_instruction_end("forward")
+    first = plan.frequencies(0)[0]
+    assert nvml.mock_calls == [
+        *opening_calls(0),
+        mock.call.nvmlDeviceGetTotalEnergyConsumption(H),
+        mock.call.nvmlDeviceSetGpuLockedClocks(H, first, first),
+        mock.call.nvmlDeviceResetGpuLockedClocks(H),
+        mock.call.nvmlShutdown(),
+    ]
+
+
+CHILD_EXIT = """
+import atexit, sys
+sys.path.insert(0, {repo!r})
+from tests.unit.gpu.nvml_mock import make_pynvml_mock
+nvml = make_pynvml_mock()
+sys.modules["pynvml"] = nvml
+out = {out!r}
+atexit.register(lambda: open(out, "w").write("\\n".join(repr(c) for c in nvml.mock_calls)))
+from pathlib import Path
+from perseus.gpu.guard import GPUGuard
+from perseus.gpu.nvml import NVMLGPU
+from perseus.runtime.optimizer import PerseusOptimizer
+from perseus.runtime.sources import MaxSpeedSource
+from perseus.runtime.types import RankInfo
+gpu = NVMLGPU(0)
+guard = GPUGuard(gpu, state_dir=Path({state!r})).acquire()
+opt = PerseusOptimizer(RankInfo(), gpu, MaxSpeedSource(1410), guard=guard, owns_guard=True,
+                       owns_gpu=True)
+opt.on_step_begin()
+opt.on_instruction_begin("forward")
+opt.flush_clocks()
+# The script ends here without close(): the exit hooks must restore the clocks.
+"""
+
+
+def test_interpreter_exit_restores_clocks(tmp_path: Path) -> None:
+    out = tmp_path / "calls.txt"
+    code = CHILD_EXIT.format(repo=str(REPO), out=str(out), state=str(tmp_path / "state"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = [
+        *opening_calls(0),
+        mock.call.nvmlDeviceGetTotalEnergyConsumption(H),
+        mock.call.nvmlDeviceSetGpuLockedClocks(H, 1410, 1410),
+        mock.call.nvmlDeviceResetGpuLockedClocks(H),
+        mock.call.nvmlShutdown(),
+    ]
+    assert out.read_text().splitlines() == [repr(c) for c in expected]
+    assert list((tmp_path / "state").glob("*.state.json")) == []
+
+
+def test_two_engines_in_one_process_share_the_gpu(tmp_path: Path) -> None:
+    from perseus.config import PerseusConfig
+    from perseus.runtime import context
+
+    plan = make_plan(1, 2, clocks_mhz=(1410, 1200, 1005))  # F0 B0 F1 B1: 1410 1200 1005 1410
+    cfg = PerseusConfig()
+    cfg.gpu.backend = "nvml"
+    cfg.gpu.state_dir = str(tmp_path)
+    cfg.parallelism.pp, cfg.parallelism.num_microbatches = 1, 2
+    cfg.runtime.mode = "plan"
+    cfg.runtime.plan = str(plan.write(tmp_path / "plan.json"))
+    order = one_f_one_b(1, 0, 2)
+    nvml = make_pynvml_mock()
+    context.reset()
+    with patched_pynvml(nvml):
+        context.configure(cfg)
+        try:
+            a = context.optimizer_for(RankInfo(), key="actor")
+            b = context.optimizer_for(RankInfo(), key="critic")  # no GPUOwnershipError
+            assert a is not b
+            for hooks in (a, b, a):
+                hooks.on_step_begin()
+                for name, _ in order:
+                    hooks.on_instruction_begin(name)
+                    hooks.flush_clocks()  # type: ignore[attr-defined]
+                    hooks.on_instruction_end(name)
+                hooks.on_step_end()
+        finally:
+            context.reset()
+    energy = mock.call.nvmlDeviceGetTotalEnergyConsumption(H)
+    lock = mock.call.nvmlDeviceSetGpuLockedClocks
+    # One device opened once; one clock record: 1410 is not re-locked when engine b starts.
+    assert nvml.mock_calls == [
+        *opening_calls(0),
+        energy,
+        lock(H, 1410, 1410),
+        lock(H, 1200, 1200),
+        lock(H, 1005, 1005),
+        lock(H, 1410, 1410),
+        energy,
+        energy,
+        lock(H, 1200, 1200),
+        lock(H, 1005, 1005),
+        lock(H, 1410, 1410),
+        energy,
+        energy,
+        lock(H, 1200, 1200),
+        lock(H, 1005, 1005),
+        lock(H, 1410, 1410),
+        energy,
+        mock.call.nvmlDeviceResetGpuLockedClocks(H),  # the first optimizer closed: unlock
+        mock.call.nvmlShutdown(),
+    ]
