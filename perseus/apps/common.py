@@ -1,0 +1,105 @@
+"""Shared plumbing of the Hydra apps: ``perseus-plan``, ``perseus-train``, ``perseus-server``.
+
+:func:`hydra_app` turns a function ``fn(cfg: PerseusConfig, out_dir: Path)`` into a console-script
+``main()``: the config is composed from the packaged ``perseus.conf`` (so the app works from any
+working directory), typed and validated once with :func:`perseus.config.to_object`, and a
+:class:`~perseus.errors.PerseusError` becomes a one-paragraph message on stderr and exit code 2
+instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from perseus.config import PerseusConfig, register_configs, to_object
+from perseus.errors import PerseusError
+
+CONFIG_PATH = "pkg://perseus.conf"
+ERROR_EXIT_CODE = 2
+
+AppFunction = Callable[[PerseusConfig, Path], Optional[int]]
+
+logger = logging.getLogger(__name__)
+
+
+def run_dir() -> Path:
+    """The Hydra run directory (``hydra.run.dir``); the working directory outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path.cwd()
+
+
+def report_error(prog: str, exc: BaseException) -> None:
+    """Print ``exc`` as one clean paragraph on stderr (no traceback) and log it."""
+    message = str(exc).strip() or type(exc).__name__
+    logger.debug("%s failed", prog, exc_info=exc)
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
+
+
+def run_app(prog: str, fn: AppFunction, raw_cfg: object) -> Optional[int]:
+    """Convert ``raw_cfg``, call ``fn(cfg, run_dir())`` and map PerseusError to exit code 2.
+
+    Args:
+        prog: The command name used in error messages (``perseus-plan``).
+        fn: The app body.
+        raw_cfg: The ``DictConfig`` Hydra composed.
+
+    Returns:
+        Whatever ``fn`` returned.
+
+    Raises:
+        SystemExit: with code 2 when ``fn`` (or config validation) raised a PerseusError, or with
+            ``fn``'s non-zero return value.
+    """
+    try:
+        cfg = to_object(raw_cfg)
+        code = fn(cfg, run_dir())
+    except PerseusError as exc:
+        report_error(prog, exc)
+        raise SystemExit(ERROR_EXIT_CODE) from None
+    if code:
+        raise SystemExit(code)
+    return code
+
+
+def hydra_app(config_name: str, prog: str) -> Callable[[AppFunction], Callable[[], None]]:
+    """Decorator making a Hydra console-script ``main`` out of ``fn(cfg, out_dir)``.
+
+    Example::
+
+        @hydra_app("perseus_plan", prog="perseus-plan")
+        def main(cfg: PerseusConfig, out_dir: Path) -> None: ...
+
+    Args:
+        config_name: Primary config in ``conf/`` (``perseus_plan``, ``perseus_train``, ...).
+        prog: Command name for error messages.
+
+    Returns:
+        A decorator; the decorated name becomes a no-argument ``main()`` that parses
+        ``sys.argv`` the Hydra way (overrides, ``-m``, ``--cfg job``, ``--help``).
+    """
+    import hydra
+
+    register_configs()
+
+    def decorate(fn: AppFunction) -> Callable[[], None]:
+        @functools.wraps(fn)
+        def task(raw_cfg: object) -> None:
+            run_app(prog, fn, raw_cfg)
+
+        main = hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base=None)(task)
+
+        @functools.wraps(fn)
+        def entry() -> None:
+            main()
+
+        return entry
+
+    return decorate

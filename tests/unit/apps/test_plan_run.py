@@ -1,0 +1,116 @@
+"""run_plan (the body of perseus-plan) in-process on a small synthetic profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perseus.apps.plan import run_plan, solver_options
+from perseus.config import EnergyConfig, PerseusConfig
+from perseus.errors import ConfigError, ProfileError
+from perseus.plan import load_plan
+from perseus.planner.problem import PlanningProblem
+from perseus.planner.simulate import simulate
+from perseus.profile import Profile, load_profile
+
+FREQS = [800, 950, 1100, 1250, 1400]
+
+
+def _write_profile(path: Path) -> Path:
+    rows = []
+    for stage, base_s in enumerate([0.020, 0.026, 0.022]):
+        for name, mult in (("forward", 1.0), ("backward", 2.0)):
+            for f in FREQS:
+                time_s = base_s * mult * max(FREQS) / f
+                rows.append((stage, name, f, time_s, (60 + 1.2e-7 * f**3) * time_s))
+    return Profile.from_rows(rows).write(path)
+
+
+def _cfg(profile: Path, **planner: object) -> PerseusConfig:
+    cfg = PerseusConfig()
+    cfg.planner.profile = str(profile)
+    cfg.planner.p2p_power_w = 40.0
+    cfg.parallelism.num_microbatches = 4
+    for key, value in planner.items():
+        setattr(cfg.planner, key, value)
+    return cfg
+
+
+def test_outputs_are_complete_and_consistent(tmp_path: Path) -> None:
+    profile = _write_profile(tmp_path / "profile.csv")
+    out = tmp_path / "out"
+    summary = run_plan(_cfg(profile, export_reference=True), out)
+    assert json.loads((out / "summary.json").read_text()) == summary
+    for name in ("frontier.csv", "plan.json", "frontier.png", "timeline.png"):
+        assert (out / name).stat().st_size > 0, name
+    df = pd.read_csv(out / "frontier.csv")
+    assert list(df.columns[:3]) == ["plan_id", "iteration_time_s", "energy_j"]
+    assert df.is_allmax.sum() == 1 and df.is_chosen.sum() == 1
+    assert summary["num_plans"] == len(df) == len(list((out / "plans").glob("*.json")))
+    # Every frontier row is the re-simulation of its plan file.
+    problem = PlanningProblem(load_profile(profile), 4, 40.0)
+    for row in df.itertuples():
+        plan = load_plan(out / row.plan_file)
+        sim = simulate(problem, [plan.frequencies(s) for s in range(plan.num_stages)])
+        assert sim.iteration_time_s == pytest.approx(row.iteration_time_s)
+        assert sim.energy_j == pytest.approx(row.energy_j)
+        assert plan.predicted_energy_j == pytest.approx(row.energy_j)
+        reference = load_plan(out / "reference" / f"freqs_pipeline_{row.plan_id:05d}.py")
+        assert reference.stages == plan.stages
+    # The chosen plan obeys the default policy (no slowdown) and saves energy.
+    chosen = load_plan(out / "plan.json")
+    allmax, picked = summary["allmax"], summary["chosen"]
+    assert chosen.extra["plan_id"] == picked["plan_id"]
+    assert chosen.extra["policy"] == "no_slowdown"
+    assert picked["iteration_time_s"] <= allmax["iteration_time_s"] * (1 + 1e-6)
+    assert 0 < picked["saving"] == pytest.approx(1 - picked["energy_j"] / allmax["energy_j"])
+    assert summary["least_energy"]["energy_j"] == df.energy_j.min()
+    assert summary["solver"] == "lp" and summary["solve_time_s"] > 0
+
+
+def test_policy_and_no_plots(tmp_path: Path) -> None:
+    profile = _write_profile(tmp_path / "profile.csv")
+    cfg = _cfg(profile, plots=False)
+    cfg.energy = EnergyConfig(policy="min_energy")
+    summary = run_plan(cfg, tmp_path / "out")
+    assert summary["chosen"]["plan_id"] == summary["least_energy"]["plan_id"]
+    assert not (tmp_path / "out" / "frontier.png").exists()
+    assert not (tmp_path / "out" / "reference").exists()
+
+
+def test_lowtime_gets_the_time_unit(tmp_path: Path) -> None:
+    profile = _write_profile(tmp_path / "profile.csv")
+    cfg = _cfg(profile, solver="lowtime", time_unit_s=0.002, plots=False)
+    assert solver_options("lowtime", cfg) == {"time_unit_s": 0.002}
+    assert solver_options("lp", cfg) == {}
+    summary = run_plan(cfg, tmp_path / "out")
+    assert summary["solver"] == "lowtime" and summary["num_plans"] > 2
+
+
+def test_missing_and_bad_profiles(tmp_path: Path) -> None:
+    cfg = PerseusConfig()
+    with pytest.raises(ConfigError, match="planner.profile=path/to/profile.csv"):
+        run_plan(cfg, tmp_path)
+    with pytest.raises(ProfileError, match="does not exist"):
+        run_plan(_cfg(tmp_path / "nope.csv"), tmp_path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("stage,instruction,frequency,time,energy\n0,forward,1400,-1,3\n")
+    with pytest.raises(ProfileError, match=r"bad.csv, row 2: time"):
+        run_plan(_cfg(bad), tmp_path)
+
+
+def test_hint_when_nothing_saves_without_slowdown(tmp_path: Path, caplog) -> None:
+    from perseus.apps.plan import _hint_nearest_saving
+    from perseus.planner.frontier import build_frontier
+
+    problem = PlanningProblem(load_profile(_write_profile(tmp_path / "p.csv")), 4, 40.0)
+    slower = [list(stage) for stage in problem.allmax_freqs()]
+    slower[0][-1] = FREQS[-2]  # stage 0's last backward ends the iteration: slightly slower
+    frontier = build_frontier(problem, [slower])
+    assert len(frontier.points) == 2 and frontier.points[0].is_allmax
+    with caplog.at_level("INFO", logger="perseus.plan"):
+        _hint_nearest_saving(frontier)
+    assert "plan 1 is" in caplog.text and "energy.max_slowdown=" in caplog.text
