@@ -1,0 +1,262 @@
+"""SQLite state of the batch-size optimizer: jobs, runs and epochs, shared across runs/machines.
+
+One database file holds any number of recurring jobs. Every run of a job adds a row to ``runs``
+(and one per epoch to ``epochs``); the optimizer derives its whole state — pruning progress,
+bandit observations, the best cost so far — from those rows, so any process that opens the file
+(another run, another machine on a shared file system) continues where the last one stopped.
+
+The file is opened in WAL mode (readers never block the writer); every decision that reads state
+and then adds a run happens in one ``BEGIN IMMEDIATE`` transaction, so two processes starting runs
+at the same moment see each other's rows. Standard library only; runs on Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from perseus.errors import ConfigError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    settings TEXT NOT NULL,
+    created_s REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs(job_id),
+    batch_size INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    pruning_round INTEGER,
+    status TEXT NOT NULL,
+    reason TEXT,
+    num_epochs INTEGER NOT NULL DEFAULT 0,
+    time_s REAL NOT NULL DEFAULT 0,
+    energy_j REAL NOT NULL DEFAULT 0,
+    cost REAL,
+    last_metric REAL,
+    started_s REAL NOT NULL,
+    ended_s REAL
+);
+CREATE INDEX IF NOT EXISTS runs_by_job ON runs(job_id, run_id);
+CREATE TABLE IF NOT EXISTS epochs (
+    run_id INTEGER NOT NULL REFERENCES runs(run_id),
+    epoch INTEGER NOT NULL,
+    metric REAL,
+    time_s REAL NOT NULL,
+    energy_j REAL NOT NULL,
+    PRIMARY KEY (run_id, epoch)
+);
+"""
+
+RUNNING = "running"
+REACHED = "reached"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run of a recurring job as stored."""
+
+    run_id: int
+    batch_size: int
+    phase: str
+    pruning_round: Optional[int]
+    status: str
+    reason: Optional[str]
+    num_epochs: int
+    time_s: float
+    energy_j: float
+    cost: Optional[float]
+    last_metric: Optional[float]
+
+
+class Store:
+    """The database file of one or more recurring jobs.
+
+    Args:
+        path: SQLite file (created with its folder when missing).
+        timeout_s: How long to wait for another process's write transaction.
+    """
+
+    def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: never corrupt; a power cut may lose the last commit only.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(
+                f"{self.path}: not a usable batch-size optimizer database ({exc}); "
+                "point db_path at another file"
+            ) from exc
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error): one writer at a time."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def ensure_job(self, job_id: str, settings: Dict[str, Any]) -> None:
+        """Register ``job_id`` with ``settings``, or check they match the registered ones.
+
+        Raises:
+            ConfigError: When the job exists with other settings.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT settings FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO jobs(job_id, settings, created_s) VALUES (?, ?, ?)",
+                    (job_id, json.dumps(settings, sort_keys=True), time.time()),
+                )
+                return
+        stored = json.loads(row[0])
+        if stored != json.loads(json.dumps(settings)):
+            changed = sorted(
+                k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k)
+            )
+            diffs = ", ".join(
+                f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in changed
+            )
+            raise ConfigError(
+                f"{self.path}: job {job_id!r} was registered with other settings ({diffs}); "
+                "use the same settings, a new job_id, or a new database file"
+            )
+
+    def job_settings(self, job_id: str) -> Dict[str, Any]:
+        """The settings ``job_id`` was registered with.
+
+        Raises:
+            ConfigError: When the file has no such job.
+        """
+        row = self._conn.execute("SELECT settings FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        if row is None:
+            raise ConfigError(
+                f"{self.path}: no job {job_id!r}; create it with BatchSizeOptimizer(...) first"
+            )
+        return dict(json.loads(row[0]))
+
+    # -- runs ------------------------------------------------------------------------------------
+    def runs(self, conn: Optional[sqlite3.Connection], job_id: str) -> List[RunRow]:
+        """Every run of ``job_id`` in the order they started."""
+        conn = conn or self._conn
+        rows = conn.execute(
+            "SELECT run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s,"
+            " energy_j, cost, last_metric FROM runs WHERE job_id=? ORDER BY run_id",
+            (job_id,),
+        ).fetchall()
+        return [RunRow(*row) for row in rows]
+
+    def run(self, run_id: int) -> RunRow:
+        """One run by id."""
+        row = self._conn.execute(
+            "SELECT run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s,"
+            " energy_j, cost, last_metric FROM runs WHERE run_id=?",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            raise ConfigError(f"{self.path}: no run with id {run_id}")
+        return RunRow(*row)
+
+    def add_run(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        batch_size: int,
+        phase: str,
+        pruning_round: Optional[int],
+    ) -> int:
+        """Start a run (inside the caller's transaction); returns its id."""
+        cur = conn.execute(
+            "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, started_s)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, batch_size, phase, pruning_round, RUNNING, time.time()),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def expire_runs(self, conn: sqlite3.Connection, job_id: str, started_before_s: float) -> int:
+        """Fail unreported runs of ``job_id`` started before a time; returns how many.
+
+        Such runs' processes died without reporting (a crash, a lost machine).
+        """
+        cur = conn.execute(
+            "UPDATE runs SET status=?, reason=?, ended_s=? WHERE job_id=? AND status=?"
+            " AND started_s<?",
+            (FAILED, "not_reported", time.time(), job_id, RUNNING, started_before_s),
+        )
+        return int(cur.rowcount)
+
+    def add_epoch(
+        self, run_id: int, metric: Optional[float], time_s: float, energy_j: float, cost: float
+    ) -> int:
+        """Record the next epoch of a running run and its totals; returns the epoch number."""
+        with self.transaction() as conn:
+            status = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if status is None or status[0] != RUNNING:
+                raise ConfigError(
+                    f"{self.path}: run {run_id} is not running; start one with next_batch_size()"
+                )
+            conn.execute(
+                "UPDATE runs SET num_epochs=num_epochs+1, time_s=time_s+?, energy_j=energy_j+?,"
+                " cost=?, last_metric=? WHERE run_id=?",
+                (time_s, energy_j, cost, metric, run_id),
+            )
+            epoch = conn.execute("SELECT num_epochs FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            conn.execute(
+                "INSERT INTO epochs(run_id, epoch, metric, time_s, energy_j) VALUES (?,?,?,?,?)",
+                (run_id, int(epoch[0]), metric, time_s, energy_j),
+            )
+        return int(epoch[0])
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: str,
+        reason: Optional[str],
+        time_s: float,
+        energy_j: float,
+        cost: float,
+    ) -> None:
+        """Close a run with its final totals."""
+        with self.transaction() as conn:
+            conn.execute(
+                "UPDATE runs SET status=?, reason=?, time_s=?, energy_j=?, cost=?, ended_s=?"
+                " WHERE run_id=? AND status=?",
+                (status, reason, time_s, energy_j, cost, time.time(), run_id, RUNNING),
+            )
+
+    def epochs(self, run_id: int) -> List[Dict[str, Any]]:
+        """The epochs of a run, in order."""
+        rows = self._conn.execute(
+            "SELECT epoch, metric, time_s, energy_j FROM epochs WHERE run_id=? ORDER BY epoch",
+            (run_id,),
+        ).fetchall()
+        return [dict(zip(("epoch", "metric", "time_s", "energy_j"), r)) for r in rows]
+
+
+def batch_sizes_key(batch_sizes: Sequence[int]) -> List[int]:
+    """The canonical (sorted, unique) list of candidate batch sizes."""
+    return sorted({int(b) for b in batch_sizes})

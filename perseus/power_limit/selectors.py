@@ -1,0 +1,144 @@
+"""Measured power-limit table and the rules that pick one limit from it.
+
+Every rule scores the per-step time and energy measured at each power limit (summed over all GPUs
+of the job for energy, slowest rank for time):
+
+* ``zeus_cost``: ``eta * E + (1 - eta) * P_max * T`` — energy and time in one unit (joules), with
+  ``P_max`` the maximum power limit summed over the job's GPUs (``eta=1``: energy only,
+  ``eta=0``: time only).
+* ``energy``: least energy per step.
+* ``time``: least time per step.
+* ``max_slowdown``: least energy among limits no more than ``max_slowdown`` (a fraction) slower
+  than the fastest measured limit.
+
+Ties (equal scores up to floating-point noise) go to the higher power limit. Standard library
+only; runs on Python 3.9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Sequence
+
+from perseus.errors import ConfigError
+
+SELECTORS = ("zeus_cost", "energy", "time", "max_slowdown")
+# Scores this close count as equal (floating-point noise), and the higher limit wins the tie.
+_TIE_REL = 1e-9
+
+
+@dataclass(frozen=True)
+class PowerLimitMeasurement:
+    """What one power limit cost per training step, over all GPUs of the job.
+
+    Attributes:
+        power_limit_mw: The power limit every GPU ran under (mW).
+        time_per_step_s: Mean wall time of one step (the slowest rank's).
+        energy_per_step_j: Mean energy of one step, summed over all GPUs.
+        num_steps: Steps in the profiling window.
+    """
+
+    power_limit_mw: int
+    time_per_step_s: float
+    energy_per_step_j: float
+    num_steps: int
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain-JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: Dict[str, Any]) -> PowerLimitMeasurement:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            power_limit_mw=int(row["power_limit_mw"]),
+            time_per_step_s=float(row["time_per_step_s"]),
+            energy_per_step_j=float(row["energy_per_step_j"]),
+            num_steps=int(row["num_steps"]),
+        )
+
+
+def zeus_cost_j(time_s: float, energy_j: float, *, eta: float, max_power_w: float) -> float:
+    """``eta * energy_j + (1 - eta) * max_power_w * time_s`` (joules)."""
+    return eta * energy_j + (1.0 - eta) * max_power_w * time_s
+
+
+def select_power_limit(
+    measurements: Sequence[PowerLimitMeasurement],
+    selector: str,
+    *,
+    eta: float = 0.5,
+    max_power_w: float,
+    max_slowdown: float = 0.1,
+) -> PowerLimitMeasurement:
+    """Pick the best measured power limit under ``selector``.
+
+    Args:
+        measurements: One row per profiled power limit (at least one).
+        selector: One of :data:`SELECTORS`.
+        eta: Weight of energy in the Zeus cost (``zeus_cost`` only), within [0, 1].
+        max_power_w: ``P_max`` of the Zeus cost: the maximum power limit summed over all GPUs.
+        max_slowdown: Allowed slowdown over the fastest limit (``max_slowdown`` only), >= 0.
+
+    Returns:
+        The chosen row.
+
+    Raises:
+        ConfigError: On an unknown selector, an empty table or out-of-range arguments.
+    """
+    if not measurements:
+        raise ConfigError("no power limit was measured: profile at least one power limit")
+    if selector not in SELECTORS:
+        raise ConfigError(f"energy.power_limit.selector={selector!r}: choose one of {SELECTORS}")
+    if not 0.0 <= eta <= 1.0:
+        raise ConfigError(f"energy.eta={eta}: must be within [0, 1]")
+    if max_slowdown < 0:
+        raise ConfigError(
+            f"energy.power_limit.max_slowdown={max_slowdown}: must be >= 0 (0.1 = 10 % slower)"
+        )
+    candidates: List[PowerLimitMeasurement] = list(measurements)
+    score: Callable[[PowerLimitMeasurement], float]
+    if selector == "zeus_cost":
+
+        def score(m: PowerLimitMeasurement) -> float:
+            return zeus_cost_j(
+                m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
+            )
+
+    elif selector == "time":
+
+        def score(m: PowerLimitMeasurement) -> float:
+            return m.time_per_step_s
+
+    else:
+        if selector == "max_slowdown":
+            fastest_s = min(m.time_per_step_s for m in candidates)
+            bound_s = fastest_s * (1.0 + max_slowdown) * (1.0 + 1e-9)
+            candidates = [m for m in candidates if m.time_per_step_s <= bound_s]
+
+        def score(m: PowerLimitMeasurement) -> float:
+            return m.energy_per_step_j
+
+    best_score = min(score(m) for m in candidates)
+    tied = [m for m in candidates if score(m) <= best_score + _TIE_REL * abs(best_score)]
+    return max(tied, key=lambda m: m.power_limit_mw)
+
+
+def table_rows(
+    measurements: Sequence[PowerLimitMeasurement], *, eta: float, max_power_w: float
+) -> List[Dict[str, Any]]:
+    """The measured table in watts with each row's Zeus cost, highest limit first."""
+    rows = []
+    for m in sorted(measurements, key=lambda m: -m.power_limit_mw):
+        rows.append(
+            {
+                "power_limit_w": m.power_limit_mw / 1000.0,
+                "time_per_step_s": m.time_per_step_s,
+                "energy_per_step_j": m.energy_per_step_j,
+                "zeus_cost_j": zeus_cost_j(
+                    m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
+                ),
+                "num_steps": m.num_steps,
+            }
+        )
+    return rows

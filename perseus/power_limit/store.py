@@ -1,0 +1,99 @@
+"""Saved power-limit profiles: profile a job once, reuse the table on every later run.
+
+One JSON file holds any number of profiles, each keyed by job id, GPU model, number of GPUs and
+the list of power limits tried. A run whose key matches a saved profile skips profiling and picks
+its limit from the saved table (with whatever selector it is configured with now).
+
+The file is data, read with :mod:`json` only; writes are atomic (temporary file + rename), so a
+crash never leaves half a file. Standard library only; runs on Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from perseus.errors import ConfigError
+from perseus.power_limit.selectors import PowerLimitMeasurement
+
+FORMAT = "perseus-power-limit-profile/1"
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What must match for a saved profile to stand in for profiling.
+
+    Attributes:
+        job_id: The user's name for the recurring job.
+        gpu_name: The GPU model.
+        num_gpus: GPUs in the whole job.
+        power_limits_mw: The limits the optimizer tries, highest first.
+    """
+
+    job_id: str
+    gpu_name: str
+    num_gpus: int
+    power_limits_mw: Sequence[int]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain-JSON form."""
+        return {
+            "job_id": self.job_id,
+            "gpu_name": self.gpu_name,
+            "num_gpus": self.num_gpus,
+            "power_limits_mw": [int(x) for x in self.power_limits_mw],
+        }
+
+
+def load_profile(path: Path, key: ProfileKey) -> Optional[List[PowerLimitMeasurement]]:
+    """The saved table for ``key`` in ``path``, or None when there is none (or no file).
+
+    Raises:
+        ConfigError: When the file exists but is not a power-limit profile file.
+    """
+    for entry in _read_entries(path):
+        if entry.get("key") == key.to_dict():
+            return [PowerLimitMeasurement.from_dict(row) for row in entry["measurements"]]
+    return None
+
+
+def save_profile(
+    path: Path, key: ProfileKey, measurements: Sequence[PowerLimitMeasurement]
+) -> None:
+    """Store ``measurements`` under ``key`` in ``path`` (replacing an older entry of that key)."""
+    entries = [e for e in _read_entries(path) if e.get("key") != key.to_dict()]
+    entries.append({"key": key.to_dict(), "measurements": [m.to_dict() for m in measurements]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "profiles": entries}, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_entries(path: Path) -> List[Dict[str, Any]]:
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{path}: cannot read the power-limit profile ({exc}); delete the file or point "
+            "energy.power_limit.profile_path elsewhere to profile again"
+        ) from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(
+            f"{path}: not a power-limit profile (expected format {FORMAT!r}); point "
+            "energy.power_limit.profile_path at another file"
+        )
+    entries = data.get("profiles", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: 'profiles' must be a list; delete the file to start over")
+    return entries
