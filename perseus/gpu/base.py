@@ -9,7 +9,8 @@ Runs on Python 3.9 (the Merak runtime path).
 from __future__ import annotations
 
 import abc
-from typing import List, Tuple
+import os
+from typing import List, Optional, Tuple
 
 
 class GPU(abc.ABC):
@@ -25,6 +26,24 @@ class GPU(abc.ABC):
     # True when clock changes cost next to nothing (the emulated device): the runtime then
     # applies them in the calling thread instead of a background controller.
     fast_clock_changes: bool = False
+    # Stable identity of the physical device (NVML UUID); None for devices without one.
+    uuid: Optional[str] = None
+    # True when changes are only logged, never made (``gpu.dry_run``).
+    dry_run: bool = False
+    # True when clock / power-limit settings outlive this process (real devices): the guard
+    # then keeps a state file so a later start can restore them after a SIGKILL.
+    persistent_settings: bool = False
+
+    def ownership_key(self) -> str:
+        """A file-name-safe key naming the physical device, for the one-owner lock.
+
+        Real devices use their UUID (the same GPU seen through different
+        ``CUDA_VISIBLE_DEVICES`` gets the same key); devices without one are private to this
+        object.
+        """
+        if self.uuid:
+            return "".join(c if c.isalnum() or c in "-_" else "_" for c in self.uuid)
+        return f"{type(self).__name__.lower()}-{os.getpid()}-{id(self):x}"
 
     # -- clocks ---------------------------------------------------------------------------------
     @abc.abstractmethod

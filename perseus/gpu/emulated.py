@@ -1,0 +1,352 @@
+"""The emulated GPU: a device model for machines without a usable NVIDIA GPU.
+
+It is driven by a *device profile* (DESIGN §3.1 CSV: time and energy of every stage's forward
+and backward at every SM frequency; by default the published GPT-3 175B / A100 one) plus the
+power it burns while blocked (``blocking_power_w``) and while idle before any work
+(``idle_power_w``, default: the blocking power).
+
+Behaviour:
+
+* **Instructions.** The runtime marks ``instruction_begin(stage, instruction)`` and
+  ``instruction_end(instruction)``. The instruction runs at the clock in effect when it began
+  and lasts the profiled time at that clock: ``instruction_end`` sleeps whatever the real CPU
+  work left of it (if the CPU work took longer, it simply took longer: the overrun burns
+  blocking power). Its energy is the profiled energy, spread evenly over the profiled time.
+  Time outside instructions burns blocking power. With ``sleep=False`` nothing sleeps (hook
+  benchmarks): each instruction deposits its profiled energy when it ends.
+* **time_scale** multiplies every profiled time and energy (powers stay the same): 0.01 makes a
+  demo 100x quicker.
+* **Clocks.** Supported SM clocks are the profile's frequencies, highest first; unlocked means
+  the highest. A locked clock that is not profiled runs at the nearest profiled frequency at or
+  below it (the lowest one if it is below all). Clock changes take effect at the next
+  instruction.
+* **Power limit.** The profile was measured at the default (maximum) limit, so at that limit
+  nothing is throttled. Below it, an instruction runs at the highest clock (at most the locked
+  one) whose power — profiled energy / time at that clock — fits under the limit; the lowest
+  clock if none does. (The published A100 profiles draw up to ~480 W per instruction, above
+  the default 400 W maximum, which is why the maximum itself cannot be read as a cap.)
+* **Energy counter.** Advances in discrete updates every ``energy_update_period_s`` with
+  multiplicative ``energy_noise`` per update, monotonic and deterministic for a ``seed`` (see
+  :mod:`perseus.gpu.energy_counter`). ``power_mw()`` is the power averaged over the last
+  update, as NVML reports it.
+* **Stage mapping.** A pipeline with as many stages as the profile uses stage ``s`` for ``s``.
+  Otherwise (``num_pipeline_stages`` given and different, e.g. pp=4 on an 8-stage profile)
+  pipeline stages ``0 .. pp-2`` take profile stages ``0 .. pp-2`` clamped to the profile's
+  second-to-last stage, and the last pipeline stage takes the profile's last stage — so the
+  published imbalance (GPT-3's heavier last stage, Bloom's lighter one) survives.
+
+Thread-safe: the runtime may change clocks from a controller thread. Runs on Python 3.9.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from perseus.errors import GPUError, GPUValueError
+from perseus.gpu.base import GPU
+from perseus.gpu.device_profiles import (
+    bundled_profile_names,
+    bundled_profile_path,
+    default_device_profile_path,
+    load_device_profile,
+)
+from perseus.gpu.emulated_model import (
+    check_args,
+    check_range,
+    map_stage,
+    measurement_at,
+    power_limited,
+    profile_frequencies_mhz,
+)
+from perseus.gpu.energy_counter import EnergyCounter
+from perseus.profile import INSTRUCTIONS, Measurement, Profile
+
+__all__ = [
+    "EmulatedGPU",
+    "bundled_profile_names",
+    "bundled_profile_path",
+    "default_device_profile_path",
+    "load_device_profile",
+    "map_stage",
+]
+
+logger = logging.getLogger(__name__)
+
+# The last stretch of an instruction is busy-waited: sleep() overshoots by ~0.1 ms, which
+# would distort instructions that a small time_scale makes last a millisecond.
+SPIN_S = 0.0005
+
+
+@dataclass
+class _Running:
+    stage: int
+    instruction: str
+    start_s: float
+    measurement: Measurement
+
+
+class EmulatedGPU(GPU):
+    """A GPU that behaves like its device profile (see the module docstring).
+
+    Args:
+        profile: Device profile.
+        blocking_power_w: Power outside instructions (W).
+        idle_power_w: Power before the first instruction (W); default ``blocking_power_w``.
+        time_scale: Multiplies profiled times and energies.
+        energy_update_period_s: Time between energy-counter updates.
+        energy_noise: Relative noise of each counter update.
+        seed: Seed of the noise.
+        sleep: Make instructions last their profiled time (off: deposit energy only).
+        power_limit_max_w: Highest (and default) power limit.
+        power_limit_min_w: Lowest power limit.
+        num_pipeline_stages: Stages of the pipeline being emulated (for stage mapping).
+        index: Device index reported to callers.
+        memory_clocks_mhz: Memory clocks to report (the profile has none).
+        clock: Monotonic clock (tests inject a fake one).
+        sleeper: ``sleep(seconds)`` matching ``clock`` (default: precise real sleep).
+    """
+
+    fast_clock_changes = True
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        blocking_power_w: float,
+        idle_power_w: Optional[float] = None,
+        time_scale: float = 1.0,
+        energy_update_period_s: float = 0.02,
+        energy_noise: float = 0.0,
+        seed: int = 0,
+        sleep: bool = True,
+        power_limit_max_w: float = 400.0,
+        power_limit_min_w: float = 100.0,
+        num_pipeline_stages: Optional[int] = None,
+        index: int = 0,
+        memory_clocks_mhz: Sequence[int] = (1215,),
+        clock: Callable[[], float] = time.monotonic,
+        sleeper: Optional[Callable[[float], None]] = None,
+    ) -> None:
+        check_args(
+            time_scale,
+            energy_update_period_s,
+            energy_noise,
+            blocking_power_w,
+            power_limit_min_w,
+            power_limit_max_w,
+        )
+        self.index = index
+        self.name = f"emulated ({profile.source.rsplit('/', 1)[-1]})"
+        self.profile = profile.scaled(time_scale, time_scale)
+        self.time_scale = time_scale
+        self.blocking_power_w = blocking_power_w
+        self.energy_update_period_s = energy_update_period_s
+        self.sleep = sleep
+        self.num_pipeline_stages = num_pipeline_stages
+        self._clock = clock
+        self._sleeper = sleeper
+        self._lock = threading.Lock()
+        self._sm_clocks = profile_frequencies_mhz(self.profile)
+        self._mem_clocks = sorted((int(c) for c in memory_clocks_mhz), reverse=True)
+        self._locked_sm: Optional[Tuple[int, int]] = None
+        self._locked_mem: Optional[Tuple[int, int]] = None
+        self._limit_range_mw = (int(power_limit_min_w * 1000), int(power_limit_max_w * 1000))
+        self._limit_mw = self._limit_range_mw[1]
+        self._running: Optional[_Running] = None
+        self._counter = EnergyCounter(
+            clock(),
+            energy_update_period_s,
+            energy_noise,
+            seed,
+            idle_power_w if idle_power_w is not None else blocking_power_w,
+        )
+
+    # -- instructions -----------------------------------------------------------------------
+    def instruction_begin(self, stage: int, instruction: str) -> None:
+        """Start ``instruction`` of pipeline ``stage`` at the clock in effect now."""
+        if instruction not in INSTRUCTIONS:
+            raise GPUValueError(f"instruction {instruction!r} must be one of {INSTRUCTIONS}")
+        with self._lock:
+            now = self._clock()
+            if self._running is not None:
+                logger.warning(
+                    "instruction_begin(%s) while %s runs; ending that one now",
+                    instruction,
+                    self._running.instruction,
+                )
+                self._finish(self._running, now)
+            profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
+            m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
+            m = self._limited(profile_stage, instruction, m)
+            self._running = _Running(stage, instruction, now, m)
+            if self.sleep:
+                self._counter.set_power(
+                    now,
+                    m.energy_j / m.time_s,
+                    until_s=now + m.time_s,
+                    after_w=self.blocking_power_w,
+                )
+
+    def instruction_end(self, instruction: str) -> None:
+        """End the running instruction, sleeping until its profiled time has passed."""
+        with self._lock:
+            running = self._running
+            if running is None or running.instruction != instruction:
+                got = running.instruction if running else "none"
+                raise GPUError(
+                    f"instruction_end({instruction!r}) does not match the running instruction "
+                    f"({got}); call instruction_begin/instruction_end in pairs"
+                )
+            self._running = None
+            if not self.sleep:
+                self._finish(running, self._clock())
+                return
+        self._wait_until(running.start_s + running.measurement.time_s)
+
+    def current_frequency_mhz(self, stage: int, instruction: str) -> int:
+        """The SM clock an instruction of ``stage`` would run at now."""
+        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
+        with self._lock:
+            m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
+            return self._limited(profile_stage, instruction, m).frequency_mhz
+
+    def true_measurement(self, stage: int, instruction: str, frequency_mhz: int) -> Measurement:
+        """The scaled profiled time and energy of pipeline ``stage``'s instruction at a clock."""
+        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
+        return measurement_at(self.profile, profile_stage, instruction, frequency_mhz)
+
+    # -- clocks -----------------------------------------------------------------------------
+    def supported_sm_clocks_mhz(self) -> List[int]:
+        """The profile's frequencies, highest first."""
+        return list(self._sm_clocks)
+
+    def supported_memory_clocks_mhz(self) -> List[int]:
+        """The configured memory clocks, highest first."""
+        return list(self._mem_clocks)
+
+    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock; instructions run at ``max_mhz`` (snapped to the profile)."""
+        check_range(min_mhz, max_mhz, "SM clock")
+        with self._lock:
+            self._locked_sm = (min_mhz, max_mhz)
+
+    def reset_sm_clocks(self) -> None:
+        """Unlock the SM clock (instructions run at the highest frequency)."""
+        with self._lock:
+            self._locked_sm = None
+
+    def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        """Record a memory-clock lock (the profile does not model memory clocks)."""
+        check_range(min_mhz, max_mhz, "memory clock")
+        with self._lock:
+            self._locked_mem = (min_mhz, max_mhz)
+
+    def reset_memory_clocks(self) -> None:
+        """Undo :meth:`lock_memory_clocks_mhz`."""
+        with self._lock:
+            self._locked_mem = None
+
+    @property
+    def locked_sm_clocks_mhz(self) -> Optional[Tuple[int, int]]:
+        """The SM lock in force, None when unlocked."""
+        return self._locked_sm
+
+    @property
+    def locked_memory_clocks_mhz(self) -> Optional[Tuple[int, int]]:
+        """The memory-clock lock in force, None when unlocked."""
+        return self._locked_mem
+
+    # -- power limit ------------------------------------------------------------------------
+    def power_limit_mw(self) -> int:
+        """The power limit in force (mW)."""
+        return self._limit_mw
+
+    def power_limit_constraints_mw(self) -> Tuple[int, int]:
+        """``(min_mw, max_mw)``."""
+        return self._limit_range_mw
+
+    def default_power_limit_mw(self) -> int:
+        """The maximum power limit."""
+        return self._limit_range_mw[1]
+
+    def set_power_limit_mw(self, limit_mw: int) -> None:
+        """Set the power limit; it caps the clock of instructions begun afterwards."""
+        lo, hi = self._limit_range_mw
+        if not lo <= limit_mw <= hi:
+            raise GPUValueError(
+                f"power limit {limit_mw} mW is outside [{lo}, {hi}] mW of emulated GPU "
+                f"{self.index}; pick a value in that range"
+            )
+        with self._lock:
+            self._limit_mw = int(limit_mw)
+
+    # -- measurement ------------------------------------------------------------------------
+    def total_energy_mj(self) -> int:
+        """The quantized, noisy energy counter (mJ)."""
+        with self._lock:
+            return int(self._counter.counter_j(self._clock()) * 1000.0)
+
+    def power_mw(self) -> int:
+        """Power averaged over the last counter update (mW)."""
+        with self._lock:
+            return int(self._counter.average_power_w(self._clock()) * 1000.0)
+
+    def energy_reading(self) -> Tuple[float, int]:
+        """``(time of the counter's last update, counter in mJ)``, read together.
+
+        Real GPUs do not say when their counter last moved; tests and calibration scripts use
+        this to measure windows exactly aligned with updates.
+        """
+        with self._lock:
+            now = self._clock()
+            return self._counter.last_update_s(now), int(self._counter.counter_j(now) * 1000.0)
+
+    def true_energy_j(self) -> float:
+        """Energy consumed so far, without quantization or noise (for tests and reports)."""
+        with self._lock:
+            return self._counter.true_energy_j(self._clock())
+
+    def close(self) -> None:
+        """Finish a running instruction, if any."""
+        with self._lock:
+            if self._running is not None:
+                self._finish(self._running, self._clock())
+                self._running = None
+
+    def __repr__(self) -> str:
+        return (
+            f"EmulatedGPU(index={self.index}, profile={self.profile.source!r}, "
+            f"time_scale={self.time_scale})"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+    def _effective_cap_mhz(self) -> int:
+        return self._locked_sm[1] if self._locked_sm is not None else self._sm_clocks[0]
+
+    def _limited(self, profile_stage: int, instruction: str, m: Measurement) -> Measurement:
+        if self._limit_mw >= self._limit_range_mw[1]:
+            return m  # the profile was measured at the default (maximum) limit
+        return power_limited(self.profile, profile_stage, instruction, m, self._limit_mw / 1000.0)
+
+    def _finish(self, running: _Running, now: float) -> None:
+        """Account an instruction that ends without sleeping (sleep=False or cut short)."""
+        if self.sleep:  # cut short: blocking power from now on (a no-op past its end)
+            self._counter.set_power(now, self.blocking_power_w)
+        else:
+            self._counter.deposit(now, running.measurement.energy_j)
+
+    def _wait_until(self, deadline_s: float) -> None:
+        remaining = deadline_s - self._clock()
+        if remaining <= 0:
+            return
+        if self._sleeper is not None:
+            self._sleeper(remaining)
+            return
+        if remaining > SPIN_S:
+            time.sleep(remaining - SPIN_S)
+        while self._clock() < deadline_s:
+            pass

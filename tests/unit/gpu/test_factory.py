@@ -1,0 +1,95 @@
+"""build_gpu / nvml_usable: auto-detection against an autospec'd pynvml."""
+
+from __future__ import annotations
+
+import logging
+from unittest.mock import call
+
+import pynvml
+import pytest
+
+from perseus.config import EmulatedGPUConfig, GPUConfig
+from perseus.errors import ConfigError, GPUNotSupportedError
+from perseus.gpu.emulated import EmulatedGPU, bundled_profile_path
+from perseus.gpu.factory import build_gpu, nvml_usable
+from perseus.gpu.nvml import NVMLGPU
+
+from .nvml_mock import make_pynvml_mock, patched_pynvml
+
+
+@pytest.fixture(autouse=True)
+def _no_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def no_driver():
+    m = make_pynvml_mock()
+    m.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    return m
+
+
+def test_nvml_usable_with_a_gpu():
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        assert nvml_usable()
+    assert m.mock_calls == [call.nvmlInit(), call.nvmlDeviceGetCount(), call.nvmlShutdown()]
+
+
+def test_nvml_unusable_without_driver_or_gpus(monkeypatch):
+    with patched_pynvml(no_driver()):
+        assert not nvml_usable()
+    with patched_pynvml(make_pynvml_mock(num_gpus=0)):
+        assert not nvml_usable()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        assert not nvml_usable()
+    assert m.mock_calls == []
+
+
+def test_auto_picks_emulated_without_gpu_and_says_so(caplog):
+    caplog.set_level(logging.INFO, logger="perseus.gpu.factory")
+    with patched_pynvml(no_driver()):
+        gpu = build_gpu(GPUConfig(), local_index=1, num_pipeline_stages=4)
+    assert isinstance(gpu, EmulatedGPU)
+    assert gpu.index == 1
+    assert gpu.num_pipeline_stages == 4
+    assert gpu.blocking_power_w == 83.64
+    assert "using the emulated backend" in caplog.text
+
+
+def test_auto_picks_nvml_with_gpu(caplog):
+    caplog.set_level(logging.INFO, logger="perseus.gpu.factory")
+    with patched_pynvml(make_pynvml_mock(num_gpus=2)):
+        gpu = build_gpu(GPUConfig(dry_run=True), local_index=1)
+    assert isinstance(gpu, NVMLGPU)
+    assert gpu.index == 1 and gpu.dry_run
+    assert "using the nvml backend" in caplog.text
+
+
+def test_explicit_nvml_surfaces_errors():
+    with patched_pynvml(make_pynvml_mock(mig_enabled=True)), pytest.raises(GPUNotSupportedError):
+        build_gpu(GPUConfig(backend="nvml"))
+
+
+def test_emulated_settings_pass_through(tmp_path):
+    em = EmulatedGPUConfig(
+        profile="bloom+a40_bf16", time_scale=0.1, energy_noise=0.03, sleep=False, seed=5
+    )
+    gpu = build_gpu(GPUConfig(backend="emulated", emulated=em))
+    assert isinstance(gpu, EmulatedGPU)
+    assert gpu.blocking_power_w == 70.38
+    assert gpu.time_scale == 0.1 and not gpu.sleep
+    assert gpu.supported_sm_clocks_mhz()[0] == 1740
+
+    own = tmp_path / "mine.csv"
+    own.write_text(bundled_profile_path("bloom+a40_bf16").read_text())
+    with pytest.raises(ConfigError, match="blocking_power_w"):
+        build_gpu(GPUConfig(backend="emulated", emulated=EmulatedGPUConfig(profile=str(own))))
+    em2 = EmulatedGPUConfig(profile=str(own), blocking_power_w=60.0)
+    assert build_gpu(GPUConfig(backend="emulated", emulated=em2)).blocking_power_w == 60.0
+
+
+def test_unknown_backend():
+    with pytest.raises(ConfigError, match="auto, nvml or emulated"):
+        build_gpu(GPUConfig(backend="rocm"))
