@@ -1,1 +1,69 @@
-"""Framework adapters: `import perseus.adapters.<framework>` patches that framework."""
+"""Framework adapters: ``import perseus.adapters.<framework>`` patches that framework.
+
+Each adapter is one module that patches its framework when imported (a second import does
+nothing) and can be undone. The registry below does the same by name::
+
+    import perseus.adapters as adapters
+
+    adapters.patch("deepspeed")    # same as `import perseus.adapters.deepspeed`
+    adapters.unpatch("deepspeed")  # the framework's own functions are back
+
+Nothing here imports a framework until an adapter is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+from typing import Dict, List
+
+from perseus.errors import AdapterError
+
+ADAPTERS: Dict[str, str] = {
+    "deepspeed": "perseus.adapters.deepspeed",
+    "megatron": "perseus.adapters.megatron",
+    "merak": "perseus.adapters.merak",
+}
+"""Framework name -> adapter module."""
+
+
+def available() -> List[str]:
+    """Names of the frameworks an adapter exists for."""
+    return sorted(ADAPTERS)
+
+
+def _module_name(name: str) -> str:
+    try:
+        return ADAPTERS[name]
+    except KeyError:
+        raise AdapterError(
+            f"No Perseus adapter for framework {name!r}; choose one of {available()}."
+        ) from None
+
+
+def patch(name: str) -> ModuleType:
+    """Patch framework ``name`` (idempotent) and return its adapter module.
+
+    Raises:
+        AdapterError: Unknown name, framework missing, or an unsupported framework version.
+    """
+    module_name = _module_name(name)
+    already = module_name in sys.modules
+    module = importlib.import_module(module_name)  # importing patches
+    if already:
+        module.patch()
+    return module
+
+
+def unpatch(name: str) -> None:
+    """Undo the patch of framework ``name``; nothing happens if it was never patched."""
+    module = sys.modules.get(_module_name(name))
+    if module is not None:
+        module.unpatch()
+
+
+def is_patched(name: str) -> bool:
+    """Whether framework ``name`` is patched now."""
+    module = sys.modules.get(_module_name(name))
+    return bool(module is not None and module.is_patched())

@@ -1,0 +1,164 @@
+"""Patching of engines that dispatch through a class-level ``_INSTRUCTION_MAP``.
+
+DeepSpeed's ``PipelineEngine`` and Merak's fork of it run a schedule by looking every
+instruction's class up in ``PipelineEngine._INSTRUCTION_MAP`` (filled when the class was
+defined), so replacing ``PipelineEngine._exec_forward_pass`` on the class is never called. This
+module wraps the map entries instead, and the engine's ``train_batch`` for the step boundary.
+
+Training is told from evaluation by where the call comes from: the ``train_batch`` wrapper puts
+the engine's hooks on the engine for the duration of the call, and an instruction wrapper reports
+only when they are there. ``eval_batch`` runs the same forward entries without them.
+
+Roles of wrapped entries:
+
+* ``forward`` / ``backward``: one instruction, begun and ended around the call.
+* ``recompute``: an activation recomputation that precedes a microbatch's backward pass (Merak);
+  it begins the ``backward`` instruction, and the following ``backward`` entry ends it.
+
+Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+from perseus.adapters._common import (
+    BACKWARD,
+    FORWARD,
+    PatchSet,
+    hooks_for,
+    is_wrapped,
+    mark_wrapped,
+)
+
+from perseus.runtime.types import Hooks, RankInfo
+
+RECOMPUTE = "recompute"
+ROLES = (FORWARD, BACKWARD, RECOMPUTE)
+
+# Keys in the engine's instance ``__dict__`` (plain dict access: cheap on the critical path).
+ACTIVE_HOOKS = "_perseus_active_hooks"
+OPEN_INSTRUCTION = "_perseus_open_instruction"
+
+
+def active_hooks(engine: Any) -> Optional[Hooks]:
+    """The hooks of the training step ``engine`` is running now, or ``None`` outside one."""
+    hooks: Optional[Hooks] = vars(engine).get(ACTIVE_HOOKS)
+    return hooks
+
+
+def _wrap_instruction(original: Callable[..., Any], role: str) -> Callable[..., Any]:
+    name = FORWARD if role == FORWARD else BACKWARD
+
+    if role == RECOMPUTE:
+
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state = vars(self)
+            hooks = state.get(ACTIVE_HOOKS)
+            if hooks is None or state.get(OPEN_INSTRUCTION) is not None:
+                return original(self, *args, **kwargs)
+            hooks.on_instruction_begin(name)
+            state[OPEN_INSTRUCTION] = name
+            ok = False
+            try:
+                result = original(self, *args, **kwargs)
+                ok = True
+                return result
+            finally:
+                if not ok:
+                    state[OPEN_INSTRUCTION] = None
+                    hooks.on_instruction_end(name)
+
+    else:
+
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state = vars(self)
+            hooks = state.get(ACTIVE_HOOKS)
+            if hooks is None:
+                return original(self, *args, **kwargs)
+            if state.get(OPEN_INSTRUCTION) == name:
+                state[OPEN_INSTRUCTION] = None  # begun by the recomputation before it
+            else:
+                hooks.on_instruction_begin(name)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                hooks.on_instruction_end(name)
+
+    return mark_wrapped(wrapper, original)
+
+
+def _wrap_train(
+    original: Callable[..., Any], rank_of: Callable[[Any], RankInfo]
+) -> Callable[..., Any]:
+    def train_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = vars(self)
+        if state.get(ACTIVE_HOOKS) is not None:  # re-entered (a subclass calling super)
+            return original(self, *args, **kwargs)
+        hooks = hooks_for(rank_of(self), self)
+        hooks.on_step_begin()
+        state[ACTIVE_HOOKS] = hooks
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            state[ACTIVE_HOOKS] = None
+            left_open = state.pop(OPEN_INSTRUCTION, None)
+            try:
+                if left_open is not None:
+                    hooks.on_instruction_end(left_open)
+            finally:
+                hooks.on_step_end()
+
+    return mark_wrapped(train_batch, original)
+
+
+class InstructionMapAdapter:
+    """Reversible patch of one engine class's step method and instruction map.
+
+    Args:
+        engine_class: The engine class (``PipelineEngine``).
+        roles: Instruction class -> role (``forward``, ``backward``, ``recompute``).
+        rank_of: Reads the :class:`RankInfo` of an engine instance.
+        step_method: Name of the method that runs one training iteration.
+    """
+
+    def __init__(
+        self,
+        engine_class: type,
+        roles: Dict[type, str],
+        rank_of: Callable[[Any], RankInfo],
+        step_method: str = "train_batch",
+    ) -> None:
+        unknown = sorted(set(roles.values()) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown instruction roles {unknown}; use {ROLES}")
+        self.engine_class = engine_class
+        self.roles = dict(roles)
+        self.rank_of = rank_of
+        self.step_method = step_method
+        self._patches = PatchSet()
+
+    @property
+    def patched(self) -> bool:
+        """Whether the patch is in place."""
+        return len(self._patches) > 0
+
+    def patch(self) -> None:
+        """Wrap the step method and the map entries; a second call does nothing."""
+        if self.patched:
+            return
+        cls = self.engine_class
+        instruction_map = cls._INSTRUCTION_MAP  # type: ignore[attr-defined]
+        step = getattr(cls, self.step_method)
+        if not is_wrapped(step):
+            self._patches.set_attr(cls, self.step_method, _wrap_train(step, self.rank_of))
+        for instruction_class, role in self.roles.items():
+            entry = instruction_map[instruction_class]
+            if not is_wrapped(entry):
+                self._patches.set_item(
+                    instruction_map, instruction_class, _wrap_instruction(entry, role)
+                )
+
+    def unpatch(self) -> None:
+        """Put the original step method and map entries back."""
+        self._patches.undo()

@@ -1,0 +1,55 @@
+"""Rank information of DeepSpeed-style pipeline engines (DeepSpeed and Merak).
+
+Both engines carry a process grid (``engine.grid``) with the same method names.
+
+Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from perseus.runtime.types import RankInfo
+
+
+def grid_rank_info(engine: Any) -> RankInfo:
+    """Where a pipeline engine sits in the job, read from its process grid.
+
+    Args:
+        engine: A ``PipelineEngine`` with ``grid``, ``stage_id``, ``num_stages``, ``global_rank``.
+
+    Returns:
+        The engine's stage, data- and tensor-parallel ranks, global rank and local GPU index.
+    """
+    grid = engine.grid
+    return RankInfo(
+        stage=int(engine.stage_id),
+        num_stages=int(engine.num_stages),
+        dp_rank=int(grid.get_data_parallel_rank()),
+        tp_rank=int(grid.get_slice_parallel_rank()),
+        rank=int(engine.global_rank),
+        world_size=_world_size(),
+        local_gpu_index=_local_gpu_index(engine),
+    )
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - every engine this reads runs on torch
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def _local_gpu_index(engine: Any) -> int:
+    device = getattr(engine, "device", None)
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) == "cuda" and index is not None:
+        return int(index)
+    local_rank = getattr(engine, "local_rank", None)
+    if isinstance(local_rank, int) and local_rank >= 0:
+        return local_rank
+    return int(os.environ.get("LOCAL_RANK", "0"))

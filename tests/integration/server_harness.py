@@ -1,0 +1,203 @@
+"""Multi-process synthetic pipeline training against a real coordination server.
+
+Each rank is a separate process: an emulated GPU, a real PerseusOptimizer with the online source
+talking HTTP to the server, and a 1F1B loop whose stages really wait for each other (forward
+activations and backward gradients travel through multiprocessing queues; data-parallel
+replicas of a stage meet at a barrier at the end of every iteration, like a gradient
+all-reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+QUEUE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class JobSetup:
+    url: str
+    job_id: str
+    pp: int = 4
+    dp: int = 1
+    num_microbatches: int = 8
+    time_scale: float = 0.1
+    blocking_power_w: float = 83.64
+    energy_noise: float = 0.01
+    max_steps: int = 80
+    out_dir: str = ""
+    profiler: Dict[str, Any] = field(default_factory=dict)
+    server: Dict[str, Any] = field(default_factory=dict)
+    energy_policy: str = "no_slowdown"
+    # dp_rank -> (first step, last step, extra seconds per iteration): a straggling replica.
+    straggle: Dict[int, List[float]] = field(default_factory=dict)
+    # rank -> step at which the process kills itself (os._exit) mid-iteration.
+    die_at: Dict[int, int] = field(default_factory=dict)
+
+
+def build_config(setup: JobSetup) -> Any:
+    from perseus.config import PerseusConfig
+
+    cfg = PerseusConfig()
+    cfg.parallelism.pp = setup.pp
+    cfg.parallelism.dp = setup.dp
+    cfg.parallelism.num_microbatches = setup.num_microbatches
+    cfg.energy.policy = setup.energy_policy
+    cfg.server.url = setup.url
+    cfg.server.job_id = setup.job_id
+    for key, value in setup.profiler.items():
+        setattr(cfg.profiler, key, value)
+    for key, value in setup.server.items():
+        setattr(cfg.server, key, value)
+    return cfg
+
+
+def make_gpu(setup: JobSetup, rank: int, seed: int = 0) -> Any:
+    from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
+    from perseus.profile import load_profile
+
+    return EmulatedGPU(
+        load_profile(default_device_profile_path()),
+        blocking_power_w=setup.blocking_power_w,
+        time_scale=setup.time_scale,
+        energy_noise=setup.energy_noise,
+        seed=seed + rank,
+        num_pipeline_stages=setup.pp,
+        index=rank,
+    )
+
+
+def rank_main(
+    setup: JobSetup, rank: int, queues: Dict[str, Any], barriers: List[Any], stop_step: Any
+) -> None:
+    import os
+
+    from perseus.runtime.online import build_online_source
+    from perseus.runtime.optimizer import PerseusOptimizer
+    from perseus.runtime.types import RankInfo
+    from perseus.schedule import stage_order
+
+    stage, dp_rank = rank % setup.pp, rank // setup.pp
+    info = RankInfo(
+        stage=stage, num_stages=setup.pp, dp_rank=dp_rank, rank=rank, world_size=setup.pp * setup.dp
+    )
+    cfg = build_config(setup)
+    gpu = make_gpu(setup, rank)
+    source = build_online_source(cfg, info, gpu)
+    opt = PerseusOptimizer(info, gpu, source)
+    order = stage_order("1f1b", setup.pp, setup.num_microbatches)[stage]
+    fwd_in = queues.get(f"f{dp_rank}-{stage - 1}")
+    fwd_out = queues.get(f"f{dp_rank}-{stage}")
+    bwd_in = queues.get(f"b{dp_rank}-{stage + 1}")
+    bwd_out = queues.get(f"b{dp_rank}-{stage}")
+    phases: List[Optional[str]] = []
+    step = 0
+    t0 = time.monotonic()
+    try:
+        for step in range(setup.max_steps):
+            if step >= stop_step.value:
+                break
+            opt.on_step_begin()
+            phases.append(source.phase)
+            for instruction, mb in order:
+                if instruction == "forward" and fwd_in is not None and stage > 0:
+                    fwd_in.get(timeout=QUEUE_TIMEOUT_S)
+                if instruction == "backward" and stage < setup.pp - 1:
+                    bwd_in.get(timeout=QUEUE_TIMEOUT_S)
+                opt.on_instruction_begin(instruction)
+                opt.on_instruction_end(instruction)
+                if instruction == "forward" and stage < setup.pp - 1:
+                    fwd_out.put(mb)
+                if instruction == "backward" and stage > 0:
+                    bwd_out.put(mb)
+                if setup.die_at.get(rank) == step:
+                    os._exit(17)
+            window = setup.straggle.get(dp_rank)
+            if window and window[0] <= step <= window[1]:
+                time.sleep(window[2])
+            if setup.dp > 1:
+                barriers[stage].wait(timeout=QUEUE_TIMEOUT_S)
+            opt.on_step_end()
+    finally:
+        opt.close()
+        source.close()
+    result = {
+        "rank": rank,
+        "steps": step,
+        "wall_s": time.monotonic() - t0,
+        "phases": phases,
+        "source_failed": source.failed,
+        "locked_after_close": gpu.locked_sm_clocks_mhz,
+    }
+    Path(setup.out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+class Launch:
+    """Starts every rank of one job and stops them together."""
+
+    def __init__(self, setup: JobSetup) -> None:
+        ctx = mp.get_context("spawn")
+        self.setup = setup
+        queues = {}
+        for dp in range(setup.dp):
+            for s in range(setup.pp):
+                queues[f"f{dp}-{s}"] = ctx.Queue()
+                queues[f"b{dp}-{s}"] = ctx.Queue()
+        barriers = [ctx.Barrier(setup.dp) for _ in range(setup.pp)]
+        self.stop_step = ctx.Value("i", setup.max_steps)
+        # Keep the queues and barriers alive until the children have unpickled them.
+        self._shared = (queues, barriers)
+        self.procs = [
+            ctx.Process(
+                target=rank_main,
+                args=(setup, r, queues, barriers, self.stop_step),
+                name=f"rank{r}",
+                daemon=True,
+            )
+            for r in range(setup.pp * setup.dp)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def stop_at(self, step: int) -> None:
+        with self.stop_step.get_lock():
+            self.stop_step.value = min(self.stop_step.value, step)
+
+    def join(self, timeout_s: float) -> List[Optional[int]]:
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+        codes = [p.exitcode for p in self.procs]
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        return codes
+
+    def results(self) -> Dict[int, Dict[str, Any]]:
+        out = {}
+        for path in Path(self.setup.out_dir).glob("rank*.json"):
+            data = json.loads(path.read_text())
+            out[data["rank"]] = data
+        return out
+
+
+def wait_for(
+    client: Any, job_id: str, predicate: Any, timeout_s: float, poll_s: float = 0.25
+) -> Dict[str, Any]:
+    """Poll the job's summary until ``predicate(summary)``; returns the last summary."""
+    deadline = time.monotonic() + timeout_s
+    summary: Dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            summary = client.get(f"/jobs/{job_id}/summary")
+        except Exception:
+            summary = {}
+        if summary and predicate(summary):
+            return summary
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting on job {job_id}; last summary: {summary}")

@@ -1,0 +1,245 @@
+"""The Merak adapter against a stand-in of Merak's engine (Merak cannot be installed in CI)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Iterator, List, Tuple
+
+import pytest
+import torch
+
+from perseus.errors import AdapterError
+from perseus.runtime import context
+from perseus.schedule import stage_order
+from tests.integration._support import fake_merak
+from tests.integration._support.recording import (
+    HookLog,
+    cycling_plan,
+    plan_optimizer_factory,
+)
+
+
+@pytest.fixture
+def merak() -> Iterator[Any]:
+    """The fake Merak installed and patched; unpatched and removed afterwards."""
+    with fake_merak.installed() as pipe_engine:
+        adapter = importlib.import_module("perseus.adapters.merak")
+        adapter.unpatch()  # forget any engine class an earlier import patched
+        adapter.patch()
+        try:
+            yield pipe_engine
+        finally:
+            adapter.unpatch()
+
+
+def _model(seed: int = 0, layers: int = 4) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    mods: List[torch.nn.Module] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(6, 6), torch.nn.Tanh()]
+    return torch.nn.Sequential(*mods)
+
+
+def _pipeline(
+    engine_class: type, num_stages: int, num_mb: int, recompute: bool = False
+) -> List[Any]:
+    model = _model()
+    per_stage = len(model) // num_stages
+    channels = fake_merak.Channels()
+    return [
+        engine_class(
+            copy.deepcopy(model[s * per_stage : (s + 1) * per_stage]),
+            s,
+            num_stages,
+            num_mb,
+            channels,
+            torch.nn.functional.mse_loss,
+            recompute=recompute,
+        )
+        for s in range(num_stages)
+    ]
+
+
+def _batches(num_mb: int, seed: int = 1) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(3, 6, generator=gen), torch.randn(3, 6, generator=gen)) for _ in range(num_mb)
+    ]
+
+
+def _train(engines: List[Any], num_mb: int, steps: int = 2) -> Tuple[List[float], List[Any]]:
+    losses = []
+    for step in range(steps):
+        out = fake_merak.run_pipeline(engines, _batches(num_mb, seed=step))
+        losses.append(float(out[-1]))
+    params = [p.detach().clone() for e in engines for p in e.module.parameters()]
+    return losses, params
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize(("num_stages", "num_mb"), [(2, 1), (2, 4), (3, 2), (3, 5)])
+def test_hook_order_is_1f1b(
+    merak: Any, hook_log: HookLog, num_stages: int, num_mb: int, recompute: bool
+) -> None:
+    engines = _pipeline(merak.PipelineEngine, num_stages, num_mb, recompute)
+    _train(engines, num_mb, steps=2)
+    expected = stage_order("1f1b", num_stages, num_mb)
+    by_stage = {h.rank.stage: h for h in hook_log.built}
+    assert sorted(by_stage) == list(range(num_stages))
+    for stage, hooks in by_stage.items():
+        assert hooks.errors == []
+        assert hooks.steps == [[name for name, _ in expected[stage]]] * 2
+        assert hooks.rank.num_stages == num_stages
+    if recompute:
+        assert "RecomputeRecvGrad" in engines[0].executed
+
+
+def test_recomputation_runs_inside_the_backward_instruction(merak: Any, hook_log: HookLog) -> None:
+    adapter = importlib.import_module("perseus.adapters.merak")
+    cls = merak.PipelineEngine
+    adapter.unpatch()
+    original = cls._INSTRUCTION_MAP[fake_merak.RecomputeRecvGrad]
+    seen: List[Any] = []
+
+    def spy(self: Any, buffer_id: int) -> None:
+        hooks = {h.rank.stage: h for h in hook_log.built}[self.stage_id]
+        seen.append(hooks.events[-1])
+        original(self, buffer_id)
+
+    cls._INSTRUCTION_MAP[fake_merak.RecomputeRecvGrad] = spy
+    try:
+        adapter.patch()
+        fake_merak.run_pipeline(_pipeline(cls, 2, 2, recompute=True), _batches(2))
+    finally:
+        adapter.unpatch()
+        cls._INSTRUCTION_MAP[fake_merak.RecomputeRecvGrad] = original
+        adapter.patch()
+    assert seen == [("begin", "backward")] * 2
+    stage0 = {h.rank.stage: h for h in hook_log.built}[0]
+    assert stage0.steps == [["forward", "forward", "backward", "backward"]]
+    # A recomputed backward is begun once and ended once.
+    assert [e for e in stage0.events if e[1] == "backward"] == [
+        ("begin", "backward"),
+        ("end", "backward"),
+    ] * 2
+    assert stage0.errors == []
+
+
+def test_losses_and_parameters_identical_with_and_without_adapter(
+    merak: Any, hook_log: HookLog
+) -> None:
+    adapter = importlib.import_module("perseus.adapters.merak")
+    with_adapter = _train(_pipeline(merak.PipelineEngine, 2, 4), 4, steps=3)
+    adapter.unpatch()
+    without = _train(_pipeline(merak.PipelineEngine, 2, 4), 4, steps=3)
+    adapter.patch()
+    recomputed = _train(_pipeline(merak.PipelineEngine, 2, 4, recompute=True), 4, steps=3)
+    assert with_adapter[0] == without[0] == recomputed[0]
+    for a, b, c in zip(with_adapter[1], without[1], recomputed[1]):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert hook_log.total_events() > 0
+
+
+def test_eval_batch_is_not_reported(merak: Any, hook_log: HookLog) -> None:
+    engines = _pipeline(merak.PipelineEngine, 2, 3)
+    fake_merak.run_pipeline(engines, _batches(3), evaluate=True)
+    assert hook_log.total_events() == 0
+    fake_merak.run_pipeline(engines, _batches(3))
+    fake_merak.run_pipeline(engines, _batches(3), evaluate=True)
+    assert [len(h.steps) for h in hook_log.built] == [1, 1]
+
+
+def test_unpatch_restores_and_patch_is_idempotent(merak: Any) -> None:
+    adapter = importlib.import_module("perseus.adapters.merak")
+    cls = merak.PipelineEngine
+    wrapped = dict(cls._INSTRUCTION_MAP)
+    adapter.patch()
+    importlib.import_module("perseus.adapters.merak")
+    assert wrapped == cls._INSTRUCTION_MAP  # nothing wrapped twice
+    adapter.unpatch()
+    assert (
+        cls._INSTRUCTION_MAP[fake_merak.ForwardPass]
+        is fake_merak.PipelineEngine.__dict__["_exec_forward_pass"]
+    )
+    for instruction, fn in cls._INSTRUCTION_MAP.items():
+        assert not hasattr(fn, "__perseus_wrapped__"), instruction
+    assert "train_batch" in vars(cls) and not hasattr(cls.train_batch, "__perseus_wrapped__")
+    assert not adapter.is_patched()
+    adapter.patch()
+    assert adapter.is_patched()
+
+
+def test_exception_in_forward_still_ends_hooks(merak: Any, hook_log: HookLog) -> None:
+    engines = _pipeline(merak.PipelineEngine, 1, 2)
+    engines[0].module = torch.nn.Linear(5, 5)  # wrong width: the forward raises
+    with pytest.raises(RuntimeError):
+        fake_merak.run_pipeline(engines, _batches(2))
+    (hooks,) = hook_log.built
+    assert hooks.errors == []
+    assert hooks.events == [
+        ("step_begin", None),
+        ("begin", "forward"),
+        ("end", "forward"),
+        ("step_end", None),
+    ]
+
+
+def test_engines_get_their_own_optimizer(merak: Any, hook_log: HookLog) -> None:
+    first = _pipeline(merak.PipelineEngine, 2, 2)
+    second = _pipeline(merak.PipelineEngine, 2, 2)
+    fake_merak.run_pipeline(first, _batches(2))
+    fake_merak.run_pipeline(second, _batches(2))
+    fake_merak.run_pipeline(first, _batches(2))
+    assert len(hook_log.built) == 4
+    assert sorted(len(h.steps) for h in hook_log.built) == [1, 1, 2, 2]
+
+
+def test_plan_frequencies_reach_the_gpu_in_plan_order(merak: Any, tmp_path: Path) -> None:
+    clocks = (1410, 1200, 1005, 810)
+    plan = cycling_plan(2, 3, clocks)
+    gpus: dict = {}
+    context.reset()
+    context.configure(factory=plan_optimizer_factory(plan, str(tmp_path), gpus))
+    try:
+        engines = _pipeline(merak.PipelineEngine, 2, 3)
+        for step in range(2):
+            fake_merak.run_pipeline(engines, _batches(3, seed=step))
+    finally:
+        context.reset()
+    for stage in (0, 1):
+        planned = [s.frequency_mhz for s in plan.stages[stage]]
+        gpu = gpus[stage]
+        assert gpu.locks_mhz == planned * 2
+        assert [(s, n) for s, n, _ in gpu.begins] == [
+            (stage, s.instruction) for s in plan.stages[stage]
+        ] * 2
+        assert [f for _, _, f in gpu.begins] == planned * 2
+        assert gpu.resets >= 1  # clocks restored when the optimizer closed
+
+
+def test_unsupported_version_names_version_and_support() -> None:
+    class Changed(fake_merak.PipelineEngine):
+        _INSTRUCTION_MAP = {
+            k: v
+            for k, v in fake_merak.PipelineEngine._INSTRUCTION_MAP.items()
+            if k is not fake_merak.BackwardPass
+        }
+
+    modules = fake_merak.build_modules(Changed, version="9.9.9")
+    with fake_merak.installed(modules):
+        adapter = importlib.import_module("perseus.adapters.merak")
+        adapter.unpatch()
+        with pytest.raises(AdapterError, match=r"Merak 9\.9\.9.*BackwardPass.*Supported"):
+            adapter.patch()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Merak") is not None, reason="Merak is installed")
+def test_missing_merak_is_an_adapter_error() -> None:
+    sys.modules.pop("perseus.adapters.merak", None)
+    with pytest.raises(AdapterError, match="merak-zeus"):
+        importlib.import_module("perseus.adapters.merak")
+    assert "perseus.adapters.merak" not in sys.modules
