@@ -8,6 +8,12 @@ nothing) and can be undone. The registry below does the same by name::
     adapters.patch("deepspeed")    # same as `import perseus.adapters.deepspeed`
     adapters.unpatch("deepspeed")  # the framework's own functions are back
 
+Where the optimizer's configuration comes from (first match wins; details in
+:mod:`perseus.runtime.context`): an explicit ``perseus.runtime.context.configure(cfg)`` call in
+the training script; under ``perseus-train``, the resolved config the launcher points every rank
+to with the environment variable ``PERSEUS_CONFIG``; otherwise the defaults of
+:class:`perseus.config.PerseusConfig`.
+
 Nothing here imports a framework until an adapter is asked for.
 """
 

@@ -162,3 +162,34 @@ class InstructionMapAdapter:
     def unpatch(self) -> None:
         """Put the original step method and map entries back."""
         self._patches.undo()
+
+
+class LazyAdapter:
+    """An :class:`InstructionMapAdapter` built on the first :meth:`patch`, forgotten on unpatch.
+
+    The framework is looked up (and its version checked) by ``build`` each time a patch is
+    applied after an :meth:`unpatch`, so tests can swap the framework's modules in between.
+
+    Args:
+        build: Imports the framework, checks its hooked names and returns the adapter.
+    """
+
+    def __init__(self, build: Callable[[], InstructionMapAdapter]) -> None:
+        self._build = build
+        self._adapter: Optional[InstructionMapAdapter] = None
+
+    def patch(self) -> None:
+        """Build the adapter if needed and apply it (idempotent)."""
+        if self._adapter is None:
+            self._adapter = self._build()
+        self._adapter.patch()
+
+    def unpatch(self) -> None:
+        """Undo the patch; the next :meth:`patch` looks the framework up again."""
+        if self._adapter is not None:
+            self._adapter.unpatch()
+            self._adapter = None
+
+    def is_patched(self) -> bool:
+        """Whether the patch is in place."""
+        return self._adapter is not None and self._adapter.patched

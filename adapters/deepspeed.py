@@ -16,17 +16,15 @@ Runs on Python 3.9.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from perseus.adapters._common import BACKWARD, FORWARD, module_version, require_names
-from perseus.adapters._instruction_map import InstructionMapAdapter
+from perseus.adapters._instruction_map import InstructionMapAdapter, LazyAdapter
 from perseus.adapters._pipe_grid import grid_rank_info
 
 from perseus.errors import AdapterError
 
 SUPPORTED = "DeepSpeed 0.19.x (tested with 0.19.8) with PipelineEngine._INSTRUCTION_MAP dispatch"
-
-_adapter: Optional[InstructionMapAdapter] = None
 
 
 def _build() -> InstructionMapAdapter:
@@ -65,29 +63,12 @@ def _build() -> InstructionMapAdapter:
     return InstructionMapAdapter(engine_class, roles, grid_rank_info)
 
 
-def patch() -> None:
-    """Patch DeepSpeed's ``PipelineEngine`` (idempotent).
-
-    Raises:
-        AdapterError: The installed DeepSpeed lacks a hooked name (unsupported version).
-    """
-    global _adapter
-    if _adapter is None:
-        _adapter = _build()
-    _adapter.patch()
-
-
-def unpatch() -> None:
-    """Restore DeepSpeed's ``train_batch`` and instruction-map entries."""
-    global _adapter
-    if _adapter is not None:
-        _adapter.unpatch()
-        _adapter = None  # the next patch() looks the framework up again
-
-
-def is_patched() -> bool:
-    """Whether the patch is in place."""
-    return _adapter is not None and _adapter.patched
-
+_lazy = LazyAdapter(_build)
+patch = _lazy.patch
+"""Patch DeepSpeed's ``PipelineEngine`` (idempotent); AdapterError on an unsupported version."""
+unpatch = _lazy.unpatch
+"""Restore DeepSpeed's ``train_batch`` and instruction-map entries."""
+is_patched = _lazy.is_patched
+"""Whether the patch is in place."""
 
 patch()

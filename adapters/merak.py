@@ -17,10 +17,10 @@ not reported. Merak pins torch 1.10 and Python 3.9; this module runs there.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from perseus.adapters._common import BACKWARD, FORWARD, module_version, require_names
-from perseus.adapters._instruction_map import RECOMPUTE, InstructionMapAdapter
+from perseus.adapters._instruction_map import RECOMPUTE, InstructionMapAdapter, LazyAdapter
 from perseus.adapters._pipe_grid import grid_rank_info
 
 from perseus.errors import AdapterError
@@ -31,8 +31,6 @@ SUPPORTED = (
 )
 _REQUIRED = {"ForwardPass": FORWARD, "BackwardPass": BACKWARD}
 _OPTIONAL = {"PreCheckpointForwardPass": FORWARD, "RecomputeRecvGrad": RECOMPUTE}
-
-_adapter: Optional[InstructionMapAdapter] = None
 
 
 def _roles(schedule: Any, instruction_map: Dict[Any, Any]) -> Dict[type, str]:
@@ -74,29 +72,12 @@ def _build() -> InstructionMapAdapter:
     return InstructionMapAdapter(engine_class, _roles(schedule, instruction_map), grid_rank_info)
 
 
-def patch() -> None:
-    """Patch Merak's ``PipelineEngine`` (idempotent).
-
-    Raises:
-        AdapterError: The installed Merak lacks a hooked name (unsupported version).
-    """
-    global _adapter
-    if _adapter is None:
-        _adapter = _build()
-    _adapter.patch()
-
-
-def unpatch() -> None:
-    """Restore Merak's ``train_batch`` and instruction-map entries."""
-    global _adapter
-    if _adapter is not None:
-        _adapter.unpatch()
-        _adapter = None  # the next patch() looks the framework up again
-
-
-def is_patched() -> bool:
-    """Whether the patch is in place."""
-    return _adapter is not None and _adapter.patched
-
+_lazy = LazyAdapter(_build)
+patch = _lazy.patch
+"""Patch Merak's ``PipelineEngine`` (idempotent); raises AdapterError on an unsupported version."""
+unpatch = _lazy.unpatch
+"""Restore Merak's ``train_batch`` and instruction-map entries."""
+is_patched = _lazy.is_patched
+"""Whether the patch is in place."""
 
 patch()

@@ -25,9 +25,9 @@ import gc
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
+from bench_hooks import NullGPU  # scripts/ is on sys.path when a script runs
 from perseus.adapters import _instruction_map as imap
 
-from perseus.gpu.base import GPU
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
@@ -46,49 +46,6 @@ class NullHooks:
 
     def on_instruction_end(self, name: str) -> None:
         pass
-
-
-class NullGPU(GPU):
-    """Every call returns at once."""
-
-    index = 0
-    name = "null"
-
-    def supported_sm_clocks_mhz(self) -> List[int]:
-        return [1410]
-
-    def supported_memory_clocks_mhz(self) -> List[int]:
-        return [1215]
-
-    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        pass
-
-    def reset_sm_clocks(self) -> None:
-        pass
-
-    def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        pass
-
-    def reset_memory_clocks(self) -> None:
-        pass
-
-    def power_limit_mw(self) -> int:
-        return 300_000
-
-    def power_limit_constraints_mw(self) -> Tuple[int, int]:
-        return (100_000, 400_000)
-
-    def default_power_limit_mw(self) -> int:
-        return 300_000
-
-    def set_power_limit_mw(self, limit_mw: int) -> None:
-        pass
-
-    def total_energy_mj(self) -> int:
-        return 0
-
-    def power_mw(self) -> int:
-        return 0
 
 
 # -- instruction-map engines (DeepSpeed, Merak) ------------------------------------------

@@ -176,7 +176,10 @@ class Store:
             (run_id,),
         ).fetchone()
         if row is None:
-            raise ConfigError(f"{self.path}: no run with id {run_id}")
+            raise ConfigError(
+                f"{self.path}: no run with id {run_id}; start a run with next_batch_size() "
+                "(or pass the id the sweeper gave this job)"
+            )
         return RunRow(*row)
 
     def add_run(

@@ -88,7 +88,10 @@ class PowerLimitOptimizer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not guards:
-            raise ConfigError("PowerLimitOptimizer needs the guard of at least one GPU")
+            raise ConfigError(
+                "PowerLimitOptimizer needs the guard of at least one GPU: pass acquired "
+                "GPUGuard objects, or build it with PowerLimitOptimizer.for_gpus([gpu], cfg)"
+            )
         _check_config(cfg)
         if not 0.0 <= eta <= 1.0:
             raise ConfigError(f"energy.eta={eta}: must be within [0, 1]")

@@ -38,6 +38,7 @@ class JobSetup:
     straggle: Dict[int, List[float]] = field(default_factory=dict)
     # rank -> step at which the process kills itself (os._exit) mid-iteration.
     die_at: Dict[int, int] = field(default_factory=dict)
+    keep_records: bool = False
 
 
 def build_config(setup: JobSetup) -> Any:
@@ -135,6 +136,11 @@ def rank_main(
         "locked_after_close": gpu.locked_sm_clocks_mhz,
     }
     Path(setup.out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    if setup.keep_records:
+        from dataclasses import asdict
+
+        records = [asdict(r) for r in opt.steps]
+        Path(setup.out_dir, f"records{rank}.json").write_text(json.dumps(records))
 
 
 class Launch:

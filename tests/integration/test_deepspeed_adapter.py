@@ -9,6 +9,10 @@ import pytest
 
 from perseus.schedule import stage_order
 from tests.integration._support.launch import run_ranks
+from tests.integration._support.recording import (
+    assert_identical_training,
+    assert_plan_reached_gpu,
+)
 
 pytest.importorskip("deepspeed")
 
@@ -64,24 +68,14 @@ def test_each_engine_has_its_own_optimizer(ranks: List[Dict[str, Any]]) -> None:
 
 @pytest.mark.integration
 def test_losses_and_gradients_identical_without_adapter(ranks: List[Dict[str, Any]]) -> None:
-    import torch
-
     for r in ranks:
-        a, b = r["with_adapter"], r["without_adapter"]
-        assert a["losses"] == b["losses"]
-        assert len(a["grads"]) == len(b["grads"]) == 2
-        for step_a, step_b in zip(a["grads"], b["grads"]):
-            assert all(torch.equal(x, y) for x, y in zip(step_a, step_b))
-        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+        assert_identical_training(r["with_adapter"], r["without_adapter"], num_steps=2)
 
 
 @pytest.mark.integration
 def test_plan_frequencies_reach_the_gpu_in_plan_order(ranks: List[Dict[str, Any]]) -> None:
     for r in ranks:
-        stage = r["rank_info"].stage
-        assert r["locks"] == r["plan"] * 2
-        assert r["begins"] == [(stage, n, f) for n, f in zip(r["plan_names"], r["plan"])] * 2
-        assert r["resets"] >= 1
+        assert_plan_reached_gpu(r["plan_gpu"], r["rank_info"].stage, num_steps=2)
 
 
 @pytest.mark.integration

@@ -13,6 +13,10 @@ import pytest
 
 from perseus.schedule import stage_order, stage_order_chunks
 from tests.integration._support.launch import run_ranks
+from tests.integration._support.recording import (
+    assert_identical_training,
+    assert_plan_reached_gpu,
+)
 
 pytest.importorskip("megatron.core")
 
@@ -75,6 +79,22 @@ def test_interleaved_order_and_model_chunks(ranks: List[Dict[str, Any]]) -> None
 
 
 @pytest.mark.integration
+def test_no_pipelining_schedule_is_reported(ranks: List[Dict[str, Any]]) -> None:
+    infos = sorted((r["no_pipelining_rank_info"] for r in ranks), key=lambda i: i.rank)
+    assert [(i.stage, i.num_stages, i.dp_rank, i.rank) for i in infos] == [
+        (0, 1, 0, 0),
+        (0, 1, 1, 1),
+    ]
+    for r in ranks:
+        assert r["no_pipelining_fb_name"] == "forward_backward_no_pipelining"
+        assert r["no_pipelining_errors"] == []
+        assert r["no_pipelining_eval_events"] == 0
+        assert r["no_pipelining_steps"] == [
+            [name for name, _ in stage_order("1f1b", 1, n)[0]] for n in NUM_MICROBATCHES
+        ]
+
+
+@pytest.mark.integration
 def test_rank_info_comes_from_parallel_state(ranks: List[Dict[str, Any]]) -> None:
     infos = sorted((r["rank_info"] for r in ranks), key=lambda i: i.rank)
     assert [
@@ -103,15 +123,8 @@ def test_reference_taken_before_import_warns(ranks: List[Dict[str, Any]]) -> Non
 
 @pytest.mark.integration
 def test_losses_and_gradients_identical_without_adapter(ranks: List[Dict[str, Any]]) -> None:
-    import torch
-
     for r in ranks:
-        a, b = r["with_adapter"], r["without_adapter"]
-        assert a["losses"] == b["losses"]
-        assert len(a["grads"]) == 2
-        for step_a, step_b in zip(a["grads"], b["grads"]):
-            assert all(torch.equal(x, y) for x, y in zip(step_a, step_b))
-        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+        assert_identical_training(r["with_adapter"], r["without_adapter"], num_steps=2)
     last = next(r for r in ranks if r["rank_info"].stage == 1)
     assert len(last["with_adapter"]["losses"][0]) == 3
 
@@ -119,9 +132,7 @@ def test_losses_and_gradients_identical_without_adapter(ranks: List[Dict[str, An
 @pytest.mark.integration
 def test_plan_frequencies_reach_the_gpu_in_plan_order(ranks: List[Dict[str, Any]]) -> None:
     for r in ranks:
-        stage = r["rank_info"].stage
-        assert r["locks"] == r["plan"] * 2
-        assert r["begins"] == [(stage, n, f) for n, f in zip(r["plan_names"], r["plan"])] * 2
+        assert_plan_reached_gpu(r["plan_gpu"], r["rank_info"].stage, num_steps=2)
 
 
 @pytest.mark.integration

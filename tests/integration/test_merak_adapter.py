@@ -90,18 +90,31 @@ def test_import_patches_and_unpatch_restores() -> None:
     adapter.patch()
 
 
+# Merak's 1F1B schedules: DeepSpeed's, merged P2P, and the two with activation recomputation
+# (PreCheckpointForwardPass / RecomputeRecvGrad). full_critical_path_1f1b reorders
+# instructions: it is not 1F1B, so it is not checked against that order.
+ONE_F_ONE_B_SCHEDULES = [
+    "TrainSchedule",
+    "MergeP2PTrainSchedule",
+    "PreRecomputeTrainSchedule",
+    "LastNoRecomputeTrainSchedule",
+]
+
+
+@pytest.mark.parametrize("schedule_name", ONE_F_ONE_B_SCHEDULES)
 @pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (2, 4), (4, 6)])
 def test_train_schedule_dispatch_is_1f1b(
-    recorded_engine: Any, stages: int, micro_batches: int
+    recorded_engine: Any, stages: int, micro_batches: int, schedule_name: str
 ) -> None:
     from perseus.runtime.types import RankInfo
 
+    schedule_class = getattr(schedule, schedule_name)
     for stage in range(stages):
         hooks = RecordingHooks(RankInfo(stage=stage, num_stages=stages))
         engine = _bare_engine(recorded_engine, hooks)
         hooks.on_step_begin()
         engine._exec_schedule(
-            schedule.TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage)
+            schedule_class(micro_batches=micro_batches, stages=stages, stage_id=stage)
         )
         hooks.on_step_end()
         assert hooks.errors == []

@@ -89,6 +89,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
         HookLog,
         cycling_plan,
         plan_optimizer_factory,
+        plan_record,
     )
 
     cls = engine_module.PipelineEngine
@@ -132,12 +133,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     plan_engine = build_engine(seed=1, num_mb=3)
     out["with_adapter"] = train_capturing(plan_engine, 3, steps=2)
     context.reset()  # closes the optimizer: clocks restored
-    stage = plan_engine.stage_id
-    out["plan"] = [s.frequency_mhz for s in plan.stages[stage]]
-    out["plan_names"] = [s.instruction for s in plan.stages[stage]]
-    out["locks"] = list(gpus[stage].locks_mhz)
-    out["begins"] = list(gpus[stage].begins)
-    out["resets"] = gpus[stage].resets
+    out["plan_gpu"] = plan_record(plan, plan_engine.stage_id, gpus[plan_engine.stage_id])
 
     # 4. Unpatched: the engine is DeepSpeed's own again.
     adapter.unpatch()

@@ -3,10 +3,10 @@
 Merak cannot be installed in CI (it pins torch 1.10 and Python 3.9). What the adapter relies on
 is reproduced here, written for these tests:
 
-* ``Merak.runtime.schedule``: instruction classes (``ForwardPass``, ``BackwardPass``, the
-  recomputation variants ``PreCheckpointForwardPass`` / ``RecomputeRecvGrad`` /
-  ``RestoreRecomputeStatus``, loads, sends, receives, the optimizer step) and a synchronous
-  1F1B ``TrainSchedule`` (optionally with recomputation on all but the last stage) plus an
+* ``Merak.runtime.schedule`` (:mod:`fake_merak_schedule`): instruction classes
+  (``ForwardPass``, ``BackwardPass``, the recomputation variants ``PreCheckpointForwardPass`` /
+  ``RecomputeRecvGrad`` / ``RestoreRecomputeStatus``, loads, sends, receives, the optimizer
+  step), a synchronous 1F1B ``TrainSchedule`` (optionally Merak's early recomputation) and an
   ``InferenceSchedule``.
 * ``Merak.runtime.pipe_engine.PipelineEngine``: a class-level ``_INSTRUCTION_MAP`` captured at
   class definition, ``_exec_schedule`` calling ``self._INSTRUCTION_MAP[type(cmd)](self, ...)``,
@@ -29,138 +29,23 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 
-# --------------------------------------------------------------------------- schedule module
-
-
-class PipeInstruction:
-    def __init__(self, **kwargs: Any) -> None:
-        self.name = type(self).__name__
-        self.kwargs = kwargs
-
-    def __repr__(self) -> str:
-        return f"{self.name}({self.kwargs})"
-
-
-class BufferOpInstruction(PipeInstruction):
-    def __init__(self, buffer_id: int) -> None:
-        super().__init__(buffer_id=buffer_id)
-
-
-class OptimizerStep(PipeInstruction):
-    pass
-
-
-class ReduceGrads(PipeInstruction):
-    pass
-
-
-class RestoreRecomputeStatus(PipeInstruction):
-    pass
-
-
-class LoadMicroBatch(BufferOpInstruction):
-    pass
-
-
-class ForwardPass(BufferOpInstruction):
-    pass
-
-
-class BackwardPass(BufferOpInstruction):
-    pass
-
-
-class SendActivation(BufferOpInstruction):
-    pass
-
-
-class RecvActivation(BufferOpInstruction):
-    pass
-
-
-class SendGrad(BufferOpInstruction):
-    pass
-
-
-class RecvGrad(BufferOpInstruction):
-    pass
-
-
-class PreCheckpointForwardPass(BufferOpInstruction):
-    pass
-
-
-class RecomputeRecvGrad(BufferOpInstruction):
-    pass
-
-
-def one_f_one_b(stages: int, stage_id: int, micro_batches: int) -> List[Tuple[str, int]]:
-    """Synchronous 1F1B: warm-up forwards, forward/backward pairs, cool-down backwards."""
-    warmup = min(stages - stage_id - 1, micro_batches)
-    order: List[Tuple[str, int]] = [("F", m) for m in range(warmup)]
-    for k in range(micro_batches - warmup):
-        order += [("F", warmup + k), ("B", k)]
-    order += [("B", m) for m in range(micro_batches - warmup, micro_batches)]
-    return order
-
-
-class TrainSchedule:
-    """Per-step instruction lists of one stage; ``recompute`` uses the recomputation variants."""
-
-    def __init__(
-        self, micro_batches: int, stages: int, stage_id: int, recompute: bool = False
-    ) -> None:
-        self.micro_batches = micro_batches
-        self.stages = stages
-        self.stage_id = stage_id
-        self.recompute = recompute and stage_id < stages - 1
-
-    def __iter__(self) -> Iterator[List[PipeInstruction]]:
-        first, last = self.stage_id == 0, self.stage_id == self.stages - 1
-        for kind, mb in one_f_one_b(self.stages, self.stage_id, self.micro_batches):
-            cmds: List[PipeInstruction] = []
-            if kind == "F":
-                if first or last:
-                    cmds.append(LoadMicroBatch(mb))
-                if not first:
-                    cmds.append(RecvActivation(mb))
-                fwd = PreCheckpointForwardPass if self.recompute else ForwardPass
-                cmds.append(fwd(mb))
-                if not last:
-                    cmds.append(SendActivation(mb))
-            else:
-                if not last:
-                    cmds.append(RecomputeRecvGrad(mb) if self.recompute else RecvGrad(mb))
-                cmds.append(BackwardPass(mb))
-                if not first:
-                    cmds.append(SendGrad(mb))
-                if self.recompute:
-                    cmds.append(RestoreRecomputeStatus())
-            yield cmds
-        yield [ReduceGrads(), OptimizerStep()]
-
-
-class InferenceSchedule:
-    """Forward passes only."""
-
-    def __init__(self, micro_batches: int, stages: int, stage_id: int) -> None:
-        self.micro_batches = micro_batches
-        self.stages = stages
-        self.stage_id = stage_id
-
-    def __iter__(self) -> Iterator[List[PipeInstruction]]:
-        first, last = self.stage_id == 0, self.stage_id == self.stages - 1
-        for mb in range(self.micro_batches):
-            cmds: List[PipeInstruction] = []
-            if first or last:
-                cmds.append(LoadMicroBatch(mb))
-            if not first:
-                cmds.append(RecvActivation(mb))
-            cmds.append(ForwardPass(mb))
-            if not last:
-                cmds.append(SendActivation(mb))
-            yield cmds
-
+from tests.integration._support import fake_merak_schedule
+from tests.integration._support.fake_merak_schedule import (
+    BackwardPass,
+    ForwardPass,
+    InferenceSchedule,
+    LoadMicroBatch,
+    OptimizerStep,
+    PreCheckpointForwardPass,
+    RecomputeRecvGrad,
+    RecvActivation,
+    RecvGrad,
+    ReduceGrads,
+    RestoreRecomputeStatus,
+    SendActivation,
+    SendGrad,
+    TrainSchedule,
+)
 
 # ------------------------------------------------------------------------ pipe_engine module
 
@@ -379,7 +264,7 @@ def build_modules(
     runtime = types.ModuleType("Merak.runtime")
     schedule = types.ModuleType("Merak.runtime.schedule")
     for name in _SCHEDULE_NAMES:
-        setattr(schedule, name, globals()[name])
+        setattr(schedule, name, getattr(fake_merak_schedule, name))
     pipe_engine = types.ModuleType("Merak.runtime.pipe_engine")
     pipe_engine.PipelineEngine = engine_class  # type: ignore[attr-defined]
     pipe_engine.schedule = schedule  # type: ignore[attr-defined]

@@ -139,6 +139,7 @@ def _pipeline_checks(args: Dict[str, Any], out: Dict[str, Any]) -> None:
         HookLog,
         cycling_plan,
         plan_optimizer_factory,
+        plan_record,
     )
 
     adapter = importlib.import_module("perseus.adapters.megatron")
@@ -172,10 +173,7 @@ def _pipeline_checks(args: Dict[str, Any], out: Dict[str, Any]) -> None:
     out["with_adapter"] = train(Runner(build_model(seed=1, num_chunks=1)), fb, 3, steps=2)
     context.reset()
     stage = out["rank_info"].stage
-    out["plan"] = [s.frequency_mhz for s in plan.stages[stage]]
-    out["plan_names"] = [s.instruction for s in plan.stages[stage]]
-    out["locks"] = list(gpus[stage].locks_mhz)
-    out["begins"] = list(gpus[stage].begins)
+    out["plan_gpu"] = plan_record(plan, stage, gpus[stage])
     adapter.unpatch()
     import megatron.core.pipeline_parallel.schedules as schedules
 
@@ -255,6 +253,35 @@ def _interleaved_checks(args: Dict[str, Any], out: Dict[str, Any]) -> None:
         interleaved_errors=hooks.errors,
         interleaved_rank_info=hooks.rank,
         interleaved_chunks=chunks,
+    )
+    context.reset()
+
+
+def _no_pipelining_check(args: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """pp=1 (the 2 ranks are data-parallel replicas): the no-pipelining schedule is reported."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from perseus.runtime import context
+    from tests.integration._support.recording import HookLog
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(1, 1)
+    log = HookLog()
+    context.configure(factory=log)
+    fb = get_forward_backward_func()
+    runner = Runner(build_model(seed=4, num_chunks=1))
+    for n in args["num_microbatches"]:
+        runner.step(fb, n, seed=n)
+    before = len(log.built[0].events)
+    runner.step(fb, 2, seed=7, forward_only=True)
+    (hooks,) = log.built
+    out.update(
+        no_pipelining_fb_name=fb.__name__,
+        no_pipelining_steps=hooks.steps,
+        no_pipelining_errors=hooks.errors,
+        no_pipelining_rank_info=hooks.rank,
+        no_pipelining_eval_events=len(hooks.events) - before,
     )
     context.reset()
 
@@ -351,6 +378,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
         _pipeline_checks(args, out)
         _early_reference_check(early_fb, out)
         _interleaved_checks(args, out)
+        _no_pipelining_check(args, out)
     with cuda_on_cpu(rng_tracker=True):
         _gpt_check(args, out)
         adapter.unpatch()

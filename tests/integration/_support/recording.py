@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from perseus.gpu.base import GPU
 from perseus.runtime.types import RankInfo
+from tests.unit.runtime.fakes import RecordingGPU
 
 Event = Tuple[str, Optional[str]]
 
@@ -68,62 +68,27 @@ class HookLog:
         return sum(len(h.events) for h in self.built)
 
 
-class ClockLogGPU(GPU):
-    """A GPU that logs SM clock locks and instruction marks (clock changes are free)."""
-
-    fast_clock_changes = True
+class ClockLogGPU(RecordingGPU):
+    """A GPU whose clock changes are free, viewed as SM clock locks and instruction marks."""
 
     def __init__(self, clocks_mhz: Sequence[int] = (1410, 1200, 1005, 810)) -> None:
-        self.index = 0
+        super().__init__(clocks_mhz, fast=True)
         self.name = "clock-log"
-        self.clocks_mhz = sorted(clocks_mhz, reverse=True)
-        self.locks_mhz: List[int] = []
-        self.begins: List[Tuple[int, str, Optional[int]]] = []
-        self.resets = 0
-        self.locked_mhz: Optional[int] = None
-        self.energy_mj = 0
 
-    def supported_sm_clocks_mhz(self) -> List[int]:
-        return list(self.clocks_mhz)
+    @property
+    def locks_mhz(self) -> List[int]:
+        """The maximum clock of every SM clock lock, in order."""
+        return [call[2] for call in self.calls if call[0] == "lock_sm"]
 
-    def supported_memory_clocks_mhz(self) -> List[int]:
-        return [1215]
+    @property
+    def begins(self) -> List[Tuple[int, str, Optional[int]]]:
+        """``(stage, instruction, locked clock)`` at every instruction begin, in order."""
+        return [(call[1], call[2], call[3]) for call in self.calls if call[0] == "begin"]
 
-    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        self.locks_mhz.append(max_mhz)
-        self.locked_mhz = max_mhz
-
-    def reset_sm_clocks(self) -> None:
-        self.resets += 1
-        self.locked_mhz = None
-
-    def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        pass
-
-    def reset_memory_clocks(self) -> None:
-        pass
-
-    def power_limit_mw(self) -> int:
-        return 300_000
-
-    def power_limit_constraints_mw(self) -> Tuple[int, int]:
-        return (100_000, 400_000)
-
-    def default_power_limit_mw(self) -> int:
-        return 300_000
-
-    def set_power_limit_mw(self, limit_mw: int) -> None:
-        pass
-
-    def total_energy_mj(self) -> int:
-        self.energy_mj += 1000
-        return self.energy_mj
-
-    def power_mw(self) -> int:
-        return 100_000
-
-    def instruction_begin(self, stage: int, instruction: str) -> None:
-        self.begins.append((stage, instruction, self.locked_mhz))
+    @property
+    def resets(self) -> int:
+        """How many times the SM clocks were reset."""
+        return sum(1 for call in self.calls if call[0] == "reset_sm")
 
 
 def cycling_plan(num_stages: int, num_microbatches: int, clocks_mhz: Sequence[int]) -> Any:
@@ -164,3 +129,35 @@ def plan_optimizer_factory(plan: Any, state_dir: str, gpus: Dict[int, ClockLogGP
         )
 
     return build
+
+
+def assert_identical_training(a: Dict[str, Any], b: Dict[str, Any], num_steps: int) -> None:
+    """Two trainings (``losses``, per-step ``grads``, final ``params``) match bit for bit."""
+    import torch
+
+    assert a["losses"] == b["losses"]
+    assert len(a["grads"]) == len(b["grads"]) == num_steps
+    for step_a, step_b in zip(a["grads"], b["grads"]):
+        assert len(step_a) == len(step_b) > 0
+        assert all(torch.equal(x, y) for x, y in zip(step_a, step_b))
+    assert len(a["params"]) == len(b["params"]) > 0
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+
+
+def plan_record(plan: Any, stage: int, gpu: ClockLogGPU) -> Dict[str, Any]:
+    """What :func:`assert_plan_reached_gpu` checks: one stage's plan and what its GPU saw."""
+    return {
+        "plan": [s.frequency_mhz for s in plan.stages[stage]],
+        "plan_names": [s.instruction for s in plan.stages[stage]],
+        "locks": list(gpu.locks_mhz),
+        "begins": list(gpu.begins),
+        "resets": gpu.resets,
+    }
+
+
+def assert_plan_reached_gpu(record: Dict[str, Any], stage: int, num_steps: int) -> None:
+    """Each of ``num_steps`` iterations locked the plan's clocks in plan order, then reset."""
+    planned = list(zip(record["plan_names"], record["plan"]))
+    assert record["locks"] == record["plan"] * num_steps
+    assert record["begins"] == [(stage, name, mhz) for name, mhz in planned] * num_steps
+    assert record["resets"] >= 1  # clocks restored when the optimizer closed

@@ -18,8 +18,10 @@ from perseus.schedule import stage_order
 from tests.integration._support import fake_merak
 from tests.integration._support.recording import (
     HookLog,
+    assert_plan_reached_gpu,
     cycling_plan,
     plan_optimizer_factory,
+    plan_record,
 )
 
 
@@ -96,6 +98,7 @@ def test_hook_order_is_1f1b(
         assert hooks.rank.num_stages == num_stages
     if recompute:
         assert "RecomputeRecvGrad" in engines[0].executed
+        assert "PreCheckpointForwardPass" in engines[0].executed
 
 
 def test_recomputation_runs_inside_the_backward_instruction(merak: Any, hook_log: HookLog) -> None:
@@ -113,19 +116,26 @@ def test_recomputation_runs_inside_the_backward_instruction(merak: Any, hook_log
     cls._INSTRUCTION_MAP[fake_merak.RecomputeRecvGrad] = spy
     try:
         adapter.patch()
-        fake_merak.run_pipeline(_pipeline(cls, 2, 2, recompute=True), _batches(2))
+        engines = _pipeline(cls, 2, 3, recompute=True)
+        fake_merak.run_pipeline(engines, _batches(3))
     finally:
         adapter.unpatch()
         cls._INSTRUCTION_MAP[fake_merak.RecomputeRecvGrad] = original
         adapter.patch()
-    assert seen == [("begin", "backward")] * 2
+    # Stage 0 of 2 recomputes its one cool-down microbatch (2); 0 and 1 run plain backwards.
+    assert [n for n in engines[0].executed if n in ("RecvGrad", "RecomputeRecvGrad")] == [
+        "RecvGrad",
+        "RecvGrad",
+        "RecomputeRecvGrad",
+    ]
+    assert seen == [("begin", "backward")]
     stage0 = {h.rank.stage: h for h in hook_log.built}[0]
-    assert stage0.steps == [["forward", "forward", "backward", "backward"]]
-    # A recomputed backward is begun once and ended once.
+    assert stage0.steps == [["forward", "forward", "backward", "forward", "backward", "backward"]]
+    # A recomputed backward is begun once and ended once, like a plain one.
     assert [e for e in stage0.events if e[1] == "backward"] == [
         ("begin", "backward"),
         ("end", "backward"),
-    ] * 2
+    ] * 3
     assert stage0.errors == []
 
 
@@ -211,14 +221,7 @@ def test_plan_frequencies_reach_the_gpu_in_plan_order(merak: Any, tmp_path: Path
     finally:
         context.reset()
     for stage in (0, 1):
-        planned = [s.frequency_mhz for s in plan.stages[stage]]
-        gpu = gpus[stage]
-        assert gpu.locks_mhz == planned * 2
-        assert [(s, n) for s, n, _ in gpu.begins] == [
-            (stage, s.instruction) for s in plan.stages[stage]
-        ] * 2
-        assert [f for _, _, f in gpu.begins] == planned * 2
-        assert gpu.resets >= 1  # clocks restored when the optimizer closed
+        assert_plan_reached_gpu(plan_record(plan, stage, gpus[stage]), stage, num_steps=2)
 
 
 def test_unsupported_version_names_version_and_support() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -138,9 +137,7 @@ def test_real_clock_with_sleeping_emulator(tmp_path: Path) -> None:
     cfg = PowerLimitConfig(step_w=50, warmup_steps=1, profile_steps=3)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
         opt = PowerLimitOptimizer([guard], cfg, eta=0.5)
-        start = time.monotonic()
         _run(opt, lambda: _train_step(gpu, 0), epochs=1, steps_per_epoch=30)
-        assert time.monotonic() - start < 20
         truth = {m.power_limit_mw: m for m in _truth(gpu, opt.power_limits_mw, 0)}
         chosen = truth[opt.chosen_limit_mw]  # type: ignore[index]
 
