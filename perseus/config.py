@@ -28,6 +28,8 @@ ENERGY_POLICIES = (
 FRAMEWORKS = ("deepspeed", "megatron", "merak", "torch")
 GPU_BACKENDS = ("auto", "nvml", "emulated")
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
+PROFILER_MODES = ("fast", "sweep")
+RUNTIME_MODES = ("measure", "max_speed", "plan", "online")
 
 
 @dataclass
@@ -42,8 +44,19 @@ class ModelConfig:
     ffn_hidden_size: Optional[int] = None
     seq_length: int = 32
     vocab_size: int = 512
+    # Learned position table size; None = seq_length (gpt/bert).
+    max_position_embeddings: Optional[int] = None
+    # Per-head width of attention (t5's d_kv); None = hidden_size / num_attention_heads.
+    kv_channels: Optional[int] = None
+    # wide_resnet: inner-width multiplier of every bottleneck (num_layers is the depth, 50/101).
+    width_factor: int = 2
+    # wide_resnet: channels of the stem (64 in torchvision; smaller for CPU-sized variants).
+    base_channels: int = 64
+    image_size: int = 224
+    num_classes: int = 1000
     # Partition of layers over stages: uniform, uniform_transformer, or custom:0,8,14,20,26.
     partition: str = "uniform"
+    # Local dataset: a .npy file of token ids (None = seeded synthetic data).
     dataset: Optional[str] = None
     extra: Any = field(default_factory=dict)
 
@@ -66,12 +79,19 @@ class ParallelismConfig:
 class PowerLimitConfig:
     """Power-limit optimizer settings (used by ``energy=power_limit``)."""
 
+    # Try limits from the maximum down in steps of this many watts.
     step_w: float = 25.0
+    # Steps run at each limit before its measurement window, and steps measured.
     warmup_steps: int = 5
     profile_steps: int = 10
+    # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
     selector: str = "zeus_cost"
+    # max_slowdown selector: least energy within this fraction of the fastest limit's time.
     max_slowdown: float = 0.1
+    # JSON file of measured tables; a matching saved table (job_id, GPU, limits) skips profiling.
     profile_path: Optional[str] = None
+    # Name of the recurring job in profile_path.
+    job_id: str = "default"
 
 
 @dataclass
@@ -141,9 +161,16 @@ class ProfilerConfig:
     warmup_instructions: int = 2
     min_window_s: float = 0.1
     max_iterations: int = 40
+    # Try every n-th supported clock (1 = all of them): a count of clocks, not MHz.
     frequency_step: int = 1
     # Lowest frequency to try (MHz); None = the device's lowest supported.
     min_frequency_mhz: Optional[int] = None
+    # Iterations at max speed measured as the baseline (after settle_steps unmeasured ones).
+    baseline_steps: int = 3
+    # Iterations left unmeasured after every change of phase or plan.
+    settle_steps: int = 1
+    # Iterations the chosen plan is measured over.
+    measure_steps: int = 5
 
 
 @dataclass
@@ -176,6 +203,20 @@ class ServerConfig:
     dump_dir: Optional[str] = None
     request_timeout_s: float = 10.0
     max_retries: int = 3
+    # Base delay between retries (doubles each retry).
+    retry_backoff_s: float = 0.2
+    # Binding a non-loopback host without a token is refused unless this is true.
+    allow_insecure: bool = False
+    # A rank silent for this long is marked dead (its job keeps going without it).
+    rank_timeout_s: float = 30.0
+    # Data-parallel replicas whose iteration times differ by more than this fraction ...
+    drift_threshold: float = 0.05
+    # ... for this many iterations in a row: the faster ones slow down to the straggler.
+    drift_patience: int = 3
+    # Seconds to wait for a locally started server to answer /healthz.
+    start_timeout_s: float = 60.0
+    # Job id all ranks of one job share; None = PERSEUS_JOB_ID, else derived from the launch.
+    job_id: Optional[str] = None
 
 
 @dataclass
@@ -272,18 +313,29 @@ def validate(cfg: PerseusConfig) -> None:
         problems.append(f"gpu={cfg.gpu.backend!r}: choose one of {GPU_BACKENDS}")
     if cfg.gpu.emulated.time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
-    if cfg.profiler.energy_rise_patience < 1:
-        problems.append("profiler.energy_rise_patience must be >= 1")
-    if not (0 < cfg.server.port < 65536):
-        problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
-    if cfg.runtime.mode not in ("measure", "max_speed", "plan", "online"):
-        problems.append(
-            f"runtime.mode={cfg.runtime.mode!r}: choose measure, max_speed, plan or online"
-        )
-    if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
-        problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    problems += _runtime_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _runtime_problems(cfg: PerseusConfig) -> List[str]:
+    """Problems of the keys the training processes use: profiler, server, runtime, planner."""
+    problems: List[str] = []
+    prof = cfg.profiler
+    if prof.mode not in PROFILER_MODES:
+        problems.append(f"profiler.mode={prof.mode!r}: choose one of {PROFILER_MODES}")
+    for key in ("energy_rise_patience", "frequency_step"):
+        if getattr(prof, key) < 1:
+            problems.append(f"profiler.{key}={getattr(prof, key)}: must be >= 1")
+    if cfg.planner.time_unit_s <= 0:
+        problems.append(f"planner.time_unit_s={cfg.planner.time_unit_s}: must be > 0 seconds")
+    if not (0 < cfg.server.port < 65536):
+        problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
+    if cfg.runtime.mode not in RUNTIME_MODES:
+        problems.append(f"runtime.mode={cfg.runtime.mode!r}: choose one of {RUNTIME_MODES}")
+    if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
+        problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    return problems
 
 
 def _energy_problems(energy: EnergyConfig) -> List[str]:

@@ -61,3 +61,7 @@ class AdapterError(PerseusError, RuntimeError):
 
 class ServerError(PerseusError, RuntimeError):
     """The coordination server rejected a request or could not be reached."""
+
+
+class BatchSizeError(PerseusError, RuntimeError):
+    """The batch-size optimizer cannot go on (no batch size reaches the target, bad state)."""

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from perseus.errors import PlanError
+from perseus.profile import INSTRUCTIONS
 
 PLAN_FORMAT = "perseus-plan/1"
-INSTRUCTIONS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -108,45 +108,44 @@ def load_plan(path: Union[str, os.PathLike]) -> Plan:
 
 
 def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
-    """Build a :class:`Plan` from its JSON dict, checking every field."""
+    """Build a :class:`Plan` from its JSON dict, checking every field.
+
+    Raises:
+        PlanError: naming ``source``, the key and how to fix it.
+    """
     if not isinstance(data, dict):
-        raise PlanError(f"{source}: a plan must be a JSON object, got {type(data).__name__}")
+        raise PlanError(
+            f"{source}: a plan must be a JSON object, got {type(data).__name__}; {_REGENERATE}"
+        )
     if data.get("format") != PLAN_FORMAT:
         raise PlanError(
-            f"{source}: 'format' is {data.get('format')!r}, expected {PLAN_FORMAT!r}; "
-            "regenerate the plan with perseus-plan"
+            f"{source}: 'format' is {data.get('format')!r}, expected {PLAN_FORMAT!r}; {_REGENERATE}"
         )
     for key in ("schedule", "num_stages", "num_microbatches", "stages"):
         if key not in data:
-            raise PlanError(f"{source}: missing key {key!r}")
+            raise PlanError(f"{source}: missing key {key!r}; {_REGENERATE}")
+    num_stages = _positive_int(data, "num_stages", source)
+    num_microbatches = _positive_int(data, "num_microbatches", source)
     stages_raw = data["stages"]
-    if not isinstance(stages_raw, list) or len(stages_raw) != data["num_stages"]:
+    if not isinstance(stages_raw, list) or len(stages_raw) != num_stages:
         raise PlanError(
-            f"{source}: 'stages' must be a list of num_stages={data['num_stages']} lists"
+            f"{source}: 'stages' must be a list of num_stages={num_stages} lists (one per "
+            f"pipeline stage); {_REGENERATE}"
         )
-    stages: List[List[PlanStep]] = []
-    for s, stage in enumerate(stages_raw):
-        steps = []
-        for i, step in enumerate(stage):
-            where = f"{source}: stages[{s}][{i}]"
-            if not isinstance(step, dict):
-                raise PlanError(f"{where}: expected an object, got {step!r}")
-            steps.append(
-                _step(
-                    step.get("instruction"),
-                    step.get("microbatch"),
-                    step.get("frequency_mhz"),
-                    where,
-                )
-            )
-        _check_stage(steps, int(data["num_microbatches"]), f"{source}: stage {s}")
-        stages.append(steps)
+    stages = [
+        _stage_from_json(stage, num_microbatches, source, s) for s, stage in enumerate(stages_raw)
+    ]
     predicted = data.get("predicted") or {}
+    if not isinstance(predicted, dict):
+        raise PlanError(
+            f"{source}: 'predicted' must be an object with iteration_time_s and energy_j; "
+            f"{_REGENERATE}"
+        )
     extra = {k: v for k, v in data.items() if k not in _KNOWN_KEYS}
     return Plan(
         schedule=str(data["schedule"]),
-        num_stages=int(data["num_stages"]),
-        num_microbatches=int(data["num_microbatches"]),
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
         stages=stages,
         predicted_iteration_time_s=predicted.get("iteration_time_s"),
         predicted_energy_j=predicted.get("energy_j"),
@@ -155,6 +154,39 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
 
 
 _KNOWN_KEYS = {"format", "schedule", "num_stages", "num_microbatches", "predicted", "stages"}
+_REGENERATE = "regenerate the plan with perseus-plan"
+
+
+def _positive_int(data: Dict[str, Any], key: str, source: str) -> int:
+    value = data[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PlanError(f"{source}: {key!r} is {value!r}; it must be a positive integer")
+    return value
+
+
+def _stage_from_json(stage: Any, num_microbatches: int, source: str, index: int) -> List[PlanStep]:
+    where = f"{source}: stages[{index}]"
+    if not isinstance(stage, list):
+        raise PlanError(
+            f"{where}: expected a list of instructions in execution order, got {stage!r}"
+        )
+    steps = []
+    for i, step in enumerate(stage):
+        if not isinstance(step, dict):
+            raise PlanError(
+                f"{where}[{i}]: expected an object with instruction, microbatch and "
+                f"frequency_mhz, got {step!r}"
+            )
+        steps.append(
+            _step(
+                step.get("instruction"),
+                step.get("microbatch"),
+                step.get("frequency_mhz"),
+                f"{where}[{i}]",
+            )
+        )
+    _check_stage(steps, num_microbatches, f"{source}: stage {index}")
+    return steps
 
 
 def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
@@ -169,6 +201,11 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
         raise PlanError(f"{source}: expected a non-empty list with one list per stage")
     stages: List[List[PlanStep]] = []
     for s, stage in enumerate(raw):
+        if not isinstance(stage, (list, tuple)):
+            raise PlanError(
+                f"{source}: stage {s} must be a list of (instruction, frequency) pairs, "
+                f"got {stage!r}"
+            )
         counters = {name: 0 for name in INSTRUCTIONS}
         steps = []
         for i, item in enumerate(stage):
@@ -181,6 +218,11 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
             counters[name] = mb + 1
         stages.append(steps)
     num_mb = sum(1 for st in stages[0] if st.instruction == "forward")
+    if num_mb == 0:
+        raise PlanError(
+            f"{source}: stage 0 has no forward instruction; every stage lists each "
+            "microbatch's forward and backward in execution order"
+        )
     for s, steps in enumerate(stages):
         _check_stage(steps, num_mb, f"{source}: stage {s}")
     return Plan(schedule="1f1b", num_stages=len(stages), num_microbatches=num_mb, stages=stages)
@@ -188,7 +230,10 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
 
 def _step(instruction: Any, microbatch: Any, frequency: Any, where: str) -> PlanStep:
     if instruction not in INSTRUCTIONS:
-        raise PlanError(f"{where}: instruction {instruction!r} is not one of {INSTRUCTIONS}")
+        raise PlanError(
+            f"{where}: instruction {instruction!r} is not one of {INSTRUCTIONS}; fix the "
+            f"entry or {_REGENERATE}"
+        )
     if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 0:
         raise PlanError(f"{where}: microbatch {microbatch!r} must be an integer >= 0")
     if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency <= 0:

@@ -3,7 +3,8 @@
 ``gpu.backend``: ``nvml`` (a real NVIDIA GPU), ``emulated`` (the device model), or ``auto``
 (default): ``nvml`` when NVML loads and sees at least one GPU visible to this process, else
 ``emulated``; the choice is logged. ``gpu.dry_run`` applies to the NVML backend (the emulated
-device changes nothing real). Runs on Python 3.9 (the Merak runtime path).
+device changes nothing real). Before opening an NVML GPU (not in a dry run), settings left by a
+killed owner are restored (SIGKILL recovery). Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations
@@ -65,10 +66,31 @@ def build_gpu(
     if backend == "nvml":
         from perseus.gpu.nvml import NVMLGPU
 
+        if not cfg.dry_run:
+            recover_killed_owners(cfg)
         return NVMLGPU(local_index, dry_run=cfg.dry_run)
     if backend == "emulated":
         return build_emulated(cfg, local_index, num_pipeline_stages)
     raise ConfigError(f"gpu.backend={cfg.backend!r}: choose auto, nvml or emulated")
+
+
+def recover_killed_owners(cfg: GPUConfig) -> int:
+    """Restore GPUs left changed by a process that was killed (SIGKILL) while it owned them.
+
+    Every start on the NVML backend does this before opening its GPU: a dead owner's state
+    file in ``gpu.state_dir`` says what to put back (see :mod:`perseus.gpu.guard`). GPUs whose
+    owner is alive are left alone. Returns how many GPUs were restored.
+    """
+    from pathlib import Path
+
+    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.nvml import NVMLGPU
+
+    state_dir = Path(cfg.state_dir) if cfg.state_dir else None
+    restored = GPUGuard.recover_stale(state_dir, lambda index: NVMLGPU(index))
+    if restored:
+        logger.warning("restored %d GPU(s) left changed by killed Perseus processes", restored)
+    return restored
 
 
 def build_emulated(

@@ -83,13 +83,7 @@ class GPUGuard:
             self._lock_file.acquire(self._describe_gpu(), self.owner)
             leftover = read_state(self._state_path)
             if leftover is not None:
-                logger.warning(
-                    "%s: restoring settings left by dead owner pid %s",
-                    self._describe_gpu(),
-                    leftover.get("pid"),
-                )
-                apply_restore(self.gpu, leftover.get("restore", {}))
-                remove_state(self._state_path)
+                self._restore_leftover(leftover)
             restore_hooks.register(self)
             return self
 
@@ -209,6 +203,25 @@ class GPUGuard:
         return recover_dir(Path(state_dir) if state_dir else default_state_dir(), open_gpu)
 
     # -- internals --------------------------------------------------------------------------
+    def _restore_leftover(self, leftover: Dict[str, Any]) -> None:
+        """Undo what a dead owner's state file lists (kept as is in dry-run mode)."""
+        if self.gpu.dry_run:
+            logger.warning(
+                "%s: dead owner pid %s left settings changed; a dry run does not restore them "
+                "(state file %s kept): start once without gpu.dry_run to restore them",
+                self._describe_gpu(),
+                leftover.get("pid"),
+                self._state_path,
+            )
+            return
+        logger.warning(
+            "%s: restoring settings left by dead owner pid %s",
+            self._describe_gpu(),
+            leftover.get("pid"),
+        )
+        apply_restore(self.gpu, leftover.get("restore", {}))
+        remove_state(self._state_path)
+
     def _before_change(self, sm: bool = False, memory: bool = False, power: bool = False) -> None:
         self.acquire()
         if power and self._found_power_limit_mw is None:

@@ -172,14 +172,13 @@ def recover_dir(state_dir: Path, open_gpu: Callable[[int], GPU]) -> int:
         return 0
     restored = 0
     for path in sorted(state_dir.glob("*.state.json")):
-        state = read_state(path)
-        if state is None:
-            continue
         lock = LockFile(path.with_name(path.name[: -len(".state.json")] + ".lock"))
         if not lock.try_acquire():
-            continue  # the owner is alive
+            continue  # the owner is alive (or another process is recovering it)
         try:
-            if _recover_one(path, state, open_gpu):
+            # Read under the lock: a process that recovered it just before may have removed it.
+            state = read_state(path)
+            if state is not None and _recover_one(path, state, open_gpu):
                 restored += 1
         finally:
             lock.release()

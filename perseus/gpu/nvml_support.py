@@ -22,10 +22,9 @@ from perseus.errors import (
 
 PERMISSION_HINT = (
     "setting GPU clocks and power limits needs root or CAP_SYS_ADMIN: run as root, grant the "
-    "capability (`sudo setcap cap_sys_admin+ep $(readlink -f $(which python))`), ask the "
-    "admin to allow it (`nvidia-smi -acp UNRESTRICTED` lifts the restriction on application "
-    "clocks where the driver supports it), or use gpu.dry_run=true to log the changes "
-    "without making them (gpu=emulated runs without a GPU)"
+    "capability (a container: `docker run --cap-add SYS_ADMIN ...`; a host: `sudo setcap "
+    "cap_sys_admin+ep $(readlink -f $(which python))`), or use gpu.dry_run=true to log the "
+    "changes without making them (gpu=emulated runs without a GPU)"
 )
 
 _NOT_FOUND = (

@@ -1,11 +1,13 @@
 """Packaging: adapters/ and conf/ install inside the perseus namespace, from a regular wheel.
 
-The editable install is what the rest of the suite runs on; this builds a real wheel, installs
-it into a scratch folder and checks that the configs compose from an unrelated directory.
+Builds a real wheel, installs it into a scratch folder and checks that ``perseus-train --cfg
+job`` and ``perseus-plan --cfg job`` compose from an unrelated directory; the same for the
+editable install this environment runs on.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -51,39 +53,67 @@ def test_wheel_has_no_top_level_adapters_or_conf(wheel: Path) -> None:
     assert any(n.startswith("perseus/data/") and n.endswith(".csv") for n in names)
 
 
-@pytest.mark.parametrize("app", ["perseus.apps.plan", "perseus.apps.train"])
-def test_regular_install_composes_from_any_directory(wheel: Path, tmp_path: Path, app: str) -> None:
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed into a scratch folder (its console scripts land in ``bin/``)."""
+    target = tmp_path_factory.mktemp("site")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(wheel),
-        ],
+        [*pip, "--target", str(target), str(wheel)],
         check=True,
         capture_output=True,
     )
+    return target
+
+
+def _run_elsewhere(site: Path, tmp_path: Path, args: list) -> subprocess.CompletedProcess:
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    code = (
-        "import sys, perseus\n"
-        f"assert perseus.__file__.startswith({str(site)!r}), perseus.__file__\n"
-        "try:\n    import adapters\nexcept ImportError:\n    pass\n"
-        "else:\n    raise SystemExit('a top-level adapters package was installed')\n"
-        f"from {app} import main\n"
-        "sys.argv = ['app', '--cfg', 'job']\n"
-        "main()\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
+    elsewhere.mkdir(exist_ok=True)
+    return subprocess.run(
+        args,
         cwd=elsewhere,
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_regular_install_imports_from_the_wheel_only(site: Path, tmp_path: Path) -> None:
+    code = (
+        "import perseus, perseus.adapters, perseus.conf\n"
+        "for m in (perseus, perseus.adapters, perseus.conf):\n"
+        f"    assert m.__file__.startswith({str(site)!r}), m.__file__\n"
+        "try:\n    import adapters\nexcept ImportError:\n    pass\n"
+        "else:\n    raise SystemExit('a top-level adapters package was installed')\n"
+    )
+    proc = _run_elsewhere(site, tmp_path, [sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("app", ["perseus-plan", "perseus-train"])
+def test_regular_install_cfg_job_from_any_directory(site: Path, tmp_path: Path, app: str) -> None:
+    """The wheel's console script composes and prints the whole config from an unrelated cwd."""
+    script = site / "bin" / app
+    assert script.is_file(), f"the wheel installed no {app} console script"
+    proc = _run_elsewhere(site, tmp_path, [sys.executable, str(script), "--cfg", "job"])
+    assert proc.returncode == 0, proc.stderr
+    for key in ("parallelism:", "energy:", "planner:", "p2p_power_w", "num_microbatches"):
+        assert key in proc.stdout
+    assert not (tmp_path / "elsewhere" / "outputs").exists()
+
+
+@pytest.mark.parametrize("app", ["perseus-plan", "perseus-train"])
+def test_editable_install_cfg_job_from_any_directory(tmp_path: Path, app: str) -> None:
+    """The development install (this environment's console script) does the same."""
+    script = Path(sys.executable).parent / app
+    if not script.is_file():
+        pytest.skip(f"{app} is not installed in this environment (pip install -e .)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PERSEUS_CONFIG")}
+    proc = subprocess.run(
+        [str(script), "--cfg", "job"],
+        cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -91,3 +121,4 @@ def test_regular_install_composes_from_any_directory(wheel: Path, tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     for key in ("parallelism:", "energy:", "planner:", "p2p_power_w", "num_microbatches"):
         assert key in proc.stdout
+    assert not (tmp_path / "outputs").exists()

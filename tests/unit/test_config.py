@@ -91,3 +91,21 @@ def test_power_limit_needs_torch_framework() -> None:
         to_object(_compose("energy=power_limit"))
     cfg = to_object(_compose("energy=power_limit", "framework=torch"))
     assert cfg.energy.policy == "power_limit"
+
+
+def test_training_process_keys_are_validated_before_anything_starts() -> None:
+    cfg = PerseusConfig()
+    cfg.profiler.mode = "sweeep"
+    cfg.profiler.frequency_step = 0
+    cfg.planner.time_unit_s = 0.0
+    cfg.runtime.mode = "plan"
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    message = str(info.value)
+    for fragment in (
+        "profiler.mode='sweeep': choose one of ('fast', 'sweep')",
+        "profiler.frequency_step=0: must be >= 1",
+        "planner.time_unit_s=0.0: must be > 0 seconds",
+        "runtime.mode=plan needs runtime.plan=<path of a plan JSON>",
+    ):
+        assert fragment in message

@@ -67,6 +67,11 @@ def test_reference_file_is_never_executed(tmp_path: Path) -> None:
         (lambda d: d["stages"][1][2].update(frequency_mhz=-5), r"stages\[1\]\[2\]: frequency -5"),
         (lambda d: d["stages"][0].pop(), "stage 0: expected every microbatch"),
         (lambda d: d.update(num_stages=3), "num_stages=3"),
+        (lambda d: d.update(num_stages="2"), "'num_stages' is '2'; it must be a positive integer"),
+        (lambda d: d.update(num_microbatches=0), "'num_microbatches' is 0; it must be a positive"),
+        (lambda d: d.update(num_microbatches="x"), "'num_microbatches' is 'x'"),
+        (lambda d: d["stages"].__setitem__(1, 5), r"stages\[1\]: expected a list"),
+        (lambda d: d.update(predicted=[1.0]), "'predicted' must be an object"),
     ],
 )
 def test_bad_plans_are_rejected_with_location(mutate, message: str) -> None:
@@ -91,3 +96,16 @@ def test_missing_file_says_which_key(tmp_path: Path) -> None:
 def test_reference_rejects_unknown_instruction() -> None:
     with pytest.raises(PlanError, match="stage 0, item 1"):
         plan_from_reference("[[('forward', 1410), ('jump', 1200)]]")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[5]", "stage 0 must be a list of"),
+        ("[[('backward', 1410)]]", "stage 0 has no forward instruction"),
+        ("[]", "non-empty list"),
+    ],
+)
+def test_reference_structure_errors_name_the_stage(text: str, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        plan_from_reference(text, source="freqs_pipeline_00000.py")

@@ -12,7 +12,9 @@ Also used by other test packages (runtime NVML-sequence tests): keep the default
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 from unittest import mock
 
@@ -94,3 +96,19 @@ def no_permission() -> Exception:
 def iter_calls(m: Any) -> Iterator[str]:
     """Reprs of ``m.mock_calls`` (what a child process writes)."""
     return (repr(c) for c in m.mock_calls)
+
+
+def write_dead_owner_state(state_dir: Path, restore: Dict[str, Any]) -> Path:
+    """The state file a GPUGuard of a long-dead process left for GPU 0 (SIGKILL recovery)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / f"{uuid_of(0)}.state.json"
+    state = {
+        "format": "perseus-gpu-state/1",
+        "pid": 999_999_999,
+        "index": 0,
+        "uuid": uuid_of(0),
+        "key": uuid_of(0),
+        "restore": restore,
+    }
+    path.write_text(json.dumps(state))
+    return path

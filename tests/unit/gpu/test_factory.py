@@ -14,12 +14,13 @@ from perseus.gpu.emulated import EmulatedGPU, bundled_profile_path
 from perseus.gpu.factory import build_gpu, nvml_usable
 from perseus.gpu.nvml import NVMLGPU
 
-from .nvml_mock import make_pynvml_mock, patched_pynvml
+from .nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml, write_dead_owner_state
 
 
 @pytest.fixture(autouse=True)
-def _no_visible_devices(monkeypatch):
+def _no_visible_devices(monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))  # default state dir
 
 
 def no_driver():
@@ -93,3 +94,37 @@ def test_emulated_settings_pass_through(tmp_path):
 def test_unknown_backend():
     with pytest.raises(ConfigError, match="auto, nvml or emulated"):
         build_gpu(GPUConfig(backend="rocm"))
+
+
+def test_nvml_start_restores_what_a_killed_owner_left(tmp_path):
+    state = write_dead_owner_state(
+        tmp_path / "state", {"reset_sm_clocks": True, "power_limit_mw": 350_000}
+    )
+    m = make_pynvml_mock(power_limit_mw=200_000)
+    with patched_pynvml(m):
+        gpu = build_gpu(GPUConfig(backend="nvml", state_dir=str(tmp_path / "state")))
+    assert isinstance(gpu, NVMLGPU)
+    assert m.mock_calls == [
+        *opening_calls(0),  # the recovery opens the recorded GPU ...
+        call.nvmlDeviceResetGpuLockedClocks("handle-0"),
+        call.nvmlDeviceGetPowerManagementLimitConstraints("handle-0"),
+        call.nvmlDeviceSetPowerManagementLimit("handle-0", 350_000),
+        call.nvmlShutdown(),
+        *opening_calls(0),  # ... then the rank opens its own
+    ]
+    assert not state.exists()
+
+
+def test_dry_run_start_keeps_a_killed_owners_state(tmp_path):
+    from perseus.gpu.guard import GPUGuard
+
+    state = write_dead_owner_state(
+        tmp_path / "state", {"reset_sm_clocks": True, "power_limit_mw": 350_000}
+    )
+    m = make_pynvml_mock()
+    cfg = GPUConfig(backend="nvml", dry_run=True, state_dir=str(tmp_path / "state"))
+    with patched_pynvml(m):
+        gpu = build_gpu(cfg)
+        GPUGuard(gpu, state_dir=tmp_path / "state").acquire().release()
+    assert m.mock_calls == opening_calls(0)  # nothing restored, nothing changed
+    assert state.exists()  # a later real start restores it

@@ -24,7 +24,14 @@ from perseus.gpu.guard import GPUGuard
 from perseus.gpu.guard_files import default_state_dir
 from perseus.gpu.nvml import NVMLGPU
 
-from .nvml_mock import make_pynvml_mock, no_permission, opening_calls, patched_pynvml, uuid_of
+from .nvml_mock import (
+    make_pynvml_mock,
+    no_permission,
+    opening_calls,
+    patched_pynvml,
+    uuid_of,
+    write_dead_owner_state,
+)
 
 H0 = "handle-0"
 REPO = Path(__file__).resolve().parents[3]
@@ -268,18 +275,7 @@ def test_recover_stale_skips_live_owner(tmp_path):
 
 
 def test_acquire_restores_dead_owners_leftovers(tmp_path):
-    (tmp_path / STATE_NAME).write_text(
-        json.dumps(
-            {
-                "format": "perseus-gpu-state/1",
-                "pid": 999_999_999,
-                "index": 0,
-                "uuid": uuid_of(0),
-                "key": uuid_of(0),
-                "restore": {"reset_sm_clocks": True, "reset_memory_clocks": True},
-            }
-        )
-    )
+    write_dead_owner_state(tmp_path, {"reset_sm_clocks": True, "reset_memory_clocks": True})
     m = make_pynvml_mock()
     with patched_pynvml(m):
         GPUGuard(NVMLGPU(0), state_dir=tmp_path).acquire().release()

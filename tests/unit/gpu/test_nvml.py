@@ -100,7 +100,7 @@ def test_permission_error_says_how_to_fix():
         "GPU 0",
         "root",
         "CAP_SYS_ADMIN",
-        "nvidia-smi -acp UNRESTRICTED",
+        "--cap-add SYS_ADMIN",
         "gpu.dry_run=true",
     ):
         assert hint in message

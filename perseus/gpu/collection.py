@@ -1,0 +1,130 @@
+"""The GPUs one process drives, opened together and closed together.
+
+A training rank usually drives one GPU (see :func:`perseus.gpu.factory.build_gpu`); a process
+that measures or power-limits several (a single-process multi-GPU job, a monitoring script)
+opens them as :class:`GPUs`, which is a plain sequence of :class:`~perseus.gpu.base.GPU`
+objects — :class:`~perseus.gpu.monitor.EnergyMonitor` and the power-limit optimizer take it as
+it is — plus sums over all of them and one ``close``.
+
+Runs on Python 3.9 (the Merak runtime path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterator, List, Optional, Sequence, overload
+
+from perseus.config import GPUConfig
+from perseus.gpu.base import GPU
+
+logger = logging.getLogger(__name__)
+
+
+class GPUs(Sequence[GPU]):
+    """An ordered collection of the GPUs this process drives.
+
+    Args:
+        gpus: The devices, in the order their indices should be reported.
+    """
+
+    def __init__(self, gpus: Sequence[GPU]) -> None:
+        self._gpus: List[GPU] = list(gpus)
+
+    @classmethod
+    def open(
+        cls,
+        cfg: GPUConfig,
+        indices: Optional[Sequence[int]] = None,
+        num_pipeline_stages: Optional[int] = None,
+    ) -> GPUs:
+        """Open the GPUs ``indices`` (as this process sees them) with the ``gpu`` config.
+
+        Args:
+            cfg: The ``gpu`` config group (``gpu=auto`` is resolved once for all of them).
+            indices: Which GPUs; ``None`` = every GPU visible to this process on the NVML
+                backend (``CUDA_VISIBLE_DEVICES`` honoured), one device on the emulated one.
+            num_pipeline_stages: Passed to the emulated device (stage mapping).
+
+        Raises:
+            GPUError: when a GPU cannot be opened (those opened before it are closed again).
+        """
+        from perseus.gpu.factory import build_gpu, nvml_usable
+
+        backend = cfg.backend
+        if backend == "auto":
+            backend = "nvml" if nvml_usable() else "emulated"
+        fixed = dataclasses.replace(cfg, backend=backend)
+        if indices is None:
+            indices = range(_visible_nvml_count()) if backend == "nvml" else [0]
+        opened = cls([])
+        try:
+            for index in indices:
+                opened._gpus.append(build_gpu(fixed, index, num_pipeline_stages))
+        except BaseException:
+            opened.close()
+            raise
+        return opened
+
+    # -- sequence -------------------------------------------------------------------------------
+    @overload
+    def __getitem__(self, item: int) -> GPU: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> Sequence[GPU]: ...
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._gpus[item]
+
+    def __len__(self) -> int:
+        return len(self._gpus)
+
+    def __iter__(self) -> Iterator[GPU]:
+        return iter(self._gpus)
+
+    def __repr__(self) -> str:
+        return f"GPUs({self._gpus!r})"
+
+    # -- sums -----------------------------------------------------------------------------------
+    def total_energy_mj(self) -> int:
+        """The energy counters of all GPUs added up (mJ)."""
+        return sum(gpu.total_energy_mj() for gpu in self._gpus)
+
+    def power_mw(self) -> int:
+        """The power draw of all GPUs added up (mW)."""
+        return sum(gpu.power_mw() for gpu in self._gpus)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every GPU (settings are the guards' job); raises the first failure at the end."""
+        errors: List[BaseException] = []
+        for gpu in self._gpus:
+            try:
+                gpu.close()
+            except Exception as exc:
+                logger.error("closing %r failed: %r", gpu, exc)
+                errors.append(exc)
+        self._gpus = []
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> GPUs:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _visible_nvml_count() -> int:
+    """How many GPUs this process sees: ``CUDA_VISIBLE_DEVICES`` if set, else NVML's count."""
+    from perseus.gpu.nvml_support import call, load_pynvml, visible_devices
+
+    visible = visible_devices()
+    if visible is not None:
+        return len(visible)
+    nvml = load_pynvml()
+    call(nvml, "NVML", "nvmlInit")
+    try:
+        return int(call(nvml, "NVML", "nvmlDeviceGetCount"))
+    finally:
+        nvml.nvmlShutdown()
