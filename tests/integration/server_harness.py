@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-QUEUE_TIMEOUT_S = 60.0
-
 
 @dataclass
 class JobSetup:
@@ -39,6 +37,8 @@ class JobSetup:
     # rank -> step at which the process kills itself (os._exit) mid-iteration.
     die_at: Dict[int, int] = field(default_factory=dict)
     keep_records: bool = False
+    # How long a stage waits for its neighbour before giving up (a dead peer).
+    queue_timeout_s: float = 60.0
 
 
 def build_config(setup: JobSetup) -> Any:
@@ -105,11 +105,14 @@ def rank_main(
                 break
             opt.on_step_begin()
             phases.append(source.phase)
+            window = setup.straggle.get(dp_rank)
+            if window and window[0] <= step <= window[1]:
+                time.sleep(window[2])  # a slow replica: its compute starts late
             for instruction, mb in order:
                 if instruction == "forward" and fwd_in is not None and stage > 0:
-                    fwd_in.get(timeout=QUEUE_TIMEOUT_S)
+                    fwd_in.get(timeout=setup.queue_timeout_s)
                 if instruction == "backward" and stage < setup.pp - 1:
-                    bwd_in.get(timeout=QUEUE_TIMEOUT_S)
+                    bwd_in.get(timeout=setup.queue_timeout_s)
                 opt.on_instruction_begin(instruction)
                 opt.on_instruction_end(instruction)
                 if instruction == "forward" and stage < setup.pp - 1:
@@ -118,11 +121,8 @@ def rank_main(
                     bwd_out.put(mb)
                 if setup.die_at.get(rank) == step:
                     os._exit(17)
-            window = setup.straggle.get(dp_rank)
-            if window and window[0] <= step <= window[1]:
-                time.sleep(window[2])
             if setup.dp > 1:
-                barriers[stage].wait(timeout=QUEUE_TIMEOUT_S)
+                barriers[stage].wait(timeout=setup.queue_timeout_s)
             opt.on_step_end()
     finally:
         opt.close()
@@ -149,6 +149,7 @@ class Launch:
     def __init__(self, setup: JobSetup) -> None:
         ctx = mp.get_context("spawn")
         self.setup = setup
+        Path(setup.out_dir).mkdir(parents=True, exist_ok=True)
         queues = {}
         for dp in range(setup.dp):
             for s in range(setup.pp):

@@ -1,0 +1,19 @@
+"""Online profiling logic: frequency sweeps, the stop rule, energy estimation, aggregation.
+
+Pure logic with no I/O: the coordination server drives it with the step records ranks report,
+and turns the result into a :class:`perseus.profile.Profile`.
+"""
+
+from perseus.profiler.estimate import StageEstimator, TypeEstimate
+from perseus.profiler.job import JobProfiler
+from perseus.profiler.stop import EnergyRiseStop
+from perseus.profiler.sweep import StageSweep, sweep_clocks_mhz
+
+__all__ = [
+    "EnergyRiseStop",
+    "JobProfiler",
+    "StageEstimator",
+    "StageSweep",
+    "TypeEstimate",
+    "sweep_clocks_mhz",
+]

@@ -1,0 +1,88 @@
+"""The job summary that ``GET /jobs/{job_id}/summary`` answers.
+
+Measured baseline and plan, the plan's prediction, savings, the profiling cost and what runs
+now; ``perseus-train`` builds report.json from it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict
+
+from perseus.server.planning import PlanResult
+from perseus.server.steps import typical_step
+
+if TYPE_CHECKING:
+    from perseus.server.job import Job
+
+
+def job_summary(job: Job) -> Dict[str, Any]:
+    """Everything known about ``job`` (call with ``job.lock`` held)."""
+    out: Dict[str, Any] = {
+        "job_id": job.job_id,
+        "phase": job.phase,
+        "failure": job.failure,
+        "degraded": job.degraded,
+        "ranks": {str(r.rank): r.status for r in job.ranks.values()},
+        "baseline": typical_step(job.baseline) if job.baseline else None,
+        "plan": typical_step(job.plan_samples) if job.plan_samples else None,
+        "predicted": None if job.result is None else _prediction(job.result),
+        "savings": None,
+        "profiling": _profiling(job),
+        "current": _current(job),
+        "files": dict(job.files),
+    }
+    base, plan = out["baseline"], out["plan"]
+    if base and plan and base.get("energy_j") and plan.get("energy_j") is not None:
+        out["savings"] = {
+            "energy_fraction": 1.0 - plan["energy_j"] / base["energy_j"],
+            "slowdown_fraction": plan["iteration_time_s"] / base["iteration_time_s"] - 1,
+        }
+    return out
+
+
+def _profiling(job: Job) -> Dict[str, Any]:
+    first, last = job.profiling_steps
+    out: Dict[str, Any] = {
+        "mode": job.spec.profiler.mode,
+        "baseline_iterations": job.profile_start,
+        "iterations": None if job.profiler is None else job.profiler.num_steps,
+        "first_step": first,
+        "last_step": last,
+    }
+    if job.profiler is not None:
+        out["stopped_at_mhz"] = [dict(s.stopped_at) for s in job.profiler.sweeps]
+        out["clocks_swept"] = [len(s.clocks_mhz) for s in job.profiler.sweeps]
+    return out
+
+
+def _current(job: Job) -> Dict[str, Any]:
+    epoch = job.epochs[-1] if job.epochs else None
+    return {
+        "imposed_iteration_time_s": job.imposed_s,
+        "straggler_dp_ranks": sorted(job.watcher.stragglers),
+        "plan_id": None if epoch is None else epoch.default.plan_id,
+        "overrides": {}
+        if epoch is None
+        else {str(k): v.plan_id for k, v in epoch.overrides.items()},
+        "since_step": None if epoch is None else epoch.start_step,
+        "reason": None if epoch is None else epoch.reason,
+        "recent_steps": [
+            {"step": js.step, "iteration_time_s": js.iteration_time_s, "energy_j": js.energy_j}
+            for js in list(job.history)[-5:]
+        ],
+    }
+
+
+def _prediction(result: PlanResult) -> Dict[str, Any]:
+    chosen, allmax = result.chosen, result.frontier.allmax
+    return {
+        "plan_id": chosen.plan_id,
+        "iteration_time_s": chosen.iteration_time_s,
+        "energy_j": chosen.energy_j,
+        "allmax_iteration_time_s": allmax.iteration_time_s,
+        "allmax_energy_j": allmax.energy_j,
+        "energy_saving_fraction": 1.0 - chosen.energy_j / allmax.energy_j,
+        "slowdown_fraction": chosen.iteration_time_s / allmax.iteration_time_s - 1.0,
+        "solve_time_s": result.solve_time_s,
+        "frontier_points": len(result.frontier.points),
+    }

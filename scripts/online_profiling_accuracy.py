@@ -1,0 +1,121 @@
+"""Print the online profiler's cost (iterations) and error against the emulated device's truth.
+
+Runs the real profiler logic (perseus.profiler) on the real EmulatedGPU, driven on a virtual clock
+(no sleeping, no host jitter), for every bundled published profile:
+
+    .venv/bin/python scripts/online_profiling_accuracy.py [--noise 0.01] [--mode fast]
+
+The end-to-end figure with real processes, real HTTP and real sleeping is printed by
+``pytest -s tests/integration/test_server_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perseus.gpu.emulated import EmulatedGPU, bundled_profile_names, bundled_profile_path
+from perseus.profile import load_profile
+from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
+from perseus.schedule import stage_order
+from tests.unit.profiler.virtual import VirtualClock, run_step
+
+
+def profile_once(
+    name: str, pp: int, num_microbatches: int, noise: float, mode: str, time_scale: float
+) -> dict:
+    device = load_profile(bundled_profile_path(name))
+    gpus = []
+    for stage in range(pp):
+        clock = VirtualClock(1000.0 + 0.0137 * stage)
+        gpus.append(
+            (
+                EmulatedGPU(
+                    device,
+                    blocking_power_w=83.64,
+                    time_scale=time_scale,
+                    energy_noise=noise,
+                    seed=stage,
+                    num_pipeline_stages=pp,
+                    clock=clock,
+                    sleeper=clock.sleep,
+                ),
+                clock,
+            )
+        )
+    orders = stage_order("1f1b", pp, num_microbatches)
+    times = {"forward": 0.05 * time_scale, "backward": 0.095 * time_scale}
+    sweeps = [
+        StageSweep(
+            orders[s],
+            sweep_clocks_mhz(gpus[s][0].supported_sm_clocks_mhz()),
+            mode=mode,
+            min_window_s=0.1,
+            instruction_time_s=times,
+        )
+        for s in range(pp)
+    ]
+    job = JobProfiler(sweeps)
+    rng = random.Random(0)
+    step, t0 = 0, time.perf_counter()
+    while not job.done and step < 100:
+        for s in range(pp):
+            gpu, clock = gpus[s]
+            recs = run_step(gpu, clock, s, orders[s], job.schedule(s, step), rng, 0.02 * time_scale)
+            job.add_report(s, s, step, recs, gpu.energy_update_period_s)
+            job.complete_step(s, step)
+        step += 1
+    cpu_s = time.perf_counter() - t0
+    profile = job.profile()
+    t_err, e_err = [], []
+    for s in profile.stages():
+        for ins in ("forward", "backward"):
+            for m in profile.measurements(s, ins):
+                truth = gpus[s][0].true_measurement(s, ins, m.frequency_mhz)
+                t_err.append(abs(m.time_s / truth.time_s - 1))
+                e_err.append(abs(m.energy_j / truth.energy_j - 1))
+    blocking = job.blocking_power_w(0.0)
+    return {
+        "iterations": job.num_steps,
+        "rows": len(e_err),
+        "cpu_s": cpu_s,
+        "time_max": max(t_err),
+        "energy_median": statistics.median(e_err),
+        "energy_p95": sorted(e_err)[int(0.95 * (len(e_err) - 1))],
+        "energy_max": max(e_err),
+        "within_2pct": sum(e <= 0.02 for e in e_err) / len(e_err),
+        "blocking_err_max": max(abs(b / 83.64 - 1) for b in blocking),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--noise", type=float, default=0.01)
+    parser.add_argument("--mode", default="fast", choices=("fast", "sweep"))
+    parser.add_argument("--pp", type=int, default=4)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--time-scale", type=float, default=0.1)
+    args = parser.parse_args()
+    print(
+        f"mode={args.mode} pp={args.pp} microbatches={args.microbatches} "
+        f"noise={args.noise} time_scale={args.time_scale} (20 ms counter)"
+    )
+    for name in bundled_profile_names():
+        r = profile_once(name, args.pp, args.microbatches, args.noise, args.mode, args.time_scale)
+        print(
+            f"{name:28s} iterations {r['iterations']:3d}  rows {r['rows']:3d}  "
+            f"time max {r['time_max']:.2%}  energy median {r['energy_median']:.2%} "
+            f"p95 {r['energy_p95']:.2%} max {r['energy_max']:.2%}  within 2 % "
+            f"{r['within_2pct']:.0%}  blocking max err {r['blocking_err_max']:.1%}  "
+            f"cpu {r['cpu_s']:.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""End to end over real HTTP: a server process and four rank processes on emulated GPUs.
+
+Profiling -> planning -> applying the plan, inside training, with the measured energy saving
+checked against the plan's prediction. Prints the profiling cost and the profile's error.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from perseus.config import ServerConfig
+from perseus.profile import load_profile
+from perseus.runtime.client import ServerClient
+from perseus.server.process import start_local_server
+from tests.integration.server_harness import JobSetup, Launch, make_gpu, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_profile_plan_apply_over_http(tmp_path: Path) -> None:
+    handle = start_local_server(ServerConfig(), tmp_path / "dump")
+    try:
+        setup = JobSetup(
+            url=handle.url,
+            job_id="e2e",
+            pp=4,
+            num_microbatches=8,
+            time_scale=0.2,
+            energy_noise=0.01,
+            out_dir=str(tmp_path),
+            profiler={"settle_steps": 2, "baseline_steps": 5, "measure_steps": 7},
+        )
+        t0 = time.monotonic()
+        launch = Launch(setup)
+        client = ServerClient(handle.url)
+        summary = wait_for(client, "e2e", lambda s: s["phase"] in ("watching", "failed"), 150)
+        assert summary["phase"] == "watching", summary
+        launch.stop_at(summary["current"]["since_step"] + 12)
+        codes = launch.join(60)
+        elapsed_s = time.monotonic() - t0
+    finally:
+        handle.stop()
+    assert codes == [0, 0, 0, 0]
+    results = launch.results()
+    for rank, result in results.items():
+        assert not result["source_failed"], rank
+        assert result["locked_after_close"] is None  # clocks restored
+        seen = [p for i, p in enumerate(result["phases"]) if p != result["phases"][i - 1] or i == 0]
+        assert seen[:3] == ["baseline", "profiling", "planning"]
+        assert "watching" in seen
+
+    profiling = summary["profiling"]
+    assert profiling["iterations"] <= 40
+    assert summary["baseline"]["num_steps"] == 5 and summary["plan"]["num_steps"] == 7
+    predicted = summary["predicted"]["energy_saving_fraction"]
+    measured = summary["savings"]["energy_fraction"]
+    time_err, energy_err = _profile_errors(tmp_path / "dump" / "e2e" / "profile.csv", setup)
+    print(
+        f"\nprofiling: {profiling['baseline_iterations']} baseline + {profiling['iterations']}"
+        f" profiling iterations; clocks swept {profiling['clocks_swept']}, stopped at "
+        f"{profiling['stopped_at_mhz']}"
+    )
+    print(
+        f"profile vs truth ({len(energy_err)} rows): time median "
+        f"{statistics.median(time_err):.2%} max {max(time_err):.2%}; energy median "
+        f"{statistics.median(energy_err):.2%} max {max(energy_err):.2%}; within 2 %: "
+        f"{sum(e <= 0.02 for e in energy_err) / len(energy_err):.0%}"
+    )
+    print(
+        f"saving predicted {predicted:.2%}, measured {measured:.2%}; slowdown measured "
+        f"{summary['savings']['slowdown_fraction']:.2%}; wall {elapsed_s:.0f} s"
+    )
+    assert abs(measured - predicted) <= 0.02
+    assert predicted > 0.05
+    assert statistics.median(energy_err) < 0.02 and statistics.median(time_err) < 0.02
+
+
+def _profile_errors(path: Path, setup: JobSetup) -> tuple:
+    profile = load_profile(path)
+    time_err, energy_err = [], []
+    for stage in profile.stages():
+        gpu = make_gpu(setup, stage)
+        for instruction in ("forward", "backward"):
+            for m in profile.measurements(stage, instruction):
+                truth = gpu.true_measurement(stage, instruction, m.frequency_mhz)
+                time_err.append(abs(m.time_s / truth.time_s - 1))
+                energy_err.append(abs(m.energy_j / truth.energy_j - 1))
+    return time_err, energy_err

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pytest
+
+from perseus.profiler import EnergyRiseStop, StageSweep, sweep_clocks_mhz
+from perseus.schedule import stage_order
+
+
+def test_stop_rule_counts_rises_against_running_minimum() -> None:
+    rule = EnergyRiseStop(3)
+    series = [(1410, 10.0), (1395, 9.0), (1380, 9.5), (1365, 8.0), (1350, 8.1), (1335, 8.2)]
+    assert rule.evaluate(series) is None  # a new minimum at 1365 reset the count
+    assert rule.evaluate([*series, (1320, 8.05)]) == 1320
+
+
+def test_stop_rule_rejects_bad_patience() -> None:
+    with pytest.raises(ValueError):
+        EnergyRiseStop(0)
+
+
+def test_sweep_clocks_are_high_to_low_bounded_and_strided() -> None:
+    clocks = [900, 1410, 1395, 1380, 1365, 1350]
+    assert sweep_clocks_mhz(clocks) == [1410, 1395, 1380, 1365, 1350, 900]
+    assert sweep_clocks_mhz(clocks, min_frequency_mhz=1360) == [1410, 1395, 1380, 1365]
+    assert sweep_clocks_mhz(clocks, frequency_step=2) == [1410, 1380, 1350]
+
+
+def test_fast_mode_blocks_hold_both_kinds_and_walk_down_the_clocks() -> None:
+    order = stage_order("1f1b", 4, 8)[0]
+    clocks = list(range(1410, 1000, -15))
+    sweep = StageSweep(order, clocks, mode="fast", warmup_instructions=1, min_per_kind=2)
+    step0 = sweep.frequencies_for_step(0)
+    step1 = sweep.frequencies_for_step(1)
+    used = sorted(set(step0), reverse=True)
+    assert used[0] == 1410 and len(used) >= 2
+    assert max(step1) < min(step0)  # the next step continues below
+    for freq in used:
+        kinds = {order[i][0] for i, f in enumerate(step0) if f == freq}
+        assert kinds == {"forward", "backward"}
+    # Warm-up positions are the first instruction of every block.
+    starts = [0] + [i for i in range(1, len(step0)) if step0[i] != step0[i - 1]]
+    assert sweep.warmup[0] == starts
+    assert sweep.frequencies_for_step(0) == step0  # repeated requests agree
+
+
+def test_sweep_mode_moves_each_kind_on_its_own_and_stops() -> None:
+    order = stage_order("1f1b", 2, 4)[1]
+    sweep = StageSweep(order, [1410, 1395, 1380, 1365, 1350, 1335], mode="sweep", patience=2)
+    f0 = sweep.frequencies_for_step(0)
+    assert set(f0) == {1410}
+    energies = {}
+    for step, (e_fwd, e_bwd) in enumerate([(10, 20), (9, 19), (9.5, 18), (9.6, 17)]):
+        freqs = sweep.frequencies_for_step(step)
+        clock = sweep.clocks_mhz[step]
+        assert set(freqs) == {clock}
+        energies[("forward", clock)] = e_fwd
+        energies[("backward", clock)] = e_bwd
+        sweep.mark_reported(step)
+        sweep.observe(energies)
+    assert sweep.stopped_at["forward"] == 1365  # 1380 and 1365 above the 1395 minimum
+    assert sweep.stopped_at["backward"] is None
+    nxt = sweep.frequencies_for_step(4)
+    assert {nxt[i] for i, (k, _) in enumerate(order) if k == "forward"} == {1410}
+    assert {nxt[i] for i, (k, _) in enumerate(order) if k == "backward"} == {1350}
+
+
+def test_done_waits_for_pending_reports_and_finish_stops_assigning() -> None:
+    order = stage_order("1f1b", 2, 4)[0]
+    sweep = StageSweep(order, [1410, 1395], mode="fast", warmup_instructions=0)
+    sweep.frequencies_for_step(0)
+    sweep.finish()
+    assert sweep.exhausted and not sweep.done
+    sweep.mark_reported(0)
+    assert sweep.done
+
+
+def test_bad_mode_and_empty_clocks_are_rejected() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        StageSweep([("forward", 0)], [1410], mode="turbo")
+    with pytest.raises(ValueError, match="no clocks"):
+        StageSweep([("forward", 0)], [])

@@ -1,0 +1,137 @@
+"""The stdlib client and the online source's fail-safe behaviour."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import List
+
+import pytest
+
+from perseus.errors import ConfigError, ServerError
+from perseus.runtime.client import ServerClient, ServerUnavailable
+from perseus.runtime.online import OnlineSource, build_online_source, job_id_from_env
+from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
+from perseus.server.process import free_port
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    failures_left = 0
+    seen: List[str] = []
+
+    def _answer(self) -> None:
+        type(self).seen.append(f"{self.command} {self.path}")
+        if type(self).failures_left > 0:
+            type(self).failures_left -= 1
+            self.send_response(503)
+            self.end_headers()
+            return
+        if "bad" in self.path:
+            body = json.dumps({"detail": "no such thing"}).encode()
+            self.send_response(404)
+        else:
+            body = json.dumps({"ok": True, "auth": self.headers.get("Authorization")}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def flaky():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Flaky.seen = []
+    _Flaky.failures_left = 0
+    yield server
+    server.shutdown()
+
+
+def _url(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_retries_5xx_with_backoff_then_succeeds(flaky) -> None:
+    _Flaky.failures_left = 2
+    client = ServerClient(_url(flaky), token="tok", max_retries=3, backoff_s=0.01)
+    assert client.get("/x", a=1) == {"ok": True, "auth": "Bearer tok"}
+    assert _Flaky.seen == ["GET /x?a=1"] * 3
+
+
+def test_gives_up_after_bounded_retries(flaky) -> None:
+    _Flaky.failures_left = 10
+    client = ServerClient(_url(flaky), max_retries=2, backoff_s=0.01)
+    with pytest.raises(ServerUnavailable, match="3 attempt"):
+        client.post("/x", {"a": 1})
+    assert len(_Flaky.seen) == 3
+
+
+def test_4xx_is_not_retried_and_explained(flaky) -> None:
+    client = ServerClient(_url(flaky), max_retries=3, backoff_s=0.01)
+    with pytest.raises(ServerError, match="404: no such thing"):
+        client.get("/bad")
+    assert len(_Flaky.seen) == 1
+
+
+def test_dead_server_costs_a_bounded_time() -> None:
+    client = ServerClient(
+        f"http://127.0.0.1:{free_port()}", timeout_s=0.2, max_retries=2, backoff_s=0.05
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable):
+        client.get("/healthz")
+    assert time.monotonic() - t0 < 2 * 0.2 * 3 + 0.05 * 3 + 1.0
+
+
+def test_bad_url_is_rejected() -> None:
+    with pytest.raises(ServerError, match="http"):
+        ServerClient("ftp://x")
+
+
+def test_online_source_without_server_runs_at_default_clocks(caplog) -> None:
+    client = ServerClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.1, max_retries=0)
+    spec = {"job_id": "j", "num_stages": 1, "num_microbatches": 1}
+    with caplog.at_level(logging.WARNING):
+        source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
+        for step in range(3):
+            source.begin_step(step)
+            assert source.frequency_mhz(step, 0, "forward", 0) is None
+            record = StepRecord(
+                step, 0, 0.0, 1.0, 1.0, [InstructionRecord(0, "forward", 0, None, 0.1, 0.2)]
+            )
+            source.end_step(record)
+        source.close()
+    assert source.failed
+    warnings = [r for r in caplog.records if "default GPU clocks" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_job_id_is_shared_by_a_launch(monkeypatch) -> None:
+    monkeypatch.delenv("PERSEUS_JOB_ID", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    a = job_id_from_env()
+    assert a == job_id_from_env() and a.startswith("job-")
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    assert job_id_from_env() != a
+    monkeypatch.setenv("PERSEUS_JOB_ID", "mine")
+    assert job_id_from_env() == "mine"
+    assert job_id_from_env("cfg") == "cfg"
+
+
+def test_build_online_source_needs_a_url(monkeypatch) -> None:
+    from perseus.config import PerseusConfig
+
+    monkeypatch.delenv("PERSEUS_SERVER_URL", raising=False)
+    with pytest.raises(ConfigError, match="server.url"):
+        build_online_source(PerseusConfig(), RankInfo(), object())  # type: ignore[arg-type]

@@ -1,0 +1,100 @@
+"""A whole job through the server's phases, in process (TestClient), on virtual clocks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from perseus.config import ServerConfig
+from perseus.plan import load_plan
+from perseus.profile import load_profile
+from perseus.server.app import create_app
+from tests.unit.server.flow import VirtualRanks
+
+
+@pytest.fixture()
+def client(tmp_path: Path):
+    cfg = ServerConfig(drift_threshold=0.05, drift_patience=2)
+    with TestClient(create_app(cfg, tmp_path)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("mode", ["fast", "sweep"])
+def test_phases_profile_plan_and_measure(client: TestClient, tmp_path: Path, mode: str) -> None:
+    ranks = VirtualRanks(client, "flow", pp=4, profiler={"mode": mode})
+    ranks.run_until("watching")
+    s = ranks.summary()
+    assert s["baseline"]["num_steps"] == 3 and s["plan"]["num_steps"] == 5
+    assert s["profiling"]["baseline_iterations"] == 4 and s["profiling"]["mode"] == mode
+    assert 1 <= s["profiling"]["iterations"] <= 40
+    pred = s["predicted"]
+    assert pred["iteration_time_s"] <= pred["allmax_iteration_time_s"] * (1 + 1e-6)
+    assert 0.05 < pred["energy_saving_fraction"] < 0.3
+    job_dir = tmp_path / "flow"
+    profile = load_profile(job_dir / "profile.csv")
+    assert profile.num_stages == 4
+    plan = load_plan(job_dir / "plan.json")
+    assert plan.num_stages == 4 and plan.num_microbatches == 8
+    assert (job_dir / "frontier.csv").is_file() and any((job_dir / "plans").iterdir())
+    events = [json.loads(line)["event"] for line in (job_dir / "events.jsonl").open()]
+    for event in (
+        "job_created",
+        "baseline_measured",
+        "profiling_started",
+        "profiling_done",
+        "plan_ready",
+        "plan_measured",
+    ):
+        assert event in events
+    assert json.loads((job_dir / "summary.json").read_text())["phase"] == "watching"
+    # The running plan is what ranks are scheduled.
+    stage3 = ranks.get("/jobs/flow/schedule", rank=3, step=ranks.step).json()
+    assert stage3["frequencies_mhz"] == plan.frequencies(3)
+
+
+def test_imposed_iteration_time_switches_and_clears(client: TestClient) -> None:
+    ranks = VirtualRanks(client, "imposed", pp=2)
+    assert (
+        client.put("/jobs/imposed/iteration_time", json={"iteration_time_s": 1.0}).status_code
+        == 409
+    )  # no plan yet
+    ranks.run_until("watching")
+    base = ranks.summary()
+    slow_s = base["plan"]["iteration_time_s"] * 1.3
+    assert (
+        client.put("/jobs/imposed/iteration_time", json={"iteration_time_s": slow_s}).status_code
+        == 200
+    )
+    cur = ranks.summary()["current"]
+    assert cur["reason"] == "imposed" and cur["plan_id"] != base["predicted"]["plan_id"]
+    before = ranks.run(3)
+    assert ranks.summary()["current"]["imposed_iteration_time_s"] == pytest.approx(slow_s)
+    assert client.delete("/jobs/imposed/iteration_time").status_code == 200
+    cur = ranks.summary()["current"]
+    assert cur["reason"] == "imposed_cleared"
+    assert cur["plan_id"] == base["predicted"]["plan_id"]
+    assert before
+
+
+def test_straggling_replica_slows_the_others_and_recovers(client: TestClient) -> None:
+    ranks = VirtualRanks(client, "drift", pp=2, dp=2)
+    ranks.run_until("watching")
+    chosen = ranks.summary()["predicted"]["plan_id"]
+    ranks.extra_s[1] = 0.05  # replica 1 becomes a straggler
+    ranks.run(4)
+    cur = ranks.summary()["current"]
+    assert cur["straggler_dp_ranks"] == [1]
+    assert cur["reason"] == "drift" and cur["plan_id"] != chosen
+    assert cur["overrides"] == {"1": chosen}
+    # Replica 0 now runs a slower plan, replica 1 keeps the chosen one.
+    fast = ranks.get("/jobs/drift/schedule", rank=0, step=ranks.step + 1).json()
+    slow = ranks.get("/jobs/drift/schedule", rank=2, step=ranks.step + 1).json()
+    assert fast["frequencies_mhz"] != slow["frequencies_mhz"]
+    ranks.extra_s.clear()
+    ranks.run(4)
+    cur = ranks.summary()["current"]
+    assert cur["straggler_dp_ranks"] == [] and cur["reason"] == "drift_cleared"
+    assert cur["plan_id"] == chosen

@@ -1,0 +1,85 @@
+"""Combining rank reports into job iterations, and the straggler watcher."""
+
+from __future__ import annotations
+
+import pytest
+
+from perseus.profiler import JobProfiler, StageSweep
+from perseus.runtime.types import InstructionRecord
+from perseus.server.steps import RankStep, StepTable, typical_step
+from perseus.server.switching import DriftWatcher
+
+
+def test_step_completes_when_every_live_rank_reported() -> None:
+    table = StepTable()
+    table.add(5, RankStep(0, 0, 0, 1.0, 10.0, 0.8))
+    table.add(5, RankStep(1, 1, 0, 1.2, 12.0, 1.1))
+    assert table.take_complete(5, {0, 1, 2}) is None
+    table.add(5, RankStep(2, 0, 1, 1.1, 11.0, None))
+    assert table.stage_complete(5, 0, {0, 2}) is True
+    assert table.stage_complete(5, 0, {0, 2}) is False  # reported once
+    step = table.take_complete(5, {0, 1, 2})
+    assert step is not None
+    assert step.iteration_time_s == 1.2  # slowest rank
+    assert step.energy_j == pytest.approx(33.0)  # every GPU
+    assert step.replica_time_s == {0: 1.1, 1: 1.1}  # compute time, else iteration time
+    assert table.take_complete(5, {0, 1, 2}) is None
+    table.add(5, RankStep(0, 0, 0, 9.0, 9.0))  # late duplicate of a finished step: ignored
+    assert table.pending_steps() == []
+
+
+def test_missing_energy_makes_the_step_energy_unknown() -> None:
+    table = StepTable()
+    table.add(0, RankStep(0, 0, 0, 1.0, None))
+    step = table.take_complete(0, {0})
+    assert step is not None and step.energy_j is None
+    assert typical_step([step])["energy_j"] is None
+
+
+def test_typical_step_is_the_median() -> None:
+    table = StepTable()
+    steps = []
+    for i, t in enumerate([1.0, 1.1, 5.0]):
+        table.add(i, RankStep(0, 0, 0, t, 10 * t))
+        steps.append(table.take_complete(i, {0}))
+    typ = typical_step(steps)
+    assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == 11.0
+    assert typ["mean_iteration_time_s"] == pytest.approx(7.1 / 3)
+
+
+def test_drift_needs_patience_and_clears_with_it() -> None:
+    watcher = DriftWatcher(threshold=0.05, patience=2)
+    assert watcher.update({0: 1.0, 1: 2.0}) is False  # no reference yet
+    watcher.reference_s = 1.0
+    assert watcher.update({0: 1.0, 1: 1.3}) is False
+    assert watcher.update({0: 1.0, 1: 1.3}) is True
+    assert watcher.stragglers == {1} and watcher.target_s == 1.3
+    assert watcher.update({0: 1.3, 1: 1.02}) is False
+    assert watcher.update({0: 1.3, 1: 1.02}) is True
+    assert watcher.stragglers == set()
+    # Everyone slow is not drift between replicas.
+    for _ in range(3):
+        assert watcher.update({0: 1.5, 1: 1.5}) is False
+
+
+def test_ranks_of_a_stage_combine_time_max_and_energy_sum() -> None:
+    order = [("forward", 0), ("backward", 0)]
+    job = JobProfiler([StageSweep(order, [1000], mode="sweep", warmup_instructions=0)])
+    freqs = job.schedule(0, 0)
+    assert freqs == [1000, 1000]
+    for rank, (scale, power_w) in enumerate([(1.0, 100.0), (1.5, 200.0)]):
+        t, e, recs = 0.0, 0.0, []
+        for _step in range(40):
+            recs = []
+            for pos, (name, mb) in enumerate(order):
+                dur = 0.01 * scale * (2 if name == "backward" else 1)
+                begin_mj = e * 1000
+                t_begin = t
+                t += dur
+                e += dur * power_w
+                recs.append(InstructionRecord(pos, name, mb, 1000, t_begin, t, begin_mj, e * 1000))
+            job.add_reference_step(0, rank, recs, update_period_s=None)
+    estimates, _ = job.stage_estimates(0)
+    fwd = estimates[("forward", 1000)]
+    assert fwd.time_s == pytest.approx(0.015)  # the slower rank
+    assert fwd.energy_j == pytest.approx(0.01 * 100 + 0.015 * 200, rel=1e-6)  # both GPUs
