@@ -1,0 +1,57 @@
+"""``perseus-train``: train a model with an energy policy (Hydra app, config ``perseus_train``).
+
+Examples::
+
+    perseus-train                                   # tiny GPT, 4 stages, DeepSpeed, emulated GPU
+    perseus-train model=gpt3-xl parallelism.pp=8 energy=slowdown energy.max_slowdown=0.05
+    perseus-train -m energy=no_slowdown,min_energy  # sweep; sweep_summary.csv at the end
+
+See :mod:`perseus.launcher.job` for what a run does and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from perseus.apps.common import hydra_app
+from perseus.config import PerseusConfig
+
+logger = logging.getLogger("perseus.train")
+
+
+@hydra_app("perseus_train", prog="perseus-train")
+def main(cfg: PerseusConfig, out_dir: Path) -> Optional[int]:
+    """Run the job and print the headline figures."""
+    from perseus.launcher.job import run_job
+
+    report = run_job(cfg, out_dir)
+    if report:
+        print(summary_line(report, out_dir))
+    if report.get("phase") == "failed":
+        sys.stderr.write(
+            f"perseus-train: error: the coordination server could not optimize the job: "
+            f"{report.get('failure')}. Training itself completed; see {out_dir / 'report.json'}\n"
+        )
+        return 1
+    return 0
+
+
+def summary_line(report: dict, out_dir: Path) -> str:
+    """A short human summary of ``report.json``."""
+    saving, slowdown = report.get("energy_saving"), report.get("slowdown")
+    if saving is None or slowdown is None:
+        figures = json.dumps({k: report.get(k) for k in ("baseline", "plan")})
+        return f"perseus-train: done; {figures}; report: {out_dir / 'report.json'}"
+    return (
+        f"perseus-train: energy saving {100 * saving:.1f} %, slowdown {100 * slowdown:+.2f} % "
+        f"(predicted saving {100 * report.get('predicted_energy_saving', float('nan')):.1f} %); "
+        f"report: {out_dir / 'report.json'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Launch the training ranks with torchrun's elastic agent and surface a failing rank's error.
+
+Every rank runs ``python -m perseus.train.worker`` with env ``PERSEUS_CONFIG`` pointing at the
+resolved configuration the launcher wrote. Single node by default (``nproc = pp * dp * tp``);
+several nodes with ``train.nnodes`` / ``train.node_rank`` / ``train.master_addr`` /
+``train.master_port`` (static rendezvous, as ``torchrun --node_rank``; a single node uses any
+free port). If any rank fails the agent
+stops the others, and :class:`RankFailedError` carries the failing rank's traceback tail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from perseus.config import PerseusConfig
+from perseus.errors import ConfigError, PerseusError
+from perseus.launcher.ports import free_port
+
+logger = logging.getLogger(__name__)
+
+WORKER_MODULE = "perseus.train.worker"
+TRACEBACK_TAIL_LINES = 25
+
+
+class RankFailedError(PerseusError, RuntimeError):
+    """A training rank exited with an error; the message holds its traceback tail."""
+
+
+@dataclass
+class LaunchPlan:
+    """Resolved launch geometry of one node."""
+
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    run_id: str
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole job."""
+        return self.nnodes * self.nproc_per_node
+
+
+def plan_launch(cfg: PerseusConfig, run_id: str) -> LaunchPlan:
+    """Work out how many ranks this node starts and where they meet.
+
+    Raises:
+        ConfigError: the geometry does not add up (naming the keys to change).
+    """
+    train, par = cfg.train, cfg.parallelism
+    world = par.pp * par.dp * par.tp
+    if train.nnodes < 1 or not (0 <= train.node_rank < train.nnodes):
+        raise ConfigError(
+            f"train.nnodes={train.nnodes}, train.node_rank={train.node_rank}: need nnodes >= 1 "
+            "and 0 <= node_rank < nnodes"
+        )
+    nproc = train.nproc_per_node or -(-world // train.nnodes)
+    if nproc * train.nnodes != world:
+        raise ConfigError(
+            f"parallelism pp*dp*tp = {world} ranks cannot be split over train.nnodes="
+            f"{train.nnodes} nodes x train.nproc_per_node={nproc}: make nnodes * nproc_per_node "
+            "equal pp * dp * tp"
+        )
+    port = train.master_port
+    if train.nnodes == 1:
+        # One node: the rendezvous is local, so any free port will do (a fixed one such as
+        # 29500 collides with other jobs on the machine).
+        port = free_port(train.master_addr)
+    return LaunchPlan(train.nnodes, train.node_rank, nproc, train.master_addr, port, run_id)
+
+
+def worker_env(config_path: Path) -> Dict[str, str]:
+    """Environment every rank gets on top of the launcher's."""
+    env = {"PERSEUS_CONFIG": str(config_path)}
+    env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    return env
+
+
+def launch_ranks(plan: LaunchPlan, config_path: Path, log_dir: Path) -> None:
+    """Run this node's ranks to completion.
+
+    Raises:
+        RankFailedError: a rank failed; the message names it and shows its traceback tail.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for key, value in worker_env(config_path).items():
+        os.environ[key] = value
+    config = LaunchConfig(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=plan.run_id,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_configs={"rank": plan.node_rank},
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.ALL, local_ranks_filter={0}),
+    )
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE)
+    except ChildFailedError as exc:
+        raise RankFailedError(describe_failure(exc, log_dir)) from None
+    except SignalException as exc:
+        raise RankFailedError(
+            f"interrupted by signal {int(exc.sigval)}: every rank was stopped (logs: {log_dir})"
+        ) from None
+
+
+def describe_failure(exc: object, log_dir: Path) -> str:
+    """One message naming the failed rank(s), with the first failure's traceback tail."""
+    failures = getattr(exc, "failures", {}) or {}
+    if not failures:
+        return f"a training rank failed: {exc}"
+    first_rank = min(failures, key=lambda r: failures[r].timestamp or 0)
+    first = failures[first_rank]
+    lines = [
+        f"training rank {first_rank} failed (exit code {first.exitcode}); "
+        f"{len(failures)} rank(s) failed in total. Logs: {log_dir}"
+    ]
+    tail = _traceback_tail(first)
+    if tail:
+        lines.append(tail)
+    return "\n".join(lines)
+
+
+def _traceback_tail(failure: object) -> Optional[str]:
+    raw: object = getattr(failure, "message", None)
+    if not raw:
+        error_file = getattr(failure, "error_file", None)
+        if error_file and Path(error_file).is_file():
+            raw = Path(error_file).read_text(errors="replace")
+    if isinstance(raw, str) and raw.lstrip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            pass
+    text: Optional[str] = raw if isinstance(raw, str) and raw else None
+    if isinstance(raw, dict):
+        inner = raw if "extraInfo" in raw else raw.get("message", raw)
+        if isinstance(inner, dict):
+            text = inner.get("extraInfo", {}).get("py_callstack") or inner.get("message")
+        elif isinstance(inner, str):
+            text = inner
+    if not text:
+        return None
+    lines: List[str] = text.strip().splitlines()[-TRACEBACK_TAIL_LINES:]
+    return "\n".join("    " + line for line in lines)

@@ -1,0 +1,151 @@
+"""Build ``report.json`` of a ``perseus-train`` run.
+
+With the coordination server (``runtime.mode=online``) the figures come from the job's summary:
+baseline measured at max speed in the same run, the chosen plan measured, and the plan's
+prediction (re-simulated with the measured profile). Without it they come from what every rank
+measured (``steps-rank*.json``): the iteration time of a step is the slowest rank's, its energy
+the sum over ranks, averaged over the measured steps (after ``train.warmup_steps``).
+
+Schema::
+
+    {"baseline": {"iteration_time_s", "energy_j"},
+     "plan": {"iteration_time_s", "energy_j", "predicted_iteration_time_s", "predicted_energy_j"},
+     "energy_saving": <fraction>, "slowdown": <fraction>, ...}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from perseus.config import PerseusConfig
+
+
+def _figures(section: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(section, dict):
+        return None
+    time_s, energy_j = section.get("iteration_time_s"), section.get("energy_j")
+    if time_s is None or energy_j is None:
+        return None
+    return dict(section)
+
+
+def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """The report of an online run from the server's job summary.
+
+    The summary holds the measured ``baseline`` and ``plan`` (means over measured iterations)
+    and the plan's ``predicted`` figures (re-simulated with the measured profile).
+    """
+    baseline = _figures(summary.get("baseline"))
+    plan = _figures(summary.get("plan"))
+    predicted = summary.get("predicted") or {}
+    if plan is not None and predicted:
+        plan["predicted_iteration_time_s"] = predicted.get("iteration_time_s")
+        plan["predicted_energy_j"] = predicted.get("energy_j")
+    report: Dict[str, Any] = {"baseline": baseline, "plan": plan}
+    if baseline and plan and baseline["energy_j"]:
+        report["energy_saving"] = 1.0 - plan["energy_j"] / baseline["energy_j"]
+        report["slowdown"] = plan["iteration_time_s"] / baseline["iteration_time_s"] - 1.0
+    if predicted:
+        report["predicted"] = {
+            "plan_id": predicted.get("plan_id"),
+            "energy_saving": predicted.get("energy_saving_fraction"),
+            "slowdown": predicted.get("slowdown_fraction"),
+            "solve_time_s": predicted.get("solve_time_s"),
+            "frontier_points": predicted.get("frontier_points"),
+        }
+        if baseline and baseline["energy_j"] and predicted.get("energy_j") is not None:
+            # Predicted saving against the MEASURED baseline (comparable with energy_saving).
+            report["predicted_energy_saving"] = 1.0 - predicted["energy_j"] / baseline["energy_j"]
+    profiling = summary.get("profiling") or {}
+    if profiling:
+        report["profiling_iterations"] = profiling.get("iterations")
+    for key in ("job_id", "phase", "failure"):
+        if summary.get(key) is not None:
+            report[key] = summary[key]
+    return report
+
+
+def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, float]]:
+    """Average iteration time (max over ranks) and energy (sum over ranks) per step."""
+    per_rank: List[Dict[int, Dict[str, Any]]] = []
+    for path in sorted(out_dir.glob("steps-rank*.json")):
+        steps = json.loads(path.read_text())["steps"]
+        per_rank.append({s["step"]: s for s in steps if s["step"] >= warmup_steps})
+    if not per_rank:
+        return None
+    common = sorted(set.intersection(*(set(r) for r in per_rank)))
+    if not common:
+        return None
+    times = [max(r[s]["iteration_time_s"] for r in per_rank) for s in common]
+    energies: List[float] = []
+    for s in common:
+        values = [r[s]["energy_j"] for r in per_rank]
+        if any(v is None for v in values):
+            energies = []
+            break
+        energies.append(sum(values))
+    return {
+        "iteration_time_s": sum(times) / len(times),
+        "energy_j": sum(energies) / len(energies) if energies else float("nan"),
+        "num_steps": float(len(common)),
+    }
+
+
+def report_from_steps(cfg: PerseusConfig, out_dir: Path) -> Dict[str, Any]:
+    """The report of a run without the server (measure / max_speed / plan modes)."""
+    measured = measured_from_steps(out_dir, cfg.train.warmup_steps)
+    report: Dict[str, Any] = {"mode": cfg.runtime.mode, "baseline": None, "plan": None}
+    if measured is None:
+        return report
+    if cfg.runtime.mode == "plan" and cfg.runtime.plan:
+        section: Dict[str, Any] = dict(measured)
+        predicted = _plan_prediction(Path(cfg.runtime.plan))
+        if predicted:
+            section["predicted_iteration_time_s"] = predicted.get("iteration_time_s")
+            section["predicted_energy_j"] = predicted.get("energy_j")
+        report["plan"] = section
+    else:
+        report["baseline"] = measured
+    return report
+
+
+def _plan_prediction(path: Path) -> Optional[Dict[str, Any]]:
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    predicted = json.loads(path.read_text()).get("predicted")
+    return predicted if isinstance(predicted, dict) else None
+
+
+def write_report(report: Dict[str, Any], out_dir: Path) -> Path:
+    """Write ``report.json`` into ``out_dir``."""
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[str, Any]:
+    """Fill baseline (highest power limit) and plan (chosen limit) from the power-limit table."""
+    rows = section.get("measurements") or []
+    chosen_w = section.get("chosen_power_limit_w")
+    chosen = [r for r in rows if r.get("power_limit_w") == chosen_w]
+    report["power_limit"] = section
+    if not rows or not chosen:
+        return report
+    top = max(rows, key=lambda r: r["power_limit_w"])
+    report["baseline"] = {
+        "iteration_time_s": top["time_per_step_s"],
+        "energy_j": top["energy_per_step_j"],
+        "power_limit_w": top["power_limit_w"],
+    }
+    report["plan"] = {
+        "iteration_time_s": chosen[0]["time_per_step_s"],
+        "energy_j": chosen[0]["energy_per_step_j"],
+        "power_limit_w": chosen_w,
+    }
+    report["energy_saving"] = 1.0 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
+    report["slowdown"] = (
+        report["plan"]["iteration_time_s"] / report["baseline"]["iteration_time_s"] - 1.0
+    )
+    return report

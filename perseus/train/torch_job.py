@@ -1,0 +1,132 @@
+"""framework=torch: plain data parallel (DDP) training without a pipeline.
+
+Each iteration runs ``parallelism.num_microbatches`` forward/backward passes (gradient
+accumulation) and one optimizer step; the Perseus hooks are called around them, so on the
+emulated GPU every pass lasts its profiled time. With ``energy=power_limit`` the power-limit
+optimizer (:mod:`perseus.power_limit`) walks the GPU power limits, measures each, and keeps the
+best one; its table goes to ``power_limit.json`` (the report's ``power_limit`` section).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+from perseus.config import PerseusConfig
+from perseus.errors import ConfigError
+from perseus.runtime.types import RankInfo
+
+logger = logging.getLogger(__name__)
+
+
+def _init_distributed() -> None:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def run(cfg: PerseusConfig) -> int:
+    """Train with DDP until the loop stops; returns iterations run."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from perseus.models.build import build_sequential
+    from perseus.models.data import batches
+    from perseus.models.losses import loss_fn
+    from perseus.models.zoo import describe
+    from perseus.runtime import context
+    from perseus.train.loop import run_loop, write_rank_steps
+
+    par = cfg.parallelism
+    if par.pp != 1 or par.tp != 1:
+        raise ConfigError(
+            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
+            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
+        )
+    _init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.train.seed)
+    description = describe(cfg.model)
+    model = DistributedDataParallel(build_sequential(description))
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    data = batches(
+        description,
+        par.microbatch_size,
+        seed=cfg.train.seed,
+        dataset=cfg.model.dataset,
+        shard=rank,
+        num_shards=world,
+    )
+    info = RankInfo(stage=0, num_stages=1, dp_rank=rank, rank=rank, world_size=world)
+    hooks = context.optimizer_for(info, key=model)
+    plo = _power_limit_optimizer(cfg, hooks) if cfg.energy.policy == "power_limit" else None
+
+    def step() -> float:
+        if plo is not None:
+            plo.on_step_begin()
+        hooks.on_step_begin()
+        optimizer.zero_grad()
+        total = 0.0
+        for index in range(par.num_microbatches):
+            inputs, labels = next(data)
+            sync = index == par.num_microbatches - 1
+            with model.no_sync() if not sync else nullcontext():
+                hooks.on_instruction_begin("forward")
+                try:
+                    loss = loss_fn(model(inputs), labels) / par.num_microbatches
+                finally:
+                    hooks.on_instruction_end("forward")
+                hooks.on_instruction_begin("backward")
+                try:
+                    loss.backward()
+                finally:
+                    hooks.on_instruction_end("backward")
+            total += float(loss.item())
+        optimizer.step()
+        hooks.on_step_end()
+        if plo is not None:
+            plo.on_step_end()
+        return total
+
+    done_fn = _power_limit_done(cfg, plo) if plo is not None else None
+    try:
+        steps = run_loop(cfg, step, is_rank0=rank == 0, done_fn=done_fn)
+    finally:
+        if plo is not None:
+            if rank == 0 and cfg.output_dir:
+                path = Path(cfg.output_dir) / "power_limit.json"
+                path.write_text(json.dumps(plo.report(), indent=1))
+            plo.close()
+    if cfg.output_dir:
+        write_rank_steps(Path(cfg.output_dir), rank)
+    return steps
+
+
+def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
+    from perseus.power_limit import PowerLimitOptimizer
+
+    gpu = getattr(hooks, "gpu", None)
+    if gpu is None:
+        raise ConfigError("energy=power_limit needs the Perseus optimizer's GPU (runtime hooks)")
+    state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
+    return PowerLimitOptimizer.for_gpus(
+        [gpu], cfg.energy.power_limit, cfg.energy.eta, state_dir=state_dir, job_id=cfg.model.name
+    )
+
+
+def _power_limit_done(cfg: PerseusConfig, plo: Any) -> Callable[[int], bool]:
+    settled: dict = {}
+
+    def done(steps_done: int) -> bool:
+        if plo.state != "done":
+            return False
+        settled.setdefault("at", steps_done)
+        return steps_done - settled["at"] >= cfg.train.measure_steps
+
+    return done

@@ -1,0 +1,70 @@
+"""Launcher: launch geometry, and a failing rank's error reaching the user (real elastic agent)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from perseus.config import PerseusConfig
+from perseus.errors import ConfigError
+from perseus.launcher.job import prepare_config, write_config
+from perseus.launcher.ranks import RankFailedError, launch_ranks, plan_launch
+
+
+def make_cfg(**train: object) -> PerseusConfig:
+    cfg = PerseusConfig()
+    cfg.parallelism.pp, cfg.parallelism.dp = 2, 2
+    for key, value in train.items():
+        setattr(cfg.train, key, value)
+    return cfg
+
+
+def test_single_node_takes_every_rank() -> None:
+    plan = plan_launch(make_cfg(), run_id="job")
+    assert (plan.nnodes, plan.nproc_per_node, plan.world_size) == (1, 4, 4)
+
+
+def test_multi_node_splits_ranks() -> None:
+    cfg = make_cfg(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400)
+    plan = plan_launch(cfg, run_id="job")
+    assert (plan.nproc_per_node, plan.node_rank, plan.master_addr, plan.master_port) == (
+        2,
+        1,
+        "10.0.0.1",
+        29400,
+    )
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"nnodes": 3}, "cannot be split over train.nnodes=3"),
+        ({"nnodes": 2, "node_rank": 2}, "0 <= node_rank < nnodes"),
+        ({"nproc_per_node": 3}, "nproc_per_node=3"),
+    ],
+)
+def test_bad_geometry_names_the_keys(train: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_launch(make_cfg(**train), run_id="job")
+
+
+def test_failing_rank_error_and_traceback_reach_the_launcher(tmp_path: Path) -> None:
+    # framework=merak makes every worker raise right after reading its configuration.
+    cfg = prepare_config(make_cfg(), tmp_path)
+    cfg.parallelism.dp = 1
+    cfg.framework.name = "merak"
+    cfg.runtime.mode = "measure"
+    path = write_config(cfg, tmp_path)
+    plan = plan_launch(cfg, run_id="failing")
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as err:
+        launch_ranks(plan, path, tmp_path / "logs")
+    message = str(err.value)
+    assert "training rank" in message and "failed (exit code 1)" in message
+    assert "framework='merak'" in message  # the rank's own error text
+    assert "Traceback" in message or "worker.py" in message
+    assert time.monotonic() - started < 120
+    assert os.environ["PERSEUS_CONFIG"] == str(path)
