@@ -171,6 +171,22 @@ def solve_powers(rows: List[Row]) -> Tuple[Dict[TypeKey, float], float]:
     return {k: float(solution[col[k]]) for k in keys}, rms
 
 
+def standard_errors(rows: List[Row], rms_j: float) -> Dict[TypeKey, float]:
+    """Standard error (W) of every unknown of ``rows``, for equations of noise ``rms_j`` (J)."""
+    if not rows or not math.isfinite(rms_j):
+        return {}
+    import numpy as np
+
+    keys = sorted({k for row, _ in rows for k in row})
+    col = {k: i for i, k in enumerate(keys)}
+    a = np.zeros((len(rows), len(keys)))
+    for i, (row, _) in enumerate(rows):
+        for k, seconds in row.items():
+            a[i, col[k]] = seconds
+    var = np.diag(np.linalg.pinv(a.T @ a)) * rms_j**2
+    return {k: float(np.sqrt(max(0.0, var[col[k]]))) for k in keys}
+
+
 def violations(readings: List[Tuple[float, float]], period_s: float, phase_s: float) -> int:
     """Pairs of readings whose change (or not) contradicts ticks at ``phase_s``."""
     count = 0

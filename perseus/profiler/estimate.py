@@ -35,9 +35,11 @@ from perseus.profiler.counter import (
     readings_of,
     segments_of,
     solve_powers,
+    standard_errors,
     violations,
     vote_phase,
 )
+from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
 from perseus.runtime.types import InstructionRecord
 
 
@@ -61,6 +63,8 @@ class TypeEstimate:
         return self.time_s * self.power_w
 
 
+# Timed samples of one (instruction, frequency) below which warm-up samples are used too.
+MIN_TIMED = 4
 # Steps of readings collected before an unknown counter period is searched for.
 MIN_STEPS_FOR_PERIOD = 3
 
@@ -73,20 +77,32 @@ class StageEstimator:
             found from the readings (see :func:`perseus.profiler.counter.find_period`) once a
             few steps are in.
         max_steps: Steps kept (the oldest are dropped beyond it).
-        ratio_prior_weight: Strength of the backward/forward power-ratio prior (0 = off).
+        ratio_sigma: Prior spread (relative) of the backward/forward power ratio around its
+            median over the clocks (0 = no ratio prior).
+        smoothing_sigma: Prior spread (relative to the typical power) of the second difference
+            of power over three neighbouring clocks (0 = no smoothness prior).
+
+    Both priors are weighed against the counter equations' own residual noise, so they only
+    matter where the readings cannot separate the unknowns (short instructions, few readings)
+    and fade as readings accumulate. See :mod:`perseus.profiler.smooth`.
     """
 
     def __init__(
         self,
         update_period_s: Optional[float] = 0.02,
         max_steps: int = 400,
-        ratio_prior_weight: float = 4.0,
+        ratio_sigma: float = 0.03,
+        smoothing_sigma: float = 0.01,
     ) -> None:
         self.update_period_s = (
             None if not update_period_s or update_period_s <= 0 else float(update_period_s)
         )
-        self.ratio_prior_weight = ratio_prior_weight
+        self.ratio_sigma = ratio_sigma
+        self.smoothing_sigma = smoothing_sigma
+        self.filled: List[TypeKey] = []
+        self._last_solve: Tuple[List[Row], float] = ([], math.inf)
         self._durations: Dict[TypeKey, List[float]] = {}
+        self._warm_durations: Dict[TypeKey, List[float]] = {}
         self._steps: List[Tuple[List[InstructionRecord], List[Tuple[float, float]]]] = []
         self._max_steps = max_steps
         self.phase_s: Optional[float] = None
@@ -108,9 +124,10 @@ class StageEstimator:
         """
         skip = set(warmup_positions)
         for rec in instructions:
-            if rec.frequency_mhz is not None and rec.position not in skip:
+            if rec.frequency_mhz is not None:
                 key = (rec.instruction, int(rec.frequency_mhz))
-                self._durations.setdefault(key, []).append(rec.end_s - rec.start_s)
+                store = self._warm_durations if rec.position in skip else self._durations
+                store.setdefault(key, []).append(rec.end_s - rec.start_s)
         readings = readings_of(instructions)
         if len(readings) < 2:
             return 0
@@ -133,9 +150,18 @@ class StageEstimator:
         """Typical duration and sample count per (instruction, frequency).
 
         The lower quartile, not the mean: host delays (a busy CPU, a late launch) only ever
-        lengthen an instruction, without the GPU working longer.
+        lengthen an instruction, without the GPU working longer. Warm-up instructions count
+        only where fewer than :data:`MIN_TIMED` others were timed (a quartile of one or two
+        samples is at the mercy of a single host delay).
         """
-        return {k: (lower_quartile(v), len(v)) for k, v in self._durations.items() if v}
+        out: Dict[TypeKey, Tuple[float, int]] = {}
+        for key in set(self._durations) | set(self._warm_durations):
+            values = self._durations.get(key, [])
+            if len(values) < MIN_TIMED:
+                values = values + self._warm_durations.get(key, [])
+            if values:
+                out[key] = (lower_quartile(values), len(values))
+        return out
 
     def estimate(self) -> Tuple[Dict[TypeKey, TypeEstimate], Optional[float]]:
         """Solve for the power of every type seen so far.
@@ -151,51 +177,55 @@ class StageEstimator:
         """
         rows: List[Row] = []
         if self.update_period_s is not None and len(self._steps) >= 2:
-            if self._phase_fitted_at != len(self._steps) and not self._phase_still_fits():
-                self._fit_phase()
+            if self._phase_fitted_at != len(self._steps):
+                if not self._phase_still_fits():
+                    self._fit_phase()
+                elif self.model == "lag":
+                    self._choose_model()  # more readings may now favour the exact model
             if self.model == "exact":
                 assert self.phase_s is not None
                 rows = self._exact_rows(self.phase_s)
         if not rows:
             rows = self._lag_equations()
         times = self.times_s()
-        powers, _ = solve_powers(rows + self._ratio_prior(rows, times))
+        powers = self._solve_with_priors(rows)
+        blocking_w = powers.pop(BLOCKING, None)
+        if rows:
+            powers, self.filled = fill_missing(powers, times)
         out: Dict[TypeKey, TypeEstimate] = {}
         for key, (time_s, n) in times.items():
             if key in powers:
                 out[key] = TypeEstimate(time_s, powers[key], n)
-        return out, powers.get(BLOCKING)
+        return out, blocking_w
 
-    def _ratio_prior(self, rows: List[Row], times: Dict[TypeKey, Tuple[float, int]]) -> List[Row]:
-        """Soft equations ``P_backward(f) = r * P_forward(f)`` with ``r`` the median ratio.
+    def _solve_with_priors(self, rows: List[Row]) -> Dict[TypeKey, float]:
+        """Least squares on the counter equations plus the noise-weighted priors."""
+        powers, rms_j = solve_powers(rows)
+        self._last_solve = (rows, rms_j)
+        if not rows or (self.ratio_sigma <= 0 and self.smoothing_sigma <= 0):
+            return powers
+        if not math.isfinite(rms_j) or rms_j <= 0:
+            # No residual to weigh against: assume 1 % of a typical equation's energy.
+            rms_j = 0.01 * statistics.median(abs(e) for _, e in rows) or 1e-6
+        prior = ratio_rows(powers, rms_j, self.ratio_sigma) + smoothness_rows(
+            powers, rms_j, self.smoothing_sigma
+        )
+        if not prior:
+            return powers
+        solved, _ = solve_powers(rows + prior)
+        self._last_solve = (rows + prior, rms_j)
+        return solved
 
-        In a pipeline schedule forwards and backwards alternate, so at one frequency their
-        powers are nearly collinear in the counter equations and counter noise is amplified
-        into their split. Their ratio, however, hardly depends on the frequency (within ~2 %
-        on published profiles); these rows, weighted like ``ratio_prior_weight`` instructions
-        of evidence, pull each split toward the stage's typical ratio unless the data say
-        otherwise.
-        """
-        if self.ratio_prior_weight <= 0:
-            return []
+    def relative_uncertainty(self) -> Dict[TypeKey, float]:
+        """Standard error of each power relative to its value, as of the last estimate."""
+        rows, rms_j = self._last_solve
         powers, _ = solve_powers(rows)
-        pairs = []
-        for (kind, freq), p_fwd in powers.items():
-            p_bwd = powers.get(("backward", freq))
-            if kind == "forward" and p_bwd is not None and p_fwd > 0 and p_bwd > 0:
-                pairs.append((freq, p_bwd / p_fwd))
-        if not pairs:
-            return []
-        ratio = statistics.median(r for _, r in pairs)
-        prior: List[Row] = []
-        for freq, _ in pairs:
-            t_fwd = times.get(("forward", freq), (0.0, 0))[0]
-            t_bwd = times.get(("backward", freq), (0.0, 0))[0]
-            weight_s = self.ratio_prior_weight * 0.5 * (t_fwd + t_bwd)
-            prior.append(
-                ({("backward", freq): weight_s, ("forward", freq): -ratio * weight_s}, 0.0)
-            )
-        return prior
+        errors = standard_errors(rows, rms_j)
+        return {
+            k: (errors[k] / p if p > 0 else math.inf)
+            for k, p in powers.items()
+            if k != BLOCKING and k in errors
+        }
 
     # -- update phase ---------------------------------------------------------------------------
     def _exact_rows(self, phase_s: float) -> List[Row]:
@@ -246,6 +276,11 @@ class StageEstimator:
         assert period_s is not None
         self._phase_fitted_at = len(self._steps)
         self.phase_s = vote_phase([r for _, rs in self._steps for r in rs], period_s)
+        self._choose_model()
+
+    def _choose_model(self) -> None:
+        """Keep the exact equations when they explain the readings clearly better."""
+        assert self.phase_s is not None
         exact_misfit = self._rms_at(self.phase_s)
         lag_rows = self._lag_equations()
         _, lag_rms = solve_powers(lag_rows)

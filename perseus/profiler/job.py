@@ -7,6 +7,7 @@ its energy the sum over the ranks, and so is the blocking power.
 
 from __future__ import annotations
 
+import statistics
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from perseus.profile import Profile
@@ -86,8 +87,21 @@ class JobProfiler:
         if step not in sweep.assigned:
             return
         sweep.mark_reported(step)
-        estimates, _ = self.stage_estimates(stage)
-        sweep.observe({k: e.energy_j for k, e in estimates.items()})
+        if sweep.observing:
+            estimates, _ = self.stage_estimates(stage)
+            sweep.observe({k: e.energy_j for k, e in estimates.items()})
+        elif sweep.refine_priority is None:
+            sweep.prioritize(self._least_certain_clocks(stage))
+
+    def _least_certain_clocks(self, stage: int) -> List[int]:
+        """Swept clocks of ``stage``, the least certain energy estimate first."""
+        score: Dict[int, float] = {}
+        for est in self._estimators[stage].values():
+            est.estimate()
+            for (_, freq), rel in est.relative_uncertainty().items():
+                score[freq] = max(score.get(freq, 0.0), rel)
+        swept = self.sweeps[stage].swept_mhz
+        return sorted(swept, key=lambda f: -score.get(f, 0.0))
 
     def energy_models(self) -> List[Dict[str, str]]:
         """Per stage, which counter model each rank's estimator uses (``exact`` or ``lag``)."""
@@ -130,18 +144,47 @@ class JobProfiler:
         return out, total_w
 
     def profile(self, source: str = "online profiler") -> Profile:
-        """The measured profile (DESIGN §3.1); frequencies with a non-positive estimate dropped.
+        """The measured profile (DESIGN §3.1): a row for every timed (instruction, clock).
+
+        A row whose power no counter reading of its own stage determines (a dead or stuck
+        counter) borrows the median power of the other stages at that clock (see
+        :meth:`complete_estimates`); clocks whose power is unknown everywhere are left out.
 
         Raises:
-            ProfileError: when a stage has no usable forward or backward measurement.
+            ProfileError: when a stage has no usable forward or backward measurement at all.
         """
         rows = []
-        for stage in range(self.num_stages):
-            estimates, _ = self.stage_estimates(stage)
+        for stage, estimates in enumerate(self.complete_estimates()):
             for (instruction, freq), est in sorted(estimates.items()):
                 if est.time_s > 0 and est.energy_j > 0 and est.num_samples > 0:
                     rows.append((stage, instruction, freq, est.time_s, est.energy_j))
         return Profile.from_rows(rows, source)
+
+    def complete_estimates(self) -> List[Dict[Key, TypeEstimate]]:
+        """Per stage, :meth:`stage_estimates` plus borrowed powers for timed keys without one."""
+        per_stage = [self.stage_estimates(s)[0] for s in range(self.num_stages)]
+        out = []
+        for stage, estimates in enumerate(per_stage):
+            estimates = dict(estimates)
+            for key, (time_s, n) in self._stage_times(stage).items():
+                if key in estimates:
+                    continue
+                others = [
+                    e[key].power_w for s, e in enumerate(per_stage) if s != stage and key in e
+                ]
+                if others and time_s > 0:
+                    estimates[key] = TypeEstimate(time_s, statistics.median(others), n)
+            out.append(estimates)
+        return out
+
+    def _stage_times(self, stage: int) -> Dict[Key, Tuple[float, int]]:
+        """Slowest rank's typical duration per timed key of ``stage``."""
+        times: Dict[Key, Tuple[float, int]] = {}
+        for est in self._estimators[stage].values():
+            for key, (time_s, n) in est.times_s().items():
+                old = times.get(key)
+                times[key] = (max(time_s, old[0]), min(n, old[1])) if old else (time_s, n)
+        return times
 
     def blocking_power_w(self, fallback_w: float) -> List[float]:
         """Measured blocking (P2P) power per stage; ``fallback_w`` where unknown.

@@ -7,8 +7,10 @@ Two modes (``profiler.mode``):
   clock list on its own and stops on its own.
 * ``fast`` — forward and backward sweep together and one iteration carries several frequencies:
   the stage's instruction order is cut into contiguous blocks (each holding enough forwards and
-  backwards, and lasting at least ``min_window_s``), and consecutive blocks take consecutive
-  clocks, high to low.
+  backwards, and lasting at least ``min_window_s`` and the budget's share of one clock), and
+  consecutive blocks take consecutive clocks, high to low; backwards lag half a block behind
+  (see ``StageSweep._assign_fast``). Iterations left in the budget once the stop rule ended
+  both kinds re-measure the swept clocks, the least certain first.
 
 The first ``warmup_instructions`` instructions after a clock change are left out of the time
 averages: in ``fast`` mode the first ones of each block, in ``sweep`` mode the first ones of each
@@ -23,6 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from perseus.profiler.stop import EnergyRiseStop
 
 KINDS = ("forward", "backward")
+# Share of the iteration budget the first pass over all clocks is sized to (fast mode).
+SWEEP_SHARE = 0.75
 
 
 def sweep_clocks_mhz(
@@ -53,6 +57,12 @@ class StageSweep:
         min_window_s: Shortest block in ``fast`` mode (enough counter updates).
         instruction_time_s: Rough duration per kind at the highest clock (sizes the blocks).
         min_per_kind: Least forwards and backwards a ``fast`` block holds after warm-up.
+        max_steps: The iteration budget (``profiler.max_iterations``); ``None`` = unbounded.
+            In ``fast`` mode it sizes the windows (blocks last at least the time that spreads
+            :data:`SWEEP_SHARE` of the budget over the clocks, so short instructions are
+            aggregated into longer windows) and, once every kind stopped, the iterations left
+            re-measure the swept clocks (each extra window adds counter readings; order:
+            spread over the swept range, see :func:`refine_order`).
     """
 
     def __init__(
@@ -66,6 +76,7 @@ class StageSweep:
         min_window_s: float = 0.0,
         instruction_time_s: Optional[Dict[str, float]] = None,
         min_per_kind: int = 2,
+        max_steps: Optional[int] = None,
     ) -> None:
         if mode not in ("fast", "sweep"):
             raise ValueError(f"profiler.mode={mode!r}: choose 'fast' or 'sweep'")
@@ -78,13 +89,21 @@ class StageSweep:
         self._stop = {kind: EnergyRiseStop(patience) for kind in KINDS}
         self.stopped_at: Dict[str, Optional[int]] = {kind: None for kind in KINDS}
         self._cursor = {kind: 0 for kind in KINDS}  # next clock index per kind (fast: shared)
+        self._finished = False
+        times = instruction_time_s or {}
+        self.max_steps = max_steps
+        step_s = sum(times.get(i, 0.0) for i, _ in self.order)
+        if max_steps and step_s > 0:
+            budget_s = step_s * SWEEP_SHARE * max_steps / len(self.clocks_mhz)
+            min_window_s = max(min_window_s, min(budget_s, step_s))
+        self.min_window_s = min_window_s
         self._blocks = _blocks(
-            self.order,
-            self.warmup_instructions,
-            min_per_kind,
-            min_window_s,
-            instruction_time_s or {},
+            self.order, self.warmup_instructions, min_per_kind, min_window_s, times
         )
+        self._refine: List[int] = []  # clocks queued for re-measurement
+        self.refine_priority: Optional[List[int]] = None
+        self._refining = False
+        self._lag_clock = self.clocks_mhz[0]
         self.assigned: Dict[int, List[int]] = {}
         self.warmup: Dict[int, List[int]] = {}
         self._pending: set = set()
@@ -92,8 +111,21 @@ class StageSweep:
     # -- assignment -----------------------------------------------------------------------------
     @property
     def exhausted(self) -> bool:
-        """No clock is left to assign (every kind stopped or reached the lowest clock)."""
-        return all(self._kind_finished(kind) for kind in KINDS)
+        """No clock is left to assign.
+
+        Every kind stopped or reached the lowest clock, and no re-measurement is due (budget
+        spent, ``max_steps`` unset, or :meth:`finish` called).
+        """
+        if not all(self._kind_finished(kind) for kind in KINDS):
+            return False
+        if self.mode != "fast" or self.max_steps is None or self._finished:
+            return True
+        return len(self.assigned) >= self.max_steps
+
+    @property
+    def swept_mhz(self) -> List[int]:
+        """Clocks assigned so far, highest first."""
+        return self.clocks_mhz[: max(self._cursor.values())]
 
     def _kind_finished(self, kind: str) -> bool:
         return self.stopped_at[kind] is not None or self._cursor[kind] >= len(self.clocks_mhz)
@@ -116,12 +148,36 @@ class StageSweep:
         return self.clocks_mhz[index]
 
     def _assign_fast(self) -> List[int]:
+        """Forwards take their block's clock; backwards lag by half a block.
+
+        The first half of a block's backwards still run at the previous block's clock (the
+        previous iteration's last one, or the highest at the start). Every clock thus meets
+        two different partner clocks, which ties the forward/backward split of neighbouring
+        clocks together in the counter equations: with short instructions alternating at
+        about the counter's update period, a split measured at one clock alone is badly
+        conditioned.
+        """
         freqs: List[int] = []
         for begin, end in self._blocks:
             live = [k for k in KINDS if not self._kind_finished(k)]
-            clock = self._next_clock(live) if live else self.clocks_mhz[0]
-            freqs.extend([clock] * (end - begin))
+            clock = self._next_clock(live) if live else self._next_refine()
+            backwards = [p for p in range(begin, end) if self.order[p][0] == "backward"]
+            lagging = set(backwards[: len(backwards) // 2])
+            for pos in range(begin, end):
+                freqs.append(self._lag_clock if pos in lagging else clock)
+            self._lag_clock = clock
         return freqs
+
+    def _next_refine(self) -> int:
+        if not self._refine:
+            order = self.refine_priority or refine_order(self.swept_mhz)
+            self._refine = list(order) or self.clocks_mhz[:1]
+        return self._refine.pop(0)
+
+    def prioritize(self, clocks_mhz: Sequence[int]) -> None:
+        """Re-measure these clocks first, in this order (e.g. the least certain first)."""
+        self.refine_priority = [int(c) for c in clocks_mhz]
+        self._refine = list(self.refine_priority)
 
     def _assign_sweep(self) -> List[int]:
         clock = {}
@@ -132,20 +188,22 @@ class StageSweep:
         return [clock[instruction] for instruction, _ in self.order]
 
     def _warmup_positions(self, freqs: List[int]) -> List[int]:
+        """Per kind, the first ``warmup_instructions`` of the step and after each change."""
         out: List[int] = []
-        if self.mode == "fast":
-            for begin, end in self._blocks:
-                out.extend(range(begin, min(end, begin + self.warmup_instructions)))
-            return out
-        seen = {kind: 0 for kind in KINDS}
-        for pos, (instruction, _) in enumerate(self.order):
-            if seen.get(instruction, 0) < self.warmup_instructions:
+        seen: Dict[str, int] = {}
+        last: Dict[str, int] = {}
+        for pos, ((instruction, _), freq) in enumerate(zip(self.order, freqs)):
+            if last.get(instruction) != freq:
+                seen[instruction] = 0
+                last[instruction] = freq
+            if seen[instruction] < self.warmup_instructions:
                 out.append(pos)
-            seen[instruction] = seen.get(instruction, 0) + 1
+            seen[instruction] += 1
         return out
 
     def finish(self) -> None:
         """Assign no further clocks; pending steps still count when reported."""
+        self._finished = True
         for kind in KINDS:
             if not self._kind_finished(kind):
                 self._cursor[kind] = len(self.clocks_mhz)
@@ -159,6 +217,11 @@ class StageSweep:
     def pending_steps(self) -> List[int]:
         """Assigned steps not reported yet."""
         return sorted(self._pending)
+
+    @property
+    def observing(self) -> bool:
+        """Some kind has not stopped yet (the stop rule still wants fresh estimates)."""
+        return any(self.stopped_at[kind] is None for kind in KINDS) and not self._finished
 
     def observe(self, energy_j: Dict[Tuple[str, int], float]) -> None:
         """Re-run the stop rule on the current energy estimates per (kind, frequency).
@@ -184,6 +247,16 @@ class StageSweep:
     def num_steps(self) -> int:
         """Steps this stage has been given a profiling schedule for."""
         return len(self.assigned)
+
+
+def refine_order(clocks_mhz: Sequence[int], stride: int = 3) -> List[int]:
+    """The order swept clocks are re-measured in: every ``stride``-th first, then the rest.
+
+    Spreading the extra windows over the whole range lets the smoothness prior carry their
+    information to the neighbours that wait for a second window.
+    """
+    clocks = list(clocks_mhz)
+    return [c for offset in range(stride) for c in clocks[offset::stride]]
 
 
 def _blocks(

@@ -34,6 +34,8 @@ JOB_ID_ENV = "PERSEUS_JOB_ID"
 URL_ENV = "PERSEUS_SERVER_URL"
 TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
 _STOP = object()
+# Phases whose per-instruction energy readings the server's profiler uses.
+PROFILING_PHASES = frozenset({"baseline", "profiling"})
 
 
 class OnlineSource:
@@ -48,7 +50,6 @@ class OnlineSource:
         max_queued_reports: Reports waiting to be sent beyond this are dropped (oldest first).
     """
 
-    wants_energy = True
     changes_clocks = True
 
     def __init__(
@@ -66,6 +67,10 @@ class OnlineSource:
         self.job_id = str(job_spec.get("job_id") or "")
         self.phase: Optional[str] = None
         self.failed = False
+        # Per-instruction counter readings wanted: only in the baseline and profiling phases.
+        # The optimizer re-reads this at every step begin, after begin_step learned the
+        # iteration's phase, so running a plan costs no per-instruction driver calls.
+        self.wants_energy = False
         self._freqs: Optional[List[Optional[int]]] = None
         self._step = -1
         self._queue: queue.Queue = queue.Queue(maxsize=max_queued_reports)
@@ -109,6 +114,7 @@ class OnlineSource:
             )
             self._freqs = list(answer["frequencies_mhz"])
             self.phase = answer.get("phase")
+            self.wants_energy = self.phase in PROFILING_PHASES
         except (ServerError, KeyError, TypeError) as exc:
             self._fail(exc)
 
@@ -181,6 +187,7 @@ class OnlineSource:
             self.failed = True
             self._freqs = None
             self.phase = None
+            self.wants_energy = False
         logger.warning(
             "Perseus server unreachable or refusing (%s); rank %d continues at default GPU "
             "clocks without energy optimization",

@@ -165,6 +165,10 @@ class PerseusOptimizer:
         self._check_open()
         self._step += 1
         self.source.begin_step(self._step)
+        # Re-read every iteration (cheap): a source may need per-instruction energy readings
+        # only for a while (the online source: while it profiles), and reading the counter at
+        # every instruction costs driver calls.
+        self._wants_energy = self._energy_ok and bool(getattr(self.source, "wants_energy", False))
         self._in_step = True
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}

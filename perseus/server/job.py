@@ -344,6 +344,7 @@ class Job:
                     warmup_instructions=prof.warmup_instructions,
                     min_window_s=prof.min_window_s,
                     instruction_time_s=times,
+                    max_steps=prof.max_iterations,
                 )
             )
         self.profiler = JobProfiler(sweeps)

@@ -31,7 +31,7 @@ TRUTH = {
 
 def _estimate(noise: float, period_s: float, seed: int = 1) -> StageEstimator:
     tl = CounterTimeline(period_s=period_s, noise=noise, seed=seed, blocking_w=80.0)
-    est = StageEstimator(period_s, ratio_prior_weight=0.0)
+    est = StageEstimator(period_s, ratio_sigma=0.0, smoothing_sigma=0.0)
     for step in range(12):
         freqs = [1000 if (step + i // 4) % 2 else 900 for i in range(len(ORDER))]
         est.add_step(run_step(tl, ORDER, freqs, TRUTH, gap_s=0.004, jitter=1.0))

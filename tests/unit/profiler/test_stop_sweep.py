@@ -25,22 +25,64 @@ def test_sweep_clocks_are_high_to_low_bounded_and_strided() -> None:
     assert sweep_clocks_mhz(clocks, frequency_step=2) == [1410, 1380, 1350]
 
 
-def test_fast_mode_blocks_hold_both_kinds_and_walk_down_the_clocks() -> None:
+def test_fast_mode_blocks_walk_down_with_backwards_lagging_half_a_block() -> None:
     order = stage_order("1f1b", 4, 8)[0]
     clocks = list(range(1410, 1000, -15))
     sweep = StageSweep(order, clocks, mode="fast", warmup_instructions=1, min_per_kind=2)
     step0 = sweep.frequencies_for_step(0)
     step1 = sweep.frequencies_for_step(1)
-    used = sorted(set(step0), reverse=True)
-    assert used[0] == 1410 and len(used) >= 2
-    assert max(step1) < min(step0)  # the next step continues below
-    for freq in used:
-        kinds = {order[i][0] for i, f in enumerate(step0) if f == freq}
-        assert kinds == {"forward", "backward"}
-    # Warm-up positions are the first instruction of every block.
-    starts = [0] + [i for i in range(1, len(step0)) if step0[i] != step0[i - 1]]
-    assert sweep.warmup[0] == starts
+    fwd0 = [f for (i, _), f in zip(order, step0) if i == "forward"]
+    bwd0 = [f for (i, _), f in zip(order, step0) if i == "backward"]
+    fwd1 = [f for (i, _), f in zip(order, step1) if i == "forward"]
+    assert fwd0[0] == 1410 and len(set(fwd0)) >= 2
+    assert fwd0 == sorted(fwd0, reverse=True) and bwd0 == sorted(bwd0, reverse=True)
+    assert max(fwd1) < min(fwd0)  # the next step continues below
+    # Every forward clock but the newest also ran backwards (half a block later), and the
+    # first backwards of the next step still run at the last clock of this one.
+    assert set(fwd0[:-1]) <= set(bwd0)
+    assert next(f for (i, _), f in zip(order, step1) if i == "backward") == fwd0[-1]
+    # Warm-up: the first instruction of each kind after that kind's clock changed.
+    expected, last = [], {}
+    for pos, ((instruction, _), freq) in enumerate(zip(order, step0)):
+        if last.get(instruction) != freq:
+            expected.append(pos)
+            last[instruction] = freq
+    assert sweep.warmup[0] == expected
     assert sweep.frequencies_for_step(0) == step0  # repeated requests agree
+
+
+def test_short_instructions_get_longer_windows_and_spare_budget_remeasures() -> None:
+    """5 ms / 9.5 ms instructions: windows sized to the budget, leftovers re-measure clocks."""
+    order = stage_order("1f1b", 4, 8)[3]
+    clocks = list(range(1410, 840, -15))  # 38 clocks
+    times = {"forward": 0.005, "backward": 0.0095}
+    sweep = StageSweep(
+        order, clocks, mode="fast", patience=10_000, instruction_time_s=times, max_steps=40
+    )
+    step = 0
+    while not sweep.exhausted:
+        sweep.frequencies_for_step(step)
+        sweep.mark_reported(step)
+        step += 1
+    assert step == 40 and sweep.done
+    first_pass = {f for s in range(step) for f in sweep.assigned[s]}
+    assert first_pass == set(clocks)  # the full sweep fits
+    # A window never holds less than the budget's share of one clock.
+    assert sweep.min_window_s >= 0.75 * 40 * sum(times[i] for i, _ in order) / 38 - 1e-9
+    counts = {c: sum(s.count(c) for s in sweep.assigned.values()) for c in clocks}
+    assert max(counts.values()) >= 2 * min(counts.values())  # some clocks measured twice
+
+
+def test_finish_stops_refinement() -> None:
+    order = stage_order("1f1b", 2, 4)[0]
+    sweep = StageSweep(
+        order, [1410, 1395], mode="fast", instruction_time_s={"forward": 0.05}, max_steps=10
+    )
+    for step in range(3):
+        sweep.frequencies_for_step(step)
+    assert not sweep.exhausted  # both clocks swept, re-measuring until the budget
+    sweep.finish()
+    assert sweep.exhausted
 
 
 def test_sweep_mode_moves_each_kind_on_its_own_and_stops() -> None:

@@ -56,7 +56,7 @@ def test_phases_profile_plan_and_measure(client: TestClient, tmp_path: Path, mod
 
 
 def test_imposed_iteration_time_switches_and_clears(client: TestClient) -> None:
-    ranks = VirtualRanks(client, "imposed", pp=2)
+    ranks = VirtualRanks(client, "imposed", pp=2, profiler={"max_iterations": 20})
     assert (
         client.put("/jobs/imposed/iteration_time", json={"iteration_time_s": 1.0}).status_code
         == 409
@@ -80,7 +80,7 @@ def test_imposed_iteration_time_switches_and_clears(client: TestClient) -> None:
 
 
 def test_straggling_replica_slows_the_others_and_recovers(client: TestClient) -> None:
-    ranks = VirtualRanks(client, "drift", pp=2, dp=2)
+    ranks = VirtualRanks(client, "drift", pp=2, dp=2, profiler={"max_iterations": 20})
     ranks.run_until("watching")
     chosen = ranks.summary()["predicted"]["plan_id"]
     ranks.extra_s[1] = 0.05  # replica 1 becomes a straggler
