@@ -13,6 +13,11 @@ the time and peak memory of full frontiers at 8 x 96 and 8 x 256 on one core.
 
 Targets: saving >= paper on every case and within 0.5 pp of the LP bound; full frontier
 8 x 96 <= 30 s, 8 x 256 <= 120 s on one core; peak memory <= 2 GB.
+
+The LP bound is a relaxation, not always reachable: where a hull segment jumps over a sharp
+energy drop (the A40 profiles) no real frequency sits between its ends, and the stage next
+to the heaviest one has no slack to alternate them (a MILP with that stage discrete and the
+rest on hulls bounds GPT-3/A40 at 11.21 / 10.47 / 10.08 % for 24 / 48 / 96 microbatches).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ class GroupHull:
         lengths_s: Segment lengths (``diff(time_s)``).
         slopes: Segment slopes (J/s), negative and increasing.
         options: The vertices' option indices in the problem's tables.
+        locked_tail: Trailing segments the LP may not use unless a node is pinned
+            (:meth:`perseus.planner.lp_model.HullLP.pin`); they need not be convex.
     """
 
     time_s: np.ndarray
@@ -33,6 +35,7 @@ class GroupHull:
     lengths_s: np.ndarray
     slopes: np.ndarray
     options: np.ndarray
+    locked_tail: int = 0
 
 
 def lower_hull(time_s: np.ndarray, cost_j: np.ndarray) -> np.ndarray:

@@ -47,15 +47,26 @@ class LPSolution:
 class HullLP:
     """The LP of one problem, re-solvable for many deadlines."""
 
-    def __init__(self, problem: PlanningProblem, hulls: List[GroupHull]) -> None:
-        """Build the sparse model and hand it to HiGHS (one thread, quiet)."""
+    def __init__(
+        self,
+        problem: PlanningProblem,
+        hulls: List[GroupHull],
+        node_hull: Optional[np.ndarray] = None,
+    ) -> None:
+        """Build the sparse model and hand it to HiGHS (one thread, quiet).
+
+        Args:
+            problem: The planning problem.
+            hulls: Hulls to draw from; by default ``hulls[g]`` is group ``g``'s hull.
+            node_hull: Per node, the index in ``hulls`` of its hull (default: its group).
+        """
         import highspy
 
         self._highspy = highspy
         self.problem = problem
         dag = problem.dag
         num_nodes = dag.num_nodes
-        groups = problem.node_group
+        groups = problem.node_group if node_hull is None else np.asarray(node_hull)
         num_seg = np.array([len(h.lengths_s) for h in hulls])[groups]
         self.t0 = np.array([h.time_s[0] for h in hulls])[groups]
         self.c0 = np.array([h.cost_j[0] for h in hulls])[groups]
@@ -67,10 +78,17 @@ class HullLP:
         seg_rank = np.arange(int(seg_start[-1])) - seg_start[seg_node]
         seg_len = np.empty(int(seg_start[-1]))
         seg_slope = np.empty(int(seg_start[-1]))
-        for g, hull in enumerate(hulls):
-            mask = groups[seg_node] == g
+        seg_upper = np.empty(int(seg_start[-1]))
+        seg_hull = groups[seg_node]
+        for g in np.unique(seg_hull).tolist():
+            hull = hulls[g]
+            mask = seg_hull == g
             seg_len[mask] = hull.lengths_s[seg_rank[mask]]
             seg_slope[mask] = hull.slopes[seg_rank[mask]]
+            # Locked trailing segments (see GroupHull.locked_tail) start closed.
+            open_segments = len(hull.lengths_s) - hull.locked_tail
+            seg_upper[mask] = np.where(seg_rank[mask] < open_segments, seg_len[mask], 0.0)
+        self.seg_upper = seg_upper
         self.seg_start, self.seg_node, self.seg_len = seg_start, seg_node, seg_len
         self.seg_rank = seg_rank
         self._fixed_cols = np.zeros(0, dtype=np.int64)
@@ -106,7 +124,7 @@ class HullLP:
         row_upper = np.full(num_rows, np.inf)
         col_cost = np.concatenate([np.zeros(num_nodes), seg_slope])
         col_lower = np.zeros(num_cols)
-        col_upper = np.concatenate([np.full(num_nodes, np.inf), seg_len])
+        col_upper = np.concatenate([np.full(num_nodes, np.inf), seg_upper])
         self._highs: Any = self._make_model(
             num_rows,
             num_cols,
@@ -182,6 +200,14 @@ class HullLP:
             )
         return solution
 
+    def try_solve(self) -> Optional[LPSolution]:
+        """Re-solve the main model at the current deadline (after :meth:`pin`).
+
+        Returns:
+            The optimum, or None if there is none (e.g. pins make the deadline infeasible).
+        """
+        return self._run(self._highs)
+
     def start_dive(self) -> None:
         """Copy the last :meth:`solve` (deadline and basis) into the dive model.
 
@@ -226,26 +252,49 @@ class HullLP:
         """Pin nodes' durations (within their hulls' range) in the dive model."""
         if self._dive is None:
             raise SolverError("HullLP.fix() before start_dive()")
-        counts = self.seg_start[nodes + 1] - self.seg_start[nodes]
-        cols = np.concatenate(
+        cols, value = self._pinned_values(nodes, durations_s)
+        if not len(cols):
+            return
+        self._set_segment_bounds(self._dive, cols, value, value)
+        self._fixed_cols = np.union1d(self._fixed_cols, cols)
+
+    def pin(self, nodes: np.ndarray, durations_s: np.ndarray) -> None:
+        """Pin nodes' durations in the main model (locked segments may open); see unpin."""
+        cols, value = self._pinned_values(nodes, durations_s)
+        if len(cols):
+            self._set_segment_bounds(self._highs, cols, value, value)
+
+    def unpin(self, nodes: np.ndarray) -> None:
+        """Give pinned nodes of the main model their default segment bounds back."""
+        cols = self._node_cols(nodes)
+        if len(cols):
+            self._set_segment_bounds(self._highs, cols, np.zeros(len(cols)), self.seg_upper[cols])
+
+    def _node_cols(self, nodes: np.ndarray) -> np.ndarray:
+        return np.concatenate(
             [np.arange(self.seg_start[v], self.seg_start[v + 1]) for v in nodes.tolist()]
             or [np.zeros(0, dtype=np.int64)]
         )
+
+    def _pinned_values(
+        self, nodes: np.ndarray, durations_s: np.ndarray
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Segment columns of ``nodes`` and their values for the given durations."""
+        counts = self.seg_start[nodes + 1] - self.seg_start[nodes]
+        cols = self._node_cols(nodes)
         if not len(cols):
-            return
+            return cols, np.zeros(0)
         # Fill segments in order: segment k gets min(L_k, remaining after segments < k).
         extra = np.repeat(durations_s - self.t0[nodes], counts)
         before = np.cumsum(self.seg_len[cols]) - self.seg_len[cols]
         offsets = np.repeat(np.cumsum(counts) - counts, counts)
         before -= (np.cumsum(self.seg_len[cols]) - self.seg_len[cols])[offsets]
-        value = np.clip(extra - before, 0.0, self.seg_len[cols])
-        self._set_segment_bounds(self._dive, cols, value, value)
-        self._fixed_cols = np.union1d(self._fixed_cols, cols)
+        return cols, np.clip(extra - before, 0.0, self.seg_len[cols])
 
     def _release(self, h: Any) -> None:
         cols = self._fixed_cols
         if len(cols):
-            self._set_segment_bounds(h, cols, np.zeros(len(cols)), self.seg_len[cols])
+            self._set_segment_bounds(h, cols, np.zeros(len(cols)), self.seg_upper[cols])
         self._fixed_cols = np.zeros(0, dtype=np.int64)
 
     def _set_segment_bounds(

@@ -6,6 +6,8 @@
   (error diffusion along the DAG). It does so twice: once choosing among all candidates, once
   among the hull vertices only (which diffuses more time and often ends cheaper), each
   followed by :meth:`Rounder.fill_slack`.
+* :meth:`Rounder.from_node_hulls` does the same for an LP whose nodes have their own hulls
+  (:mod:`perseus.planner.refine`), rounding each node among its own hull's vertices.
 * :meth:`Rounder.fill_slack` walks the DAG backwards (reverse topological order) and gives
   every instruction the cheapest candidate that fits between its earliest start and the
   latest finish its (already placed) successors allow. Every instruction only uses time no
@@ -15,7 +17,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -50,8 +52,27 @@ class Rounder:
             )
         ]
 
+    def from_node_hulls(
+        self, solution: LPSolution, hulls: List[GroupHull], node_hull: np.ndarray
+    ) -> List[np.ndarray]:
+        """Like :meth:`from_lp`, rounding every node among the vertices of its own hull.
+
+        Args:
+            solution: An optimum of an LP whose node ``v`` used ``hulls[node_hull[v]]``.
+            hulls: The hulls.
+            node_hull: Per node, its hull's index.
+        """
+        times = [h.time_s.tolist() for h in hulls]
+        options = [h.options.tolist() for h in hulls]
+        plan = self._diffuse(solution, times, options, node_hull.tolist())
+        return [self.fill_slack(plan, solution.deadline_s), *self.from_lp(solution)]
+
     def _diffuse(
-        self, solution: LPSolution, times: List[List[float]], options: List[List[int]]
+        self,
+        solution: LPSolution,
+        times: List[List[float]],
+        options: List[List[int]],
+        table_of: Optional[List[int]] = None,
     ) -> np.ndarray:
         """Topological pass: the cheapest option still finishing by the LP finish time."""
         problem = self.problem
@@ -60,7 +81,7 @@ class Rounder:
         done = [0.0] * (problem.num_nodes + 1)
         stage_pred = dag.stage_pred.tolist()
         flow_pred = dag.flow_pred.tolist()
-        group_list = problem.node_group.tolist()
+        group_list = problem.node_group.tolist() if table_of is None else table_of
         out = [0] * problem.num_nodes
         for v in dag.topo.tolist():
             a, b = done[stage_pred[v]], done[flow_pred[v]]

@@ -12,6 +12,10 @@ For a sweep of deadlines ``T`` from the fastest plan up to the least-energy one:
    to the segment's faster end, re-solve (on a second HiGHS model, so the sweep keeps its
    basis) and round again. The LP then re-distributes time around the pinned instructions,
    which often gives a cheaper real plan.
+4. Refine (``refine_deadlines``, by default only the no-slowdown deadline ``T_allmax``):
+   instructions the LP put inside a long hull segment (a sharp energy drop between
+   neighbouring frequencies) are re-modelled and decided one by one
+   (:mod:`perseus.planner.refine`), then rounded among their own hull's vertices.
 
 Every plan goes to the frontier, which re-simulates them and keeps the Pareto-optimal ones.
 
@@ -32,6 +36,7 @@ import numpy as np
 from perseus.planner.hull import group_hulls
 from perseus.planner.lp_model import HullLP, LPSolution, fractional_nodes
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.refine import JumpRefiner
 from perseus.planner.rounding import Rounder
 from perseus.planner.simulate import iteration_time
 from perseus.planner.solvers import register_solver
@@ -48,6 +53,10 @@ class LPSolver(Solver):
         max_deadlines: Hard cap on the number of deadlines.
         dive_rounds: Per deadline, how many times fractional nodes are pinned to their
             faster hull vertex and the LP re-solved (each round adds a plan).
+        refine_deadlines: Run the jump refinement (:mod:`perseus.planner.refine`) on this
+            many deadlines, starting at the all-max plan's time (the no-slowdown policy's
+            deadline) and going up; 0 turns it off.
+        refine_time_s: Time budget of one refinement.
     """
 
     def __init__(
@@ -56,14 +65,19 @@ class LPSolver(Solver):
         patience: int = 3,
         max_deadlines: int = 2000,
         dive_rounds: int = 1,
+        refine_deadlines: int = 1,
+        refine_time_s: float = 10.0,
     ) -> None:
         """Store the sweep settings."""
         self.dive_rounds = dive_rounds
+        self.refine_deadlines = refine_deadlines
+        self.refine_time_s = refine_time_s
         self.relative_step = relative_step
         self.patience = patience
         self.max_deadlines = max_deadlines
         self.bounds: List[Tuple[float, float]] = []
         self.elapsed_s = 0.0
+        self._t_allmax = 0.0
 
     def solve(
         self, problem: PlanningProblem, progress: Optional[Progress] = None
@@ -81,6 +95,9 @@ class LPSolver(Solver):
         model = HullLP(problem, hulls)
         tables = Rounder(problem, hulls)
         deadlines = self._deadlines(problem)
+        refiner = JumpRefiner(problem, hulls, time_budget_s=self.refine_time_s)
+        first = deadlines.index(self._t_allmax) if self._t_allmax in deadlines else len(deadlines)
+        refine_at = set(deadlines[first : first + self.refine_deadlines])
         plans: List[np.ndarray] = []
         self.bounds = []
         rises = 0
@@ -88,6 +105,10 @@ class LPSolver(Solver):
             solution = model.solve(deadline)
             lp_energy = solution.energy_j
             plans += self._plans_at(model, tables, solution)
+            if deadline in refine_at:
+                report(progress, f"refining T <= {deadline:.4f} s", i / len(deadlines))
+                for refined, node_hull in refiner.refine(model, solution):
+                    plans += tables.from_node_hulls(refined, refiner.hulls, node_hull)
             rising = bool(self.bounds) and lp_energy > self.bounds[-1][1]
             self.bounds.append((deadline, lp_energy))
             rises = rises + 1 if rising else 0
@@ -123,6 +144,7 @@ class LPSolver(Solver):
         t_fast = iteration_time(problem, fastest[groups])
         t_allmax = iteration_time(problem, allmax_t)
         t_slow = iteration_time(problem, slowest[groups])
+        self._t_allmax = t_allmax
         # Geometric from the fastest plan up, with the all-max time itself always included
         # (the no-slowdown policy's deadline).
         ratio = 1.0 + self.relative_step

@@ -1,0 +1,189 @@
+"""Jump refinement: hull segments that skip over a sharp energy drop, decided one by one.
+
+Some profiles have a sharp energy drop between two neighbouring frequencies (e.g. GPT-3 on
+A40: the backward pass at 960 MHz costs far less than at 1170 MHz for barely more time). The
+convex hull then has a long segment jumping over many options, and the LP happily runs an
+instruction "21 % of the way" along it. No real frequency does that, and in the pipeline's
+steady state the extra time of the slow end rarely fits into one instruction's slack, so
+rounding loses most of what the LP promised.
+
+:class:`JumpRefiner` re-models every instruction the LP left inside such a *long* segment
+(longer than ``min_jump_rel`` of its fastest time): its hull becomes the hull of the options
+faster than the segment's slow end (which uses the skipped options), plus the slow end as a
+*locked* segment (:attr:`perseus.planner.hull.GroupHull.locked_tail`). The LP of that model
+is solved, then the instructions are tried one at a time (largest LP fill first): pinned to
+the slow end, re-solved from the previous basis, kept unless the LP's energy rises (a
+neutral pin still leaves one fractional instruction fewer to round). The LP then
+finds where the extra time is best taken from (slack shared along paths, cheaper
+instructions sped up), which single-instruction rounding cannot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from perseus.planner.hull import GroupHull, lower_hull
+from perseus.planner.lp_model import HullLP, LPSolution
+from perseus.planner.problem import PlanningProblem
+
+
+def hull_below(problem: PlanningProblem, group: int, slow_end_s: float) -> GroupHull:
+    """Hull of a group's candidates faster than ``slow_end_s``, plus that end as a locked tail.
+
+    Args:
+        problem: The planning problem.
+        group: Group index (``2 * stage + kind``).
+        slow_end_s: Time of the candidate that becomes the locked last vertex.
+    """
+    cand = problem.candidates[group]
+    times = problem.opt_time[group, cand]
+    fast = cand[times < slow_end_s - 1e-12]
+    end = cand[np.argmin(np.abs(times - slow_end_s))]
+    t = problem.opt_time[group, fast]
+    c = problem.opt_effective[group, fast]
+    keep = fast[lower_hull(t, c)]
+    options = np.append(keep, end)
+    t = problem.opt_time[group, options]
+    c = problem.opt_effective[group, options]
+    lengths = np.diff(t)
+    return GroupHull(
+        time_s=t,
+        cost_j=c,
+        lengths_s=lengths,
+        slopes=np.diff(c) / lengths,
+        options=options,
+        locked_tail=1,
+    )
+
+
+class JumpRefiner:
+    """Decides long hull segments instruction by instruction (see the module docstring).
+
+    Args:
+        problem: The planning problem.
+        hulls: The groups' hulls (index = group).
+        min_jump_rel: A segment is long when longer than this fraction of the node's
+            fastest time.
+        max_trials: At most this many pin-and-re-solve trials per round.
+        time_budget_s: Stop trying after this much time per call.
+        rounds: Re-modelling rounds (see :meth:`refine`).
+    """
+
+    def __init__(
+        self,
+        problem: PlanningProblem,
+        hulls: List[GroupHull],
+        min_jump_rel: float = 0.02,
+        max_trials: int = 2000,
+        time_budget_s: float = 20.0,
+        rounds: int = 2,
+    ) -> None:
+        """Store the settings; hulls below a jump are built on demand and cached."""
+        self.problem = problem
+        self.hulls = list(hulls)
+        self.min_jump_rel = min_jump_rel
+        self.max_trials = max_trials
+        self.time_budget_s = time_budget_s
+        self.rounds = rounds
+        self._cache: Dict[Tuple[int, int], int] = {}
+        self.node_hull = problem.node_group.copy()
+        self.trials = 0
+
+    def long_segments(
+        self, model: HullLP, solution: LPSolution
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Nodes inside a long segment: ``(nodes, segment columns, fills)``, fill descending."""
+        fill = solution.fill
+        cols = np.flatnonzero(
+            (fill > 1e-6)
+            & (fill < 1 - 1e-6)
+            & (model.seg_len > self.min_jump_rel * model.t0[model.seg_node])
+        )
+        order = np.argsort(-fill[cols], kind="stable")
+        cols = cols[order]
+        return model.seg_node[cols], cols, fill[cols]
+
+    def refine(self, model: HullLP, solution: LPSolution) -> List[Tuple[LPSolution, np.ndarray]]:
+        """LP solutions with long segments decided; empty when there is none to decide.
+
+        Each round re-models the nodes the last solution left inside a long segment of
+        their group's hull, keeps the pins of earlier rounds and pins greedily again.
+
+        Args:
+            model: The group-hull LP ``solution`` came from (its hulls are ``self.hulls``).
+            solution: Its optimum for some deadline.
+
+        Returns:
+            Per round, ``(solution, node_hull)`` for the re-modelled LP's optimum before
+            and (if a pin was kept) after the greedy pinning; ``node_hull`` maps every node
+            to its hull in :attr:`hulls`.
+        """
+        began = time.perf_counter()
+        groups = self.problem.node_group
+        node_hull = groups.copy()
+        pinned: List[int] = []
+        pinned_s: List[float] = []
+        out: List[Tuple[LPSolution, np.ndarray]] = []
+        current = solution
+        for _ in range(self.rounds):
+            nodes, cols, _ = self.long_segments(model, current)
+            fresh = node_hull[nodes] == groups[nodes]
+            nodes, cols = nodes[fresh], cols[fresh]
+            if not len(nodes):
+                break
+            node_hull = node_hull.copy()
+            slow_end = np.empty(len(nodes))
+            for i, (v, col) in enumerate(zip(nodes.tolist(), cols.tolist())):
+                g = int(groups[v])
+                slow_end[i] = self.hulls[g].time_s[int(model.seg_rank[col]) + 1]
+                node_hull[v] = self._hull_index(g, float(slow_end[i]))
+            model = HullLP(self.problem, self.hulls, node_hull)
+            model.pin(np.asarray(pinned, dtype=np.int64), np.asarray(pinned_s))
+            current = model.solve(solution.deadline_s)
+            out.append((current, node_hull))
+            kept, current = self._greedy(model, current, nodes, slow_end, began)
+            if kept:
+                pinned += [int(nodes[i]) for i in kept]
+                pinned_s += [float(slow_end[i]) for i in kept]
+                out.append((current, node_hull))
+        self.node_hull = node_hull
+        return out
+
+    def _greedy(
+        self,
+        model: HullLP,
+        current: LPSolution,
+        nodes: np.ndarray,
+        slow_end: np.ndarray,
+        began: float,
+    ) -> Tuple[List[int], LPSolution]:
+        """Pin ``nodes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
+
+        Returns:
+            Positions in ``nodes`` of the kept pins, and the optimum with them.
+        """
+        kept: List[int] = []
+        for i in range(len(nodes)):
+            if i >= self.max_trials or time.perf_counter() - began > self.time_budget_s:
+                break
+            self.trials += 1
+            one = nodes[i : i + 1]
+            model.pin(one, slow_end[i : i + 1])
+            trial = model.try_solve()
+            if trial is not None and trial.energy_j <= current.energy_j * (1 + 1e-9):
+                current = trial
+                kept.append(i)
+            else:
+                model.unpin(one)
+        return kept, current
+
+    def _hull_index(self, group: int, slow_end_s: float) -> int:
+        """Index in ``self.hulls`` of the group's hull below ``slow_end_s`` (cached)."""
+        key = (group, round(slow_end_s * 1e9))
+        if key not in self._cache:
+            self._cache[key] = len(self.hulls)
+            self.hulls.append(hull_below(self.problem, group, slow_end_s))
+        return self._cache[key]
