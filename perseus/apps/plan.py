@@ -12,7 +12,8 @@ Writes into Hydra's run directory (``hydra.run.dir=...`` moves it):
 * ``plans/<plan_id>.json``: every frontier plan (``perseus-plan/1``, plan 0 is the fastest);
 * ``plan.json``: the plan the energy policy chose;
 * ``summary.json``: ``allmax``, ``chosen``, ``least_energy``, ``solver``, ``solve_time_s``,
-  savings and the inputs;
+  savings and the inputs, and a ``note`` when no plan saves energy without slowdown (why,
+  e.g. lowtime's time quantization, and which setting would pick the next plan);
 * ``frontier.png``, ``timeline.png`` (``planner.plots=false`` skips them);
 * with ``planner.export_reference=true``, ``reference/freqs_pipeline_%05d.py`` per plan (the
   reference system's format; the number is the plan_id).
@@ -135,12 +136,15 @@ def run_plan(
     frontier = plan_frontier(problem, name, progress or ProgressLog(), **options)
     solve_time_s = time.perf_counter() - start_s
     chosen = choose(frontier, cfg.energy)
+    note = None
     if chosen.is_allmax and cfg.energy.policy == "no_slowdown":
-        _hint_nearest_saving(frontier)
+        note = _hint_nearest_saving(frontier, name, options.get("time_unit_s"))
     files = write_plans(frontier, chosen, cfg, out_dir)
     if cfg.planner.plots:
         files.update(write_plots(problem, frontier, chosen, out_dir))
     summary = make_summary(cfg, frontier, chosen, name, solve_time_s, files)
+    if note:
+        summary["note"] = note
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     logger.info(
         "chosen plan %d (%s): %.4f s, %.1f J per iteration; all-max %.4f s, %.1f J; "
@@ -158,21 +162,39 @@ def run_plan(
     return summary
 
 
-def _hint_nearest_saving(frontier: Any) -> None:
-    """When no plan saves energy without slowdown, say what the next-fastest plan would give."""
+def _hint_nearest_saving(
+    frontier: Any, solver: str = "lp", time_unit_s: Optional[float] = None
+) -> Optional[str]:
+    """When no plan saves energy without slowdown, say why and what the next plan would give.
+
+    Args:
+        frontier: The frontier.
+        solver: The solver's name; ``lowtime``'s time quantization gets its own explanation.
+        time_unit_s: lowtime's time quantum (``planner.time_unit_s``).
+
+    Returns:
+        The logged explanation (also stored in summary.json as ``note``), or None.
+    """
     cheaper = [p for p in frontier.points if p.energy_j < frontier.allmax.energy_j]
     if not cheaper:
-        return
+        return None
     nearest = min(cheaper, key=lambda p: p.iteration_time_s)
     slowdown = nearest.iteration_time_s / frontier.allmax.iteration_time_s - 1.0
-    logger.info(
-        "no plan saves energy without any slowdown; plan %d is %.3f %% slower and saves %.1f %% "
-        "(energy=slowdown energy.max_slowdown=%.4g would choose it)",
-        nearest.plan_id,
-        100 * slowdown,
-        100 * frontier.saving(nearest),
-        slowdown * (1 + 1e-3),
+    note = (
+        f"no plan saves energy without any slowdown; plan {nearest.plan_id} is "
+        f"{100 * slowdown:.3f} % slower and saves {100 * frontier.saving(nearest):.1f} % "
+        f"(energy=slowdown energy.max_slowdown={slowdown * (1 + 1e-3):.4g} would choose it)"
     )
+    if solver == "lowtime":
+        note += (
+            f". This is how the lowtime method works: it rounds every instruction's time down "
+            f"to a multiple of planner.time_unit_s={time_unit_s} s, so the plans it believes "
+            f"as fast as the all-max plan are a little slower when re-simulated with the "
+            f"measured times, and energy=no_slowdown keeps the all-max plan. "
+            f"planner.solver=lp plans with the measured times and has no such loss"
+        )
+    logger.info("%s", note)
+    return note
 
 
 def write_plans(frontier: Any, chosen: Any, cfg: PerseusConfig, out_dir: Path) -> Dict[str, str]:

@@ -47,10 +47,9 @@ def plan_frontier(
     """
     from perseus.planner.frontier import build_frontier
     from perseus.planner.solvers import get_solver
+    from perseus.planner.solvers.base import ChoiceSolver
 
     instance = get_solver(solver, **solver_options)
-    if hasattr(instance, "solve_choices"):
-        candidates = instance.solve_choices(problem, progress)
-    else:
-        candidates = instance.solve(problem, progress)
-    return build_frontier(problem, candidates)
+    if isinstance(instance, ChoiceSolver):
+        return build_frontier(problem, instance.solve_choices(problem, progress))
+    return build_frontier(problem, instance.solve(problem, progress))

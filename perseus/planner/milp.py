@@ -27,6 +27,7 @@ def solve_milp(
     time_limit_s: float = 60.0,
     mip_rel_gap: float = 1e-6,
     start: Optional[np.ndarray] = None,
+    max_nodes: Optional[int] = None,
 ) -> Optional[np.ndarray]:
     """Least effective energy plan with iteration time <= ``deadline_s``.
 
@@ -38,6 +39,8 @@ def solve_milp(
         mip_rel_gap: Relative optimality gap at which HiGHS stops.
         start: A plan (option index per node) meeting the deadline, handed to HiGHS as the
             first incumbent; it must use allowed options only.
+        max_nodes: Stop after this many branch-and-bound nodes (a limit on work that, unlike
+            the time limit, gives the same plan on a busy machine).
 
     Returns:
         Option index per node, or None when no plan meets the deadline (or none was found in
@@ -114,6 +117,8 @@ def solve_milp(
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.passModel(lp)
     if start is not None:
         h.setSolution(_start_vector(problem, start, opt, z_start, num_nodes))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable, List, Optional
 
+import numpy as np
+
 from perseus.planner.problem import PlanningProblem
 
 #: ``progress(message, fraction_done)``; fraction in [0, 1].
@@ -28,6 +30,27 @@ class Solver(ABC):
         self, problem: PlanningProblem, progress: Optional[Progress] = None
     ) -> List[List[List[int]]]:
         """Candidate plans, each per stage one frequency (MHz) per instruction in order.
+
+        Args:
+            problem: The planning problem.
+            progress: Called now and then with a message and the fraction done.
+        """
+
+
+class ChoiceSolver(Solver):
+    """A solver that works on per-node option indices (cheaper for the frontier to take)."""
+
+    def solve(
+        self, problem: PlanningProblem, progress: Optional[Progress] = None
+    ) -> List[List[List[int]]]:
+        """The plans of :meth:`solve_choices` as per-stage frequencies."""
+        return [problem.choices_to_freqs(c) for c in self.solve_choices(problem, progress)]
+
+    @abstractmethod
+    def solve_choices(
+        self, problem: PlanningProblem, progress: Optional[Progress] = None
+    ) -> List[np.ndarray]:
+        """Candidate plans as option indices per node (``problem.candidates`` order).
 
         Args:
             problem: The planning problem.

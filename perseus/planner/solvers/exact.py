@@ -20,13 +20,13 @@ from perseus.planner.milp import solve_milp
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers import register_solver
-from perseus.planner.solvers.base import Progress, Solver, report
+from perseus.planner.solvers.base import ChoiceSolver, Progress, report
 
 _BATCH = 20000
 
 
 @register_solver("exact")
-class ExactSolver(Solver):
+class ExactSolver(ChoiceSolver):
     """Exhaustive enumeration (small) or a MILP per deadline (larger).
 
     Args:
@@ -49,16 +49,10 @@ class ExactSolver(Solver):
         self.time_limit_s = time_limit_s
         self.mip_rel_gap = mip_rel_gap
 
-    def solve(
-        self, problem: PlanningProblem, progress: Optional[Progress] = None
-    ) -> List[List[List[int]]]:
-        """Every Pareto-optimal plan (enumeration) or one optimal plan per deadline (MILP)."""
-        return [problem.choices_to_freqs(c) for c in self.solve_choices(problem, progress)]
-
     def solve_choices(
         self, problem: PlanningProblem, progress: Optional[Progress] = None
     ) -> List[np.ndarray]:
-        """Like :meth:`solve`, as per-node option indices."""
+        """Every Pareto-optimal plan (enumeration) or one per deadline (MILP), as option indices."""
         counts = np.array([len(problem.candidates[g]) for g in problem.node_group])
         if float(np.prod(counts.astype(float))) <= self.max_plans:
             return self._enumerate(problem, counts, progress)

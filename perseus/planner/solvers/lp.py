@@ -16,6 +16,10 @@ For a sweep of deadlines ``T`` from the fastest plan up to the least-energy one:
    instructions the LP put inside a long hull segment (a sharp energy drop between
    neighbouring frequencies) are re-modelled and decided one by one
    (:mod:`perseus.planner.refine`), then rounded among their own hull's vertices.
+5. Fill gaps (:mod:`perseus.planner.gaps`): where neighbouring Pareto-optimal plans between
+   the all-max and the least-energy plan are more than ``max_gap_rel`` (0.5 %) apart in
+   iteration time (rounding inside a flat stretch of the curve gave only dominated plans),
+   solve the LP and a small MILP at the gap's middle until plans close it.
 
 Every plan goes to the frontier, which re-simulates them and keeps the Pareto-optimal ones.
 
@@ -33,6 +37,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from perseus.planner.gaps import MAX_GAP_REL, fill_gaps
 from perseus.planner.hull import group_hulls
 from perseus.planner.lp_model import HullLP, LPSolution, fractional_nodes
 from perseus.planner.problem import PlanningProblem
@@ -40,11 +45,11 @@ from perseus.planner.refine import JumpRefiner
 from perseus.planner.rounding import Rounder
 from perseus.planner.simulate import iteration_time
 from perseus.planner.solvers import register_solver
-from perseus.planner.solvers.base import Progress, Solver, report
+from perseus.planner.solvers.base import ChoiceSolver, Progress, report
 
 
 @register_solver("lp")
-class LPSolver(Solver):
+class LPSolver(ChoiceSolver):
     """Convex-hull LP over a sweep of deadlines, each solution made a real plan.
 
     Args:
@@ -57,6 +62,9 @@ class LPSolver(Solver):
             many deadlines, starting at the all-max plan's time (the no-slowdown policy's
             deadline) and going up; 0 turns it off.
         refine_time_s: Time budget of one refinement.
+        max_gap_rel: Largest allowed relative iteration-time step between neighbouring
+            frontier plans (all-max .. least energy); wider gaps are filled afterwards.
+        gap_time_s: Time budget of the gap filling (0 turns it off).
     """
 
     def __init__(
@@ -67,8 +75,12 @@ class LPSolver(Solver):
         dive_rounds: int = 1,
         refine_deadlines: int = 1,
         refine_time_s: float = 10.0,
+        max_gap_rel: float = MAX_GAP_REL,
+        gap_time_s: float = 10.0,
     ) -> None:
         """Store the sweep settings."""
+        self.max_gap_rel = max_gap_rel
+        self.gap_time_s = gap_time_s
         self.dive_rounds = dive_rounds
         self.refine_deadlines = refine_deadlines
         self.refine_time_s = refine_time_s
@@ -79,16 +91,10 @@ class LPSolver(Solver):
         self.elapsed_s = 0.0
         self._t_allmax = 0.0
 
-    def solve(
-        self, problem: PlanningProblem, progress: Optional[Progress] = None
-    ) -> List[List[List[int]]]:
-        """Candidate plans along the frontier (see the module docstring)."""
-        return [problem.choices_to_freqs(c) for c in self.solve_choices(problem, progress)]
-
     def solve_choices(
         self, problem: PlanningProblem, progress: Optional[Progress] = None
     ) -> List[np.ndarray]:
-        """Like :meth:`solve`, as per-node option indices."""
+        """Candidate plans along the frontier as option indices (see the module docstring)."""
         began = time.perf_counter()
         report(progress, "building the LP", 0.0)
         hulls = group_hulls(problem)
@@ -115,6 +121,16 @@ class LPSolver(Solver):
             report(progress, f"deadline {i + 1}: T <= {deadline:.4f} s", (i + 1) / len(deadlines))
             if rises >= self.patience:
                 break
+        if self.gap_time_s > 0:
+            report(progress, "filling gaps between neighbouring plans", 1.0)
+            plans += fill_gaps(
+                problem,
+                plans,
+                model.solve,
+                lambda solution: self._plans_at(model, tables, solution),
+                max_gap_rel=self.max_gap_rel,
+                budget_s=self.gap_time_s,
+            )
         self.elapsed_s = time.perf_counter() - began
         report(progress, f"{len(plans)} LP solves in {self.elapsed_s:.1f} s", 1.0)
         return plans

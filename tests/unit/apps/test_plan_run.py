@@ -112,5 +112,31 @@ def test_hint_when_nothing_saves_without_slowdown(tmp_path: Path, caplog) -> Non
     frontier = build_frontier(problem, [slower])
     assert len(frontier.points) == 2 and frontier.points[0].is_allmax
     with caplog.at_level("INFO", logger="perseus.plan"):
-        _hint_nearest_saving(frontier)
-    assert "plan 1 is" in caplog.text and "energy.max_slowdown=" in caplog.text
+        note = _hint_nearest_saving(frontier)
+    assert note is not None and note in caplog.text
+    assert "plan 1 is" in note and "energy.max_slowdown=" in note and "lowtime" not in note
+    # With lowtime the note explains its time quantization and names the fix.
+    note = _hint_nearest_saving(frontier, "lowtime", 0.001)
+    assert note is not None and "planner.time_unit_s=0.001" in note
+    assert "rounds every instruction's time down" in note and "planner.solver=lp" in note
+
+
+def test_lowtime_no_slowdown_note_in_summary(tmp_path: Path) -> None:
+    # On the published GPT-3/A100 profile (stages 4-7, 4 microbatches) lowtime's quantized
+    # times make its fastest plans re-simulate slower than all-max, so no_slowdown keeps the
+    # all-max plan; summary.json says why and what to do.
+    from perseus.gpu.emulated import bundled_profile_path
+
+    full = load_profile(bundled_profile_path("gpt3-175b+a100_sxm_bf16"))
+    rows = [(s - 4, i, f, t, e) for s, i, f, t, e in full.rows() if s >= 4]
+    profile = Profile.from_rows(rows).write(tmp_path / "profile.csv")
+    cfg = _cfg(profile, solver="lowtime", time_unit_s=0.002, plots=False)
+    cfg.planner.p2p_power_w = 83.64
+    summary = run_plan(cfg, tmp_path / "out")
+    assert summary["chosen"]["saving"] == 0.0 and summary["num_plans"] > 2
+    assert "planner.time_unit_s=0.002" in summary["note"]
+    assert "planner.solver=lp" in summary["note"]
+    # The lp solver plans with the measured times and saves energy at no slowdown.
+    cfg.planner.solver = "lp"
+    summary = run_plan(cfg, tmp_path / "out_lp")
+    assert summary["chosen"]["saving"] > 0.05 and "note" not in summary
