@@ -1,8 +1,12 @@
-"""Checks made before any rank starts, so a job that cannot run fails at once with the fix."""
+"""Checks made before any rank starts, so a job that cannot run fails at once with the fix.
+
+The ranks make the framework-specific checks again (a rank can be started without the
+launcher), through the same functions.
+"""
 
 from __future__ import annotations
 
-from perseus.config import PerseusConfig
+from perseus.config import ParallelismConfig, PerseusConfig
 from perseus.errors import ConfigError
 from perseus.models.partition import partition
 from perseus.models.zoo import describe
@@ -17,23 +21,11 @@ def check_job(cfg: PerseusConfig) -> None:
     par, name = cfg.parallelism, cfg.framework.name
     description = describe(cfg.model)
     if name == "merak":
-        raise ConfigError(
-            "framework=merak: perseus-train cannot build Merak jobs itself (Merak is not "
-            "pip-installable). Run your Merak training script with `import "
-            "perseus.adapters.merak` (README section 'Merak'), or pick framework=deepspeed, "
-            "megatron or torch"
-        )
-    if name == "torch" and (par.pp != 1 or par.tp != 1):
-        raise ConfigError(
-            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
-            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
-        )
+        raise merak_error()
+    if name == "torch":
+        check_torch_parallelism(par)
     if name == "deepspeed":
-        if par.tp != 1:
-            raise ConfigError(
-                f"framework=deepspeed with parallelism.tp={par.tp}: DeepSpeed's pipeline engine "
-                "has no tensor parallelism here; use parallelism.tp=1 or framework=megatron"
-            )
+        check_deepspeed_parallelism(par)
         partition(description, cfg.model.partition, par.pp)
     if name == "megatron":
         import torch
@@ -41,3 +33,31 @@ def check_job(cfg: PerseusConfig) -> None:
         from perseus.train.megatron_job import check_supported
 
         check_supported(cfg, torch.cuda.is_available())
+
+
+def merak_error() -> ConfigError:
+    """The error for ``framework=merak`` (perseus-train does not build Merak jobs)."""
+    return ConfigError(
+        "framework=merak: perseus-train cannot build Merak jobs itself (Merak is not "
+        "pip-installable). Run your Merak training script with `import "
+        "perseus.adapters.merak` (README section 'Merak'), or pick framework=deepspeed, "
+        "megatron or torch"
+    )
+
+
+def check_torch_parallelism(par: ParallelismConfig) -> None:
+    """``framework=torch`` is plain data parallel: no pipeline, no tensor parallelism."""
+    if par.pp != 1 or par.tp != 1:
+        raise ConfigError(
+            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
+            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
+        )
+
+
+def check_deepspeed_parallelism(par: ParallelismConfig) -> None:
+    """DeepSpeed's pipeline engine has no tensor parallelism."""
+    if par.tp != 1:
+        raise ConfigError(
+            f"framework=deepspeed with parallelism.tp={par.tp}: DeepSpeed's pipeline engine "
+            "has no tensor parallelism here; use parallelism.tp=1 or framework=megatron"
+        )

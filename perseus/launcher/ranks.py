@@ -128,14 +128,38 @@ def describe_failure(exc: object, log_dir: Path) -> str:
         return f"a training rank failed: {exc}"
     first_rank = min(failures, key=lambda r: failures[r].timestamp or 0)
     first = failures[first_rank]
+    rank_logs = _rank_log_dir(first, log_dir)
     lines = [
         f"training rank {first_rank} failed (exit code {first.exitcode}); "
-        f"{len(failures)} rank(s) failed in total. Logs: {log_dir}"
+        f"{len(failures)} rank(s) failed in total. Logs: {rank_logs or log_dir}"
     ]
     tail = _traceback_tail(first)
     if tail:
         lines.append(tail)
+    if rank_logs is not None and (tail is None or "Traceback" not in tail):
+        # Killed by a signal or exited without a Python error: its stderr says why.
+        stderr_tail = _file_tail(rank_logs / "stderr.log")
+        if stderr_tail:
+            lines.append(f"  last lines of {rank_logs / 'stderr.log'}:")
+            lines.append(stderr_tail)
     return "\n".join(lines)
+
+
+def _rank_log_dir(failure: object, log_dir: Path) -> Optional[Path]:
+    """The failed rank's log folder: ``<log_dir>/<run id>_<suffix>/attempt_<n>/<local rank>``."""
+    error_file = Path(str(getattr(failure, "error_file", "")))
+    if error_file.parent.is_dir() and error_file.is_absolute():
+        return error_file.parent
+    local_rank = getattr(failure, "local_rank", None)
+    found = sorted(log_dir.glob(f"*/attempt_*/{local_rank}"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _file_tail(path: Path) -> Optional[str]:
+    if not path.is_file():
+        return None
+    lines = path.read_text(errors="replace").strip().splitlines()[-TRACEBACK_TAIL_LINES:]
+    return "\n".join("    " + line for line in lines) if lines else None
 
 
 def _traceback_tail(failure: object) -> Optional[str]:

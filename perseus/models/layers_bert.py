@@ -9,36 +9,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from perseus.models.layers_gpt import MLP, SelfAttention
+from perseus.models.layers_gpt import MLP, GPTEmbedding, SelfAttention
 
 _TYPE_VOCAB_SIZE = 2
 _LN_EPS = 1e-12
 
 
-class BertEmbedding(nn.Module):
+class BertEmbedding(GPTEmbedding):
     """Word, position and token-type embeddings followed by LayerNorm."""
 
     def __init__(self, vocab_size: int, hidden_size: int, max_positions: int) -> None:
-        super().__init__()
-        self.word = nn.Embedding(vocab_size, hidden_size)
-        self.position = nn.Embedding(max_positions, hidden_size)
-        for table in (self.word, self.position):
-            nn.init.normal_(table.weight, std=0.02)
+        super().__init__(vocab_size, hidden_size, max_positions)
         self.token_type = nn.Embedding(_TYPE_VOCAB_SIZE, hidden_size)
         self.ln = nn.LayerNorm(hidden_size, eps=_LN_EPS)
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The word embedding matrix (tied with the MLM decoder)."""
-        return self.word.weight
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embed ``tokens`` (``[batch, seq]``; all tokens in segment 0)."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
         types = torch.zeros_like(tokens)
-        x = self.word(tokens) + self.position(positions)[None] + self.token_type(types)
-        return self.ln(x)
+        return self.ln(super().forward(tokens) + self.token_type(types))
 
 
 class BertBlock(nn.Module):

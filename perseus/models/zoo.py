@@ -100,32 +100,48 @@ def _positions(cfg: ModelConfig) -> int:
     return cfg.max_position_embeddings or cfg.seq_length
 
 
-def _gpt(cfg: ModelConfig) -> ModelDescription:
-    from perseus.models import layers_gpt as g
+def _tied_stack(
+    cfg: ModelConfig,
+    family: str,
+    modules: tuple,
+    middle: LayerDef,
+    head_fn: Callable[..., Any],
+) -> ModelDescription:
+    """Tied embedding, ``num_layers`` blocks, one more layer, and the tied output head.
 
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    Args:
+        cfg: The model's sizes.
+        family: The family name recorded in the description.
+        modules: ``(embedding class, block class)``.
+        middle: The layer between the last block and the head.
+        head_fn: How the head calls the shared embedding module: ``fn(module, x)``.
+    """
+    embedding, block = modules
+    h = cfg.hidden_size
     embed = {"vocab_size": cfg.vocab_size, "hidden_size": h, "max_positions": _positions(cfg)}
-    layers = [LayerDef(g.GPTEmbedding, embed, tie_key="embed")]
-    block = {"hidden_size": h, "num_heads": heads, "ffn_size": _ffn(cfg)}
-    layers += [LayerDef(g.GPTBlock, block, is_block=True) for _ in range(cfg.num_layers)]
+    sizes = {"hidden_size": h, "num_heads": cfg.num_attention_heads, "ffn_size": _ffn(cfg)}
+    layers = [LayerDef(embedding, embed, tie_key="embed")]
+    layers += [LayerDef(block, sizes, is_block=True) for _ in range(cfg.num_layers)]
+    layers.append(middle)
+    layers.append(LayerDef(embedding, embed, tie_key="embed", forward_fn=head_fn))
+    return ModelDescription(cfg.name, family, layers, cfg.vocab_size, cfg.seq_length)
+
+
+def _gpt(cfg: ModelConfig) -> ModelDescription:
     from torch import nn
 
-    layers.append(LayerDef(nn.LayerNorm, {"normalized_shape": h}))
-    layers.append(LayerDef(g.GPTEmbedding, embed, tie_key="embed", forward_fn=g.tied_logits))
-    return ModelDescription(cfg.name, "gpt", layers, cfg.vocab_size, cfg.seq_length)
+    from perseus.models import layers_gpt as g
+
+    final_norm = LayerDef(nn.LayerNorm, {"normalized_shape": cfg.hidden_size})
+    return _tied_stack(cfg, "gpt", (g.GPTEmbedding, g.GPTBlock), final_norm, g.tied_logits)
 
 
 def _bert(cfg: ModelConfig) -> ModelDescription:
     from perseus.models import layers_bert as b
 
-    h = cfg.hidden_size
-    embed = {"vocab_size": cfg.vocab_size, "hidden_size": h, "max_positions": _positions(cfg)}
-    layers = [LayerDef(b.BertEmbedding, embed, tie_key="embed")]
-    block = {"hidden_size": h, "num_heads": cfg.num_attention_heads, "ffn_size": _ffn(cfg)}
-    layers += [LayerDef(b.BertBlock, block, is_block=True) for _ in range(cfg.num_layers)]
-    layers.append(LayerDef(b.BertMLMTransform, {"hidden_size": h}))
-    layers.append(LayerDef(b.BertEmbedding, embed, tie_key="embed", forward_fn=b.tied_mlm_logits))
-    return ModelDescription(cfg.name, "bert", layers, cfg.vocab_size, cfg.seq_length)
+    transform = LayerDef(b.BertMLMTransform, {"hidden_size": cfg.hidden_size})
+    modules = (b.BertEmbedding, b.BertBlock)
+    return _tied_stack(cfg, "bert", modules, transform, b.tied_mlm_logits)
 
 
 def _t5(cfg: ModelConfig) -> ModelDescription:

@@ -13,7 +13,6 @@ import logging
 from typing import Any, List
 
 from perseus.config import PerseusConfig
-from perseus.errors import ConfigError
 from perseus.models.partition import partition
 from perseus.models.zoo import ModelDescription, describe
 
@@ -89,14 +88,11 @@ def run(cfg: PerseusConfig) -> int:
     import torch
     import torch.distributed as dist
 
+    from perseus.launcher.preflight import check_deepspeed_parallelism
     from perseus.models.data import batches
     from perseus.train.loop import run_loop, write_rank_steps
 
-    if cfg.parallelism.tp != 1:
-        raise ConfigError(
-            f"framework=deepspeed with parallelism.tp={cfg.parallelism.tp}: DeepSpeed's pipeline "
-            "engine has no tensor parallelism here; use parallelism.tp=1 or framework=megatron"
-        )
+    check_deepspeed_parallelism(cfg.parallelism)
     _skip_shm_build()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     import perseus.adapters.deepspeed  # noqa: F401  (patches the engine)

@@ -36,6 +36,7 @@ def run(cfg: PerseusConfig) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from perseus.launcher.preflight import check_torch_parallelism
     from perseus.models.build import build_sequential
     from perseus.models.data import batches
     from perseus.models.losses import loss_fn
@@ -44,11 +45,7 @@ def run(cfg: PerseusConfig) -> int:
     from perseus.train.loop import run_loop, write_rank_steps
 
     par = cfg.parallelism
-    if par.pp != 1 or par.tp != 1:
-        raise ConfigError(
-            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
-            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
-        )
+    check_torch_parallelism(par)
     _init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.train.seed)

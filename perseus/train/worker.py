@@ -33,11 +33,11 @@ def run(cfg: PerseusConfig) -> int:
         from perseus.train import megatron_job
 
         return megatron_job.run(cfg)
-    raise ConfigError(
-        f"framework={name!r}: perseus-train cannot build {name} jobs itself. Merak is not "
-        "pip-installable: run your Merak training script with `import perseus.adapters.merak` "
-        "(see the README section 'Merak'), or pick framework=deepspeed, megatron or torch"
-    )
+    if name == "merak":
+        from perseus.launcher.preflight import merak_error
+
+        raise merak_error()
+    raise ConfigError(f"framework={name!r}: choose deepspeed, megatron or torch")
 
 
 def _setup_logging(cfg: PerseusConfig) -> None:
@@ -53,7 +53,11 @@ def _setup_logging(cfg: PerseusConfig) -> None:
 
 
 def main() -> None:
-    """Run this rank (wrapped by torch's ``record`` so failures reach the launcher)."""
+    """Run this rank (wrapped by torch's ``record`` so failures reach the launcher).
+
+    A rank that finished cleanly ends through :func:`exit_without_finalizing`; a failing rank
+    raises as usual (``record`` has written its error file for the launcher by then).
+    """
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from perseus.runtime.context import CONFIG_ENV, load_config_file
@@ -71,15 +75,57 @@ def main() -> None:
         try:
             run(cfg)
         finally:
-            from perseus.runtime import context
-
-            context.reset()
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+            _teardown()
 
     _main()
+    exit_without_finalizing()
+
+
+def _teardown() -> None:
+    """Close every optimizer (GPU settings restored, traces flushed), then the process group."""
+    from perseus.runtime import context
+
+    try:
+        context.reset()
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def exit_without_finalizing(code: int = 0) -> None:
+    """End the rank after its clean teardown without CPython's interpreter finalization.
+
+    torch's gloo backend runs two worker threads per process group for the group's whole life
+    (DeepSpeed keeps its groups referenced until the process ends, so ``destroy_process_group``
+    does not stop them). After a collective returns, its worker thread may still hold the last
+    reference to a tensor that Python has already dropped; releasing it takes the GIL. Once
+    the interpreter is finalizing, CPython ends any thread that asks for the GIL by unwinding
+    it, which through that C++ destructor calls ``std::terminate``: the rank dies with SIGABRT
+    after a successful run, and the elastic agent fails the job. So the rank runs the exit
+    hooks while the interpreter is fully alive (threads get the GIL as usual), flushes its
+    output, and leaves with ``os._exit``; everything Perseus owns was closed by then.
+
+    Args:
+        code: Exit status of the process.
+    """
+    import atexit
+    import threading
+
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()  # as interpreter shutdown would
+        atexit._run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,6 @@ def run_train(args: list, cwd: Path, timeout_s: float = 300) -> subprocess.Compl
 
 def test_small_pipeline_job_writes_report_plots_traces(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    started = time.monotonic()
     proc = run_train([*SMALL, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "energy saving" in proc.stdout
@@ -69,7 +67,6 @@ def test_small_pipeline_job_writes_report_plots_traces(tmp_path: Path) -> None:
         first_step = [r for r in rows if r["step"] == rows[0]["step"]]
         assert sorted(r["instruction"] for r in first_step) == ["backward"] * 4 + ["forward"] * 4
         assert all(float(r["end_s"]) > float(r["start_s"]) for r in rows)
-    assert time.monotonic() - started < 240
 
 
 def test_failing_rank_ends_job_with_its_error(tmp_path: Path) -> None:

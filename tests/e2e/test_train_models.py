@@ -1,15 +1,29 @@
-"""perseus-train with the other zoo families and frameworks (DeepSpeed pipeline, plain DDP)."""
+"""perseus-train with the other zoo families and frameworks (DeepSpeed pipeline, plain DDP), and
+on two nodes."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_train_e2e import run_train
+from perseus.launcher.ports import free_port
+from tests.e2e.test_train_e2e import BIN, run_train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# Two stages at max speed, short emulated instructions: a few seconds of training.
+QUICK_PIPELINE = [
+    "runtime.mode=max_speed",
+    "parallelism.pp=2",
+    "parallelism.num_microbatches=2",
+    "gpu=emulated",
+    "gpu.emulated.time_scale=0.1",
+    "train.progress=false",
+]
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "t5-tiny", "wide-resnet-tiny"])
@@ -18,12 +32,7 @@ def test_tiny_models_train_in_a_deepspeed_pipeline(tmp_path: Path, model: str) -
     proc = run_train(
         [
             f"model={model}",
-            "runtime.mode=max_speed",
-            "parallelism.pp=2",
-            "parallelism.num_microbatches=2",
-            "gpu=emulated",
-            "gpu.emulated.time_scale=0.1",
-            "train.progress=false",
+            *QUICK_PIPELINE,
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
@@ -67,3 +76,34 @@ def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
     assert report["energy_saving"] == pytest.approx(
         1 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
     )
+
+
+def test_two_nodes_meet_through_the_environment(tmp_path: Path) -> None:
+    # Two launchers on this machine as node 0 and node 1 (one rank each), configured the
+    # torchrun way through NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT.
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        env = dict(os.environ, OMP_NUM_THREADS="1", NNODES="2", NODE_RANK=str(node))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("PERSEUS_CONFIG", None)
+        args = [*QUICK_PIPELINE, f"hydra.run.dir={tmp_path / f'node{node}'}"]
+        with (tmp_path / f"node{node}.log").open("w") as log:  # files: no pipe fills up
+            procs.append(
+                subprocess.Popen([str(BIN), *args], cwd=tmp_path, env=env, stdout=log, stderr=log)
+            )
+    try:
+        for node, proc in enumerate(procs):
+            output = (tmp_path / f"node{node}.log").read_text
+            assert proc.wait(timeout=240) == 0, output()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()  # the launcher stops its ranks
+                proc.wait(timeout=60)
+    # Each node ran its own stage; node 0 writes the report.
+    assert [p.name for p in (tmp_path / "node0").glob("trace-rank*.csv")] == ["trace-rank0.csv"]
+    assert [p.name for p in (tmp_path / "node1").glob("trace-rank*.csv")] == ["trace-rank1.csv"]
+    report = json.loads((tmp_path / "node0" / "report.json").read_text())
+    assert report["baseline"]["iteration_time_s"] > 0
+    assert not (tmp_path / "node1" / "report.json").exists()
