@@ -165,11 +165,12 @@ class ProfilerConfig:
     frequency_step: int = 1
     # Lowest frequency to try (MHz); None = the device's lowest supported.
     min_frequency_mhz: Optional[int] = None
-    # Iterations at max speed measured as the baseline (after settle_steps unmeasured ones).
+    # Iterations at max speed measured at start-up (the profiler's reference point).
     baseline_steps: int = 3
     # Iterations left unmeasured after every change of phase or plan.
     settle_steps: int = 1
-    # Iterations the chosen plan is measured over.
+    # Plan iterations measured, each next to one at max speed (the report's baseline): the
+    # two alternate so both see the same host load.
     measure_steps: int = 5
 
 

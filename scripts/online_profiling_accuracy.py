@@ -24,7 +24,7 @@ from perseus.gpu.emulated import EmulatedGPU, bundled_profile_names, bundled_pro
 from perseus.profile import load_profile
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import VirtualClock, run_step
+from tests.unit.profiler.virtual import VirtualClock, profile_errors, run_step
 
 
 def profile_once(
@@ -82,14 +82,9 @@ def profile_once(
         if step >= max_iterations:
             job.finish()
     cpu_s = time.perf_counter() - t0
-    profile = job.profile()
-    t_err, e_err = [], []
-    for s in profile.stages():
-        for ins in ("forward", "backward"):
-            for m in profile.measurements(s, ins):
-                truth = gpus[s][0].true_measurement(s, ins, m.frequency_mhz)
-                t_err.append(abs(m.time_s / truth.time_s - 1))
-                e_err.append(abs(m.energy_j / truth.energy_j - 1))
+    t_err, e_err = profile_errors(
+        job.profile(), lambda s, i, f: gpus[s][0].true_measurement(s, i, f)
+    )
     blocking = job.blocking_power_w(0.0)
     return {
         "iterations": job.num_steps,

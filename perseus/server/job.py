@@ -3,10 +3,11 @@
 Phases: ``baseline`` (every instruction at the highest clock; iterations ``settle_steps`` ..
 ``settle_steps + baseline_steps`` are measured) -> ``profiling`` (per-stage frequency sweeps) ->
 ``planning`` (a worker thread solves the frontier; the job keeps training at the highest clock) ->
-``running`` (the plan the energy policy chose; measured over ``measure_steps`` iterations after
-``settle_steps``) -> ``watching`` (the plan keeps running; an imposed iteration time or a
-straggling data-parallel replica switches to the cheapest plan that meets the new time, and back
-when it clears). ``failed`` means the job fell back to the highest clock for good.
+``running`` (the plan the energy policy chose; after ``settle_steps``, ``measure_steps``
+iterations of the plan alternate with as many at the highest clock, the baseline of the measured
+saving) -> ``watching`` (the plan keeps running; an imposed iteration time or a straggling
+data-parallel replica switches to the cheapest plan that meets the new time, and back when it
+clears). ``failed`` means the job fell back to the highest clock for good.
 
 A change of phase or plan takes effect at the iteration after the newest one any rank has asked
 for, so that every rank runs one iteration under one schedule. Ranks of one stage (data- and
@@ -25,11 +26,12 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from perseus.errors import ServerError
-from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
+from perseus.profiler import JobProfiler
 from perseus.runtime.types import InstructionRecord
 from perseus.schedule import stage_order
 from perseus.server.models import JobSpec, RankRegistration, StepReport
 from perseus.server.planning import EventLog, PlanResult, plan_job, write_plan_files
+from perseus.server.profiling import make_profiler
 from perseus.server.steps import JobStep, RankStep, StepTable, typical_step
 from perseus.server.switching import DriftWatcher
 
@@ -103,6 +105,9 @@ class Job:
         self.profile_start = prof.settle_steps + prof.baseline_steps
         self.profiling_steps: Tuple[Optional[int], Optional[int]] = (None, None)
         self.baseline: List[JobStep] = []
+        # Max-speed iterations interleaved with the plan's measured ones: the baseline of the
+        # measured saving (same conditions, same moment: host load drifts cancel out).
+        self.reference: List[JobStep] = []
         self.plan_samples: List[JobStep] = []
         self.history: Deque[JobStep] = deque(maxlen=256)
         self.max_requested = -1
@@ -227,11 +232,26 @@ class Job:
             if step >= self.profile_start and not sweep.exhausted and sweep.num_steps < budget:
                 return "profiling", list(sweep.frequencies_for_step(step))
             return "profiling", allmax
+        if self.phase == "running" and self._measuring(step) == "baseline":
+            return self.phase, allmax
         if self.phase in ("running", "watching"):
             point = self._point_for(dp_rank, step)
             if point is not None:
                 return self.phase, [int(f) for f in point.freqs[stage]]
         return self.phase, allmax
+
+    def _measuring(self, step: int) -> Optional[str]:
+        """``baseline`` or ``plan`` for the iterations that measure the chosen plan's saving.
+
+        After ``settle_steps`` under the plan, ``2 * measure_steps`` iterations alternate
+        between max speed (even ones) and the plan (odd ones).
+        """
+        if not self.epochs:
+            return None
+        offset = step - self.epochs[0].start_step - self.spec.profiler.settle_steps
+        if not 0 <= offset < 2 * self.spec.profiler.measure_steps:
+            return None
+        return "plan" if offset % 2 else "baseline"
 
     def _all_stages_known(self) -> bool:
         stages = {r.stage for r in self.ranks.values()}
@@ -303,16 +323,18 @@ class Job:
                 self.events.write("baseline_measured", **typical_step(self.baseline))
         if not self.epochs:
             return
-        start = self.epochs[0].start_step + prof.settle_steps
-        if self.phase == "running" and start <= js.step < start + prof.measure_steps:
-            self.plan_samples.append(js)
-            if len(self.plan_samples) == prof.measure_steps:
-                self.phase = "watching"
-                self.watcher.reference_s = statistics.median(
-                    max(js.replica_time_s.values()) for js in self.plan_samples
-                )
-                self.events.write("plan_measured", **typical_step(self.plan_samples))
-                self.write_summary()
+        kind = self._measuring(js.step) if self.phase == "running" else None
+        samples = self.reference if kind == "baseline" else self.plan_samples
+        if kind is not None:
+            samples.append(js)
+        if kind == "plan" and len(self.plan_samples) == prof.measure_steps:
+            self.phase = "watching"
+            self.watcher.reference_s = statistics.median(
+                max(js.replica_time_s.values()) for js in self.plan_samples
+            )
+            self.events.write("baseline_measured", interleaved=True, **typical_step(self.reference))
+            self.events.write("plan_measured", **typical_step(self.plan_samples))
+            self.write_summary()
         elif self.phase == "watching" and self.watcher.update(js.replica_time_s):
             self.events.write(
                 "drift", stragglers=sorted(self.watcher.stragglers), target_s=self.watcher.target_s
@@ -325,29 +347,12 @@ class Job:
         if not prof.enabled:
             self._fail("profiling is disabled (profiler.enabled=false); staying at max speed")
             return
-        sweeps = []
-        for stage in range(self.spec.num_stages):
-            times = {
-                kind: statistics.median(v)
-                for (s, kind), v in self._kind_times.items()
-                if s == stage and v
-            }
-            clocks = sweep_clocks_mhz(
-                self._stage_clocks(stage), prof.min_frequency_mhz, prof.frequency_step
-            )
-            sweeps.append(
-                StageSweep(
-                    self.order[stage],
-                    clocks,
-                    mode=prof.mode,
-                    patience=prof.energy_rise_patience,
-                    warmup_instructions=prof.warmup_instructions,
-                    min_window_s=prof.min_window_s,
-                    instruction_time_s=times,
-                    max_steps=prof.max_iterations,
-                )
-            )
-        self.profiler = JobProfiler(sweeps)
+        self.profiler = make_profiler(
+            prof,
+            self.order,
+            [self._stage_clocks(s) for s in range(self.spec.num_stages)],
+            self._kind_times,
+        )
         for rank, steps in self._baseline_records.items():
             state = self.ranks[rank]
             for records in steps:
@@ -356,7 +361,9 @@ class Job:
         self.phase = "profiling"
         self.profiling_steps = (self.profile_start, None)
         self.events.write(
-            "profiling_started", step=self.profile_start, clocks=[len(s.clocks_mhz) for s in sweeps]
+            "profiling_started",
+            step=self.profile_start,
+            clocks=[len(s.clocks_mhz) for s in self.profiler.sweeps],
         )
 
     def _start_planning(self) -> None:
@@ -390,11 +397,12 @@ class Job:
         with self.lock:
             self.result = result
             self.files.update(files)
-            self.epochs.append(PlanEpoch(self.max_requested + 1, result.chosen, {}, "chosen"))
+            start = self.max_requested + 1
+            self.epochs.append(PlanEpoch(start, result.chosen, {}, "chosen"))
             self.phase = "running"
             self.events.write(
                 "plan_ready",
-                start_step=self.max_requested + 1,
+                start_step=start,
                 plan_id=result.chosen.plan_id,
                 solve_time_s=result.solve_time_s,
                 predicted_iteration_time_s=result.chosen.iteration_time_s,

@@ -99,18 +99,45 @@ class StepTable:
 
 
 def typical_step(steps: List[JobStep]) -> Dict[str, Any]:
-    """Typical iteration of a measurement window, with the mean alongside.
+    """Typical iteration of a measurement window, with the plain means alongside.
 
-    The median: one iteration the host delayed does not move it.
+    Time: the median, so that one iteration the host delayed does not move it. Energy: the mean
+    over the iterations whose time and energy are both inliers (see :func:`inliers`): an
+    iteration the host delayed burned extra idle energy and is left out, and over consecutive
+    iterations the energy counter's quantization errors cancel in a mean (one iteration's last
+    update is the next one's first) where they would not in a median.
     """
     energies = [s.energy_j for s in steps]
     times = [s.iteration_time_s for s in steps]
     known = None if any(e is None for e in energies) else [e or 0.0 for e in energies]
+    energy_j = None
+    if known is not None:
+        usual = [a and b for a, b in zip(inliers(times), inliers(known))]
+        energy_j = statistics.fmean(e for e, keep in zip(known, usual) if keep)
     return {
         "iteration_time_s": statistics.median(times),
-        "energy_j": None if known is None else statistics.median(known),
+        "energy_j": energy_j,
         "mean_iteration_time_s": statistics.fmean(times),
         "mean_energy_j": None if known is None else statistics.fmean(known),
         "num_steps": len(steps),
         "first_step": steps[0].step,
     }
+
+
+# Values farther than this many standard deviations (estimated robustly) from the median are
+# outliers.
+OUTLIER_SIGMAS = 3.0
+
+
+def inliers(values: List[float]) -> List[bool]:
+    """Which of ``values`` lie within OUTLIER_SIGMAS standard deviations of their median.
+
+    The standard deviation is estimated as 1.4826 x the median absolute deviation, or, when
+    that is zero (more than half the values equal, as quantized readings can be), as 1.2533 x
+    the mean absolute deviation (both are the standard deviation for normal data). The median
+    itself is always an inlier.
+    """
+    center = statistics.median(values)
+    deviations = [abs(v - center) for v in values]
+    sigma = 1.4826 * statistics.median(deviations) or 1.2533 * statistics.fmean(deviations)
+    return [d <= OUTLIER_SIGMAS * sigma for d in deviations]

@@ -23,7 +23,7 @@ def job_summary(job: Job) -> Dict[str, Any]:
         "failure": job.failure,
         "degraded": job.degraded,
         "ranks": {str(r.rank): r.status for r in job.ranks.values()},
-        "baseline": typical_step(job.baseline) if job.baseline else None,
+        "baseline": _baseline(job),
         "plan": typical_step(job.plan_samples) if job.plan_samples else None,
         "predicted": None if job.result is None else _prediction(job.result),
         "savings": None,
@@ -38,6 +38,12 @@ def job_summary(job: Job) -> Dict[str, Any]:
             "slowdown_fraction": plan["iteration_time_s"] / base["iteration_time_s"] - 1,
         }
     return out
+
+
+def _baseline(job: Job) -> Any:
+    """Max speed measured right before the plan; before that, at the start of the job."""
+    steps = job.reference or job.baseline
+    return typical_step(steps) if steps else None
 
 
 def _profiling(job: Job) -> Dict[str, Any]:

@@ -74,8 +74,14 @@ def make_gpu(setup: JobSetup, rank: int, seed: int = 0) -> Any:
 
 
 def rank_main(
-    setup: JobSetup, rank: int, queues: Dict[str, Any], barriers: List[Any], stop_step: Any
+    setup: JobSetup,
+    rank: int,
+    queues: Dict[str, Any],
+    barriers: List[Any],
+    stop_step: Any,
+    progress: Any,
 ) -> None:
+    """One rank; ``progress[rank]`` is the number of iterations it completed so far."""
     import os
 
     from perseus.runtime.online import build_online_source
@@ -97,7 +103,7 @@ def rank_main(
     bwd_in = queues.get(f"b{dp_rank}-{stage + 1}")
     bwd_out = queues.get(f"b{dp_rank}-{stage}")
     phases: List[Optional[str]] = []
-    step = 0
+    completed = 0
     t0 = time.monotonic()
     try:
         for step in range(setup.max_steps):
@@ -124,15 +130,19 @@ def rank_main(
             if setup.dp > 1:
                 barriers[stage].wait(timeout=setup.queue_timeout_s)
             opt.on_step_end()
+            completed = step + 1
+            progress[rank] = completed
+        locked_before_close = gpu.locked_sm_clocks_mhz
     finally:
         opt.close()
         source.close()
     result = {
         "rank": rank,
-        "steps": step,
+        "steps": completed,
         "wall_s": time.monotonic() - t0,
         "phases": phases,
         "source_failed": source.failed,
+        "locked_before_close": locked_before_close,
         "locked_after_close": gpu.locked_sm_clocks_mhz,
     }
     Path(setup.out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -157,12 +167,13 @@ class Launch:
                 queues[f"b{dp}-{s}"] = ctx.Queue()
         barriers = [ctx.Barrier(setup.dp) for _ in range(setup.pp)]
         self.stop_step = ctx.Value("i", setup.max_steps)
+        self.progress = ctx.Array("i", setup.pp * setup.dp)
         # Keep the queues and barriers alive until the children have unpickled them.
         self._shared = (queues, barriers)
         self.procs = [
             ctx.Process(
                 target=rank_main,
-                args=(setup, r, queues, barriers, self.stop_step),
+                args=(setup, r, queues, barriers, self.stop_step, self.progress),
                 name=f"rank{r}",
                 daemon=True,
             )
@@ -175,6 +186,21 @@ class Launch:
         with self.stop_step.get_lock():
             self.stop_step.value = min(self.stop_step.value, step)
 
+    def completed_steps(self) -> List[int]:
+        """Iterations each rank has completed so far."""
+        return list(self.progress[:])
+
+    def wait_steps(self, num_steps: int, timeout_s: float) -> None:
+        """Wait until every rank completed ``num_steps`` iterations."""
+        deadline = time.monotonic() + timeout_s
+        while min(self.completed_steps()) < num_steps:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"ranks completed {self.completed_steps()} iterations, not {num_steps}, "
+                    f"within {timeout_s} s"
+                )
+            time.sleep(0.05)
+
     def join(self, timeout_s: float) -> List[Optional[int]]:
         deadline = time.monotonic() + timeout_s
         for p in self.procs:
@@ -184,6 +210,16 @@ class Launch:
             if p.is_alive():
                 p.kill()
         return codes
+
+    def __enter__(self) -> Launch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Kill the ranks still running (a failed test must not leave them spinning)."""
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
 
     def results(self) -> Dict[int, Dict[str, Any]]:
         out = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -26,23 +27,39 @@ def test_server_killed_mid_run_ranks_continue_at_default_clocks(tmp_path: Path) 
         pp=2,
         num_microbatches=4,
         time_scale=0.05,
-        max_steps=30,
+        max_steps=100_000,  # the ranks run until told to stop
         out_dir=str(tmp_path),
         server=FAST_FAIL,
+        profiler={"settle_steps": 1, "baseline_steps": 2},
+        keep_records=True,
     )
-    launch = Launch(setup)
-    try:
-        wait_for(ServerClient(handle.url), "kill-server", lambda s: s["phase"] == "profiling", 60)
-    finally:
-        handle.process.kill()
-        handle.process.wait(10)
-    t0 = time.monotonic()
-    assert launch.join(60) == [0, 0]
-    assert time.monotonic() - t0 < 45  # never hangs: bounded retries, then default clocks
-    for result in launch.results().values():
-        assert result["steps"] == setup.max_steps - 1
+    profile_start = 3  # settle_steps + baseline_steps: the first profiling iteration
+    with Launch(setup) as launch:
+        try:
+            # Every rank has run a profiling iteration; profiling lasts far longer than this.
+            launch.wait_steps(profile_start + 1, timeout_s=120)
+            summary = ServerClient(handle.url).get("/jobs/kill-server/summary")
+            assert summary["phase"] == "profiling", summary
+            served = min(launch.completed_steps())  # iterations every rank began served
+        finally:
+            handle.process.kill()
+            handle.process.wait(10)
+        killed_at = max(launch.completed_steps())
+        stop_step = killed_at + 15  # iterations after the server died
+        launch.stop_at(stop_step)
+        t0 = time.monotonic()
+        assert launch.join(120) == [0, 0]
+        assert time.monotonic() - t0 < 60  # never hangs: bounded retries, then default clocks
+    for rank, result in launch.results().items():
+        assert result["steps"] == stop_step
         assert result["source_failed"] is True
-        assert "profiling" in result["phases"] and result["phases"][-1] is None
+        phases = result["phases"]
+        assert phases[profile_start:served] == ["profiling"] * (served - profile_start)
+        assert phases[-10:] == [None] * 10  # training went on without the server
+        records = json.loads((tmp_path / f"records{rank}.json").read_text())
+        for record in records[-10:]:  # default clocks: no frequency requested
+            assert {i["frequency_mhz"] for i in record["instructions"]} == {None}
+        assert result["locked_before_close"] is None  # clocks back to default while training
         assert result["locked_after_close"] is None  # the GPU is left as found
 
 
@@ -132,12 +149,12 @@ def test_straggling_replica_is_detected_and_cleared(tmp_path: Path) -> None:
             max_steps=400,
             out_dir=str(tmp_path),
             profiler={"measure_steps": 3},
-            straggle={1: [60, 80, 0.04]},
+            straggle={1: [70, 90, 0.04]},
         )
         launch = Launch(setup)
         client = ServerClient(handle.url)
         s = wait_for(client, "drift", lambda s: s["phase"] == "watching", 150)
-        assert s["current"]["since_step"] < 55, "profiling took too long for this test"
+        assert s["current"]["since_step"] < 65, "profiling took too long for this test"
         chosen = s["predicted"]["plan_id"]
         drift = wait_for(client, "drift", lambda s: s["current"]["reason"] == "drift", 60)
         assert drift["current"]["straggler_dp_ranks"] == [1]

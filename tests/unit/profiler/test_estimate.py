@@ -10,8 +10,8 @@ import pytest
 from perseus.profiler import JobProfiler, StageEstimator, StageSweep, sweep_clocks_mhz
 from perseus.schedule import stage_order
 from tests.unit.profiler.sim import CounterTimeline, run_step
+from tests.unit.profiler.virtual import profile_errors, virtual_gpu
 from tests.unit.profiler.virtual import run_step as run_virtual_step
-from tests.unit.profiler.virtual import virtual_gpu
 
 ORDER = [
     ("forward", 0),
@@ -99,15 +99,7 @@ def _profile_job(num_stages: int, num_microbatches: int, noise: float, mode: str
 
 
 def _errors(job: JobProfiler, gpus) -> tuple:
-    profile = job.profile()
-    time_err, energy_err = [], []
-    for stage in profile.stages():
-        for instruction in ("forward", "backward"):
-            for m in profile.measurements(stage, instruction):
-                truth = gpus[stage][0].true_measurement(stage, instruction, m.frequency_mhz)
-                time_err.append(abs(m.time_s / truth.time_s - 1))
-                energy_err.append(abs(m.energy_j / truth.energy_j - 1))
-    return time_err, energy_err
+    return profile_errors(job.profile(), lambda s, i, f: gpus[s][0].true_measurement(s, i, f))
 
 
 def test_online_profile_of_emulated_gpu_within_two_percent() -> None:

@@ -3,43 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
-from perseus.gpu.emulated import EmulatedGPU
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
 from perseus.runtime.types import InstructionRecord
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import VirtualClock, virtual_gpu
-
-
-def _run_step(
-    gpu: EmulatedGPU,
-    clock: VirtualClock,
-    stage: int,
-    order: Sequence[Tuple[str, int]],
-    freqs: Sequence[Optional[int]],
-    rng: random.Random,
-    overrun_p: float,
-) -> List[InstructionRecord]:
-    """One iteration with host jitter: some instructions overrun (CPU late), gaps vary."""
-    out = []
-    clock.sleep(0.006)
-    for pos, ((instruction, mb), freq) in enumerate(zip(order, freqs)):
-        clock.sleep(0.004 * rng.random())
-        gpu.lock_sm_clocks_mhz(freq, freq)
-        e0 = gpu.total_energy_mj()
-        gpu.instruction_begin(stage, instruction)
-        t0 = clock()
-        if rng.random() < overrun_p:
-            clock.sleep(0.002 + 0.008 * rng.random())  # the host ran late: the GPU waited
-        gpu.instruction_end(instruction)
-        out.append(
-            InstructionRecord(pos, instruction, mb, freq, t0, clock(), e0, gpu.total_energy_mj())
-        )
-    return out
+from tests.unit.profiler.virtual import run_step, virtual_gpu
 
 
 def _profile(seed: int, time_scale: float, overrun_p: float, pp: int = 4):
@@ -63,13 +34,13 @@ def _profile(seed: int, time_scale: float, overrun_p: float, pp: int = 4):
     top = sweeps[0].clocks_mhz[0]
     for _ in range(3):  # baseline iterations at the highest clock, as the server adds them
         for s, (gpu, clock) in enumerate(gpus):
-            recs = _run_step(gpu, clock, s, orders[s], [top] * len(orders[s]), rng, overrun_p)
+            recs = run_step(gpu, clock, s, orders[s], [top] * len(orders[s]), rng, 0.002, overrun_p)
             job.add_reference_step(s, s, recs, 0.02)
     step = 0
     while not job.done:
         assert step < 40
         for s, (gpu, clock) in enumerate(gpus):
-            recs = _run_step(gpu, clock, s, orders[s], job.schedule(s, step), rng, overrun_p)
+            recs = run_step(gpu, clock, s, orders[s], job.schedule(s, step), rng, 0.002, overrun_p)
             job.add_report(s, s, step, recs, 0.02)
             job.complete_step(s, step)
         step += 1

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import random
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.profile import load_profile
+from perseus.profile import Measurement, Profile, load_profile
 from perseus.runtime.types import InstructionRecord
 
 
@@ -52,8 +52,13 @@ def run_step(
     freqs: Sequence[Optional[int]],
     rng: random.Random,
     mean_gap_s: float,
+    overrun_p: float = 0.0,
 ) -> List[InstructionRecord]:
-    """One iteration: random blocking gaps, then each instruction at its clock."""
+    """One iteration: random blocking gaps, then each instruction at its clock.
+
+    With ``overrun_p``, that fraction of instructions overrun: the host ran 2-10 ms late and
+    the GPU waited (host jitter).
+    """
     out = []
     clock.sleep(mean_gap_s * 3)  # between iterations (optimizer step etc.)
     for pos, ((instruction, mb), freq) in enumerate(zip(order, freqs)):
@@ -65,7 +70,29 @@ def run_step(
         e0 = gpu.total_energy_mj()
         gpu.instruction_begin(stage, instruction)
         t0 = clock()
+        if overrun_p and rng.random() < overrun_p:
+            clock.sleep(0.002 + 0.008 * rng.random())
         gpu.instruction_end(instruction)
         t1 = clock()
         out.append(InstructionRecord(pos, instruction, mb, freq, t0, t1, e0, gpu.total_energy_mj()))
     return out
+
+
+def profile_errors(
+    profile: Profile, truth: Callable[[int, str, int], Measurement]
+) -> Tuple[List[float], List[float]]:
+    """Relative time and energy errors of every row of ``profile`` against ``truth``.
+
+    Args:
+        profile: A measured profile.
+        truth: ``(stage, instruction, frequency_mhz) -> Measurement``, e.g. an emulated GPU's
+            ``true_measurement``.
+    """
+    time_err, energy_err = [], []
+    for stage in profile.stages():
+        for instruction in ("forward", "backward"):
+            for m in profile.measurements(stage, instruction):
+                true = truth(stage, instruction, m.frequency_mhz)
+                time_err.append(abs(m.time_s / true.time_s - 1))
+                energy_err.append(abs(m.energy_j / true.energy_j - 1))
+    return time_err, energy_err

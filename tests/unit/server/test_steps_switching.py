@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from perseus.profiler import JobProfiler, StageSweep
 from perseus.runtime.types import InstructionRecord
-from perseus.server.steps import RankStep, StepTable, typical_step
+from perseus.server.steps import JobStep, RankStep, StepTable, inliers, typical_step
 from perseus.server.switching import DriftWatcher
 
 
@@ -36,15 +38,37 @@ def test_missing_energy_makes_the_step_energy_unknown() -> None:
     assert typical_step([step])["energy_j"] is None
 
 
-def test_typical_step_is_the_median() -> None:
+def test_typical_step_time_is_the_median_energy_the_mean_without_outliers() -> None:
     table = StepTable()
     steps = []
     for i, t in enumerate([1.0, 1.1, 5.0]):
         table.add(i, RankStep(0, 0, 0, t, 10 * t))
         steps.append(table.take_complete(i, {0}))
     typ = typical_step(steps)
-    assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == 11.0
+    # The delayed iteration (5 s, 50 J) moves neither.
+    assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == pytest.approx(10.5)
     assert typ["mean_iteration_time_s"] == pytest.approx(7.1 / 3)
+
+
+def _window(times: list, energies: list) -> list:
+    return [JobStep(i, t, e, {0: t}) for i, (t, e) in enumerate(zip(times, energies))]
+
+
+def test_energy_mean_cancels_counter_quantization_a_median_keeps() -> None:
+    # Iterations of 10 J each, read from a counter that moves in 4 J updates.
+    counter = [4.0 * (10.0 * k // 4.0) for k in range(6)]
+    readings = [b - a for a, b in zip(counter, counter[1:])]  # 8, 12, 8, 12, 8
+    assert statistics.median(readings) == 8.0  # off by 20 %
+    typ = typical_step(_window([1.0] * 5, readings))
+    assert typ["energy_j"] == pytest.approx(9.6)  # off by one update over the window
+
+
+def test_energy_leaves_out_iterations_the_host_delayed() -> None:
+    times = [1.0, 1.01, 0.99, 1.0, 1.2, 1.0]  # the fifth one was delayed: +20 % idle energy
+    energies = [100.0, 98.0, 102.0, 100.0, 104.0, 100.0]
+    assert typical_step(_window(times, energies))["energy_j"] == pytest.approx(100.0)
+    assert inliers([10.0, 10.2, 9.9, 10.1, 31.0]) == [True, True, True, True, False]
+    assert inliers([5.0, 5.0, 5.0, 9.0]) == [True, True, True, False]
 
 
 def test_drift_needs_patience_and_clears_with_it() -> None:
