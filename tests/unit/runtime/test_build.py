@@ -6,7 +6,7 @@ import csv
 import sys
 import types
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,12 +22,7 @@ from tests.unit.runtime.fakes import make_plan, one_f_one_b, run_iteration
 RANK1 = RankInfo(stage=1, num_stages=2, rank=1, world_size=2)
 
 
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv(context.CONFIG_ENV, raising=False)
-    context.reset()
-    yield
-    context.reset()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def _cfg(tmp_path: Path, mode: str, **runtime: Any) -> PerseusConfig:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, List
+from typing import List
 
 import pytest
 
@@ -13,13 +13,7 @@ from perseus.runtime.sources import MeasureSource
 from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU
 
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv(context.CONFIG_ENV, raising=False)
-    context.reset()
-    yield
-    context.reset()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def test_factory_builds_once_per_stage_and_key() -> None:
