@@ -21,7 +21,6 @@ from typing import Any, List, Tuple
 
 from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU
-from perseus.gpu.guard import GPUGuard
 from perseus.plan import Plan, PlanStep
 from perseus.profile import Profile
 from perseus.runtime.optimizer import PerseusOptimizer
@@ -107,13 +106,8 @@ def make_plan(num_mb: int) -> Plan:
 
 def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:
     """Median and best per-pair cost (us) over iterations."""
-    guard = GPUGuard(gpu, owner="bench").acquire()
-    opt = PerseusOptimizer(
-        RankInfo(stage=stage, num_stages=NUM_STAGES),
-        gpu,
-        PlanSource(plan, stage),
-        guard=guard,
-        owns_guard=True,
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=NUM_STAGES), gpu, PlanSource(plan, stage)
     )
     names = [s.instruction for s in plan.stages[stage]]
     begin, end = opt.on_instruction_begin, opt.on_instruction_end

@@ -11,7 +11,6 @@ restores the GPU when it closes. Standard library only; runs on Python 3.9.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import os
@@ -20,6 +19,7 @@ import threading
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
 from perseus.runtime.client import ServerClient
 from perseus.runtime.types import RankInfo, StepRecord
@@ -99,7 +99,7 @@ class OnlineSource:
         self._thread.start()
         # Flush the last reports and tell the server this rank finished, also when the
         # training script never closes the source itself.
-        atexit.register(self.close)
+        process_exit.at_exit(self.close)
 
     # -- FrequencySource ------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -158,6 +158,7 @@ class OnlineSource:
         if thread is None:
             return
         self._thread = None
+        process_exit.cancel(self.close)
         try:
             self._queue.put(_STOP, timeout=timeout_s)
         except queue.Full:
@@ -252,7 +253,7 @@ def job_spec_from_config(cfg: PerseusConfig, rank: RankInfo) -> Dict[str, Any]:
 
 
 def build_online_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> OnlineSource:
-    """The source ``runtime.mode=online`` uses (``perseus.runtime.build`` calls this).
+    """The source ``runtime.mode=online`` uses (called by ``sources.build_source``).
 
     Raises:
         ConfigError: no server URL (``server.url`` or ``PERSEUS_SERVER_URL``), or an

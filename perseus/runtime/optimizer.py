@@ -3,15 +3,14 @@
 The adapters call four hooks per rank: ``on_step_begin`` / ``on_step_end`` around a training
 iteration and ``on_instruction_begin(name)`` / ``on_instruction_end(name)`` around every
 forward and backward of one microbatch. For each instruction the optimizer asks its
-:class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to the
+:class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to its device's
 :class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
 start and end (the emulated device uses that), and records times (and energy counter readings
 when the source wants them) into :class:`~perseus.runtime.types.StepRecord` objects.
 
-Closing the optimizer (``close()``, a ``with`` block, or interpreter exit) stops the controller
-and puts the GPU's clocks back through the :class:`~perseus.gpu.guard.GPUGuard`.
-
-Standard library only at import time; runs on Python 3.9 (the Merak runtime path).
+The optimizer drives a :class:`~perseus.runtime.device.RankDevice` it does not own: closing the
+optimizer closes its source and trace and unlocks the SM clock it locked; the device's owner
+restores and releases the GPU (see :mod:`perseus.runtime.device`).
 """
 
 from __future__ import annotations
@@ -19,12 +18,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from perseus import process_exit
 from perseus.errors import GPUError, GPUNotSupportedError, PlanError, ScheduleMismatchError
-from perseus.runtime import lifecycle
-from perseus.runtime.controller import ClockController
+from perseus.runtime.device import RankDevice, build_device, open_device
+from perseus.runtime.sources import build_source
 from perseus.runtime.trace import TraceWriter, trace_path
 from perseus.runtime.types import FrequencySource, InstructionRecord, RankInfo, StepRecord
 
@@ -44,21 +45,13 @@ class PerseusOptimizer:
 
     Args:
         rank: Where this process sits in the job.
-        gpu: This rank's GPU.
+        device: This rank's GPU with its guard and clock controller (a device without a
+            controller only measures). It stays its owner's; several optimizers may share it.
         source: Decides each instruction's clock (measure, max speed, plan, online).
-        guard: The owner of the GPU's clocks. ``None`` with a source that changes clocks (and
-            no ``controller``): the optimizer creates, acquires and (on close) restores and
-            releases its own guard. A guard passed in stays the caller's unless
-            ``owns_guard``: on close the optimizer only resets the SM clock it locked.
-        controller: A clock controller shared with other optimizers on the same GPU (several
-            engines in one process); it stays the caller's. ``None``: the optimizer drives
-            ``guard`` with a controller of its own.
         trace_dir: Write ``trace-rank{R}.csv`` there (``None``: no trace).
-        synchronous_clocks: Apply clock changes in the calling thread. ``None``: only when
-            the GPU's clock changes are free (``gpu.fast_clock_changes``).
         max_steps_kept: How many recent :class:`StepRecord` objects :attr:`steps` keeps.
-        owns_gpu: Close ``gpu`` when the optimizer closes.
-        owns_guard: Restore and release ``guard`` when the optimizer closes.
+        closing: What to close after the optimizer itself (e.g. the device
+            :meth:`from_config` built for it).
 
     Attributes:
         steps: The most recent iterations (at most ``max_steps_kept``), oldest first.
@@ -68,42 +61,42 @@ class PerseusOptimizer:
     def __init__(
         self,
         rank: RankInfo,
-        gpu: GPU,
+        device: RankDevice,
         source: FrequencySource,
         *,
-        guard: Optional[GPUGuard] = None,
-        controller: Optional[ClockController] = None,
         trace_dir: Optional[Path] = None,
-        synchronous_clocks: Optional[bool] = None,
         max_steps_kept: int = 100,
-        owns_gpu: bool = False,
-        owns_guard: bool = False,
+        closing: Optional[ExitStack] = None,
     ) -> None:
-        """Set up the controller (and a guard if needed); see the class docstring."""
+        """Open the trace and register the closers; see the class docstring."""
         self.rank = rank
-        self.gpu = gpu
+        self.device = device
+        self.gpu: GPU = device.gpu
         self.source = source
         self.steps: List[StepRecord] = []
         self.last_step: Optional[StepRecord] = None
         self.max_steps_kept = max(1, max_steps_kept)
-        self._owns_gpu = owns_gpu
         self._closed = False
+        controller = device.controller
+        if controller is None and getattr(source, "changes_clocks", True):
+            raise GPUError(
+                f"{type(source).__name__} changes clocks but the device was opened to measure "
+                "only; open it with control_clocks=True (runtime.mode other than measure)"
+            )
+        self._controller = controller
+        # Closed last-registered first: trace, clocks, source, then what was handed in.
+        self._exit = ExitStack()
+        if closing is not None:
+            self._exit.enter_context(closing)
+        source_close = getattr(source, "close", None)  # e.g. the online reporter thread
+        if source_close is not None:
+            self._exit.callback(source_close)
+        self._exit.callback(self._reset_clocks)
         self._trace: Optional[TraceWriter] = None
         if trace_dir is not None:
             offset_s = time.time() - time.perf_counter()
             self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
-        self._changes_clocks = bool(getattr(source, "changes_clocks", True))
-        self._owns_controller = False
-        if controller is None and self._changes_clocks:
-            if guard is None:
-                guard = _acquire_guard(gpu, owner=f"perseus rank {rank.rank}")
-                owns_guard = True
-            sync = gpu.fast_clock_changes if synchronous_clocks is None else synchronous_clocks
-            controller = ClockController(guard, synchronous=sync, name=f"-rank{rank.rank}")
-            self._owns_controller = True
-        self.guard = guard
-        self._owns_guard = owns_guard and guard is not None
-        self._controller = controller
+            self._exit.callback(self._trace.close)
         self._energy_ok = True
         # Hot-path state, reset every iteration.
         self._stage = rank.stage
@@ -118,43 +111,85 @@ class PerseusOptimizer:
         self._step_e0: Optional[float] = None
         self._freq_of = source.frequency_mhz
         self._wants_energy = bool(getattr(source, "wants_energy", False))
-        self._gpu_begin = gpu.instruction_begin
-        self._gpu_end = gpu.instruction_end
-        lifecycle.close_at_exit(self)  # before the guards' own exit hook restores
+        self._gpu_begin = self.gpu.instruction_begin
+        self._gpu_end = self.gpu.instruction_end
+        process_exit.at_exit(self.close)  # before its device closes
         logger.debug(
             "PerseusOptimizer rank %d stage %d: source %s, clocks %s",
             rank.rank,
             rank.stage,
             type(source).__name__,
             "off"
-            if self._controller is None
-            else ("synchronous" if self._controller.synchronous else "background thread"),
+            if controller is None
+            else ("synchronous" if controller.synchronous else "background thread"),
         )
+
+    @property
+    def guard(self) -> Optional[GPUGuard]:
+        """The guard of this optimizer's device (``None``: the device only measures)."""
+        return self.device.guard
 
     # -- construction from the configuration ---------------------------------------------------
     @classmethod
     def from_config(
-        cls,
-        cfg: PerseusConfig,
-        rank: RankInfo,
-        *,
-        gpu: Optional[GPU] = None,
-        guard: Optional[GPUGuard] = None,
-        controller: Optional[ClockController] = None,
+        cls, cfg: PerseusConfig, rank: RankInfo, *, device: Optional[RankDevice] = None
     ) -> PerseusOptimizer:
-        """Build the GPU, its guard, the frequency source and the trace from ``cfg``.
+        """Build the frequency source and the trace from ``cfg``, and the device if not given.
 
-        ``cfg.runtime.mode`` picks the source: ``measure``, ``max_speed`` (the GPU's highest
-        SM clock), ``plan`` (``cfg.runtime.plan``: a plan JSON or a reference
-        ``freqs_pipeline_%05d.py``) or ``online`` (the coordination server's profiler and
-        plans). With ``cfg.runtime.trace`` the trace goes to ``cfg.output_dir`` (or the
-        working directory). ``gpu`` / ``guard`` / ``controller`` given: shared with other
-        optimizers and left to the caller (see :mod:`perseus.runtime.context`); otherwise
-        built here and owned by the optimizer.
+        ``cfg.runtime.mode`` picks the source (see :func:`perseus.runtime.sources.build_source`).
+        With ``cfg.runtime.trace`` the trace goes to ``cfg.output_dir`` (or the working
+        directory). A ``device`` given stays the caller's (the process's
+        :class:`~perseus.runtime.device.DeviceTable`); otherwise one is built with
+        :func:`~perseus.runtime.device.build_device` and closed with the optimizer.
         """
-        from perseus.runtime.build import build_from_config
+        with ExitStack() as owned:
+            if device is None:
+                device = owned.enter_context(build_device(cfg, rank))
+            source = build_source(cfg, rank, device.gpu)
+            trace_dir = None
+            if cfg.runtime.trace:
+                trace_dir = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
+            return cls(rank, device, source, trace_dir=trace_dir, closing=owned.pop_all())
+        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
-        return build_from_config(cls, cfg, rank, gpu=gpu, guard=guard, controller=controller)
+    @classmethod
+    def on_gpu(
+        cls,
+        rank: RankInfo,
+        gpu: GPU,
+        source: FrequencySource,
+        *,
+        state_dir: Optional[Path] = None,
+        synchronous_clocks: Optional[bool] = None,
+        trace_dir: Optional[Path] = None,
+        max_steps_kept: int = 100,
+    ) -> PerseusOptimizer:
+        """An optimizer on a GPU object at hand, with a device opened for it (and closed with it).
+
+        The device takes a guard and a clock controller when ``source`` changes clocks (see
+        :func:`~perseus.runtime.device.open_device` for ``state_dir`` and
+        ``synchronous_clocks``); ``gpu`` is closed when the optimizer closes.
+        """
+        with ExitStack() as owned:
+            device = owned.enter_context(
+                open_device(
+                    gpu,
+                    control_clocks=bool(getattr(source, "changes_clocks", True)),
+                    state_dir=state_dir,
+                    owner=f"perseus rank {rank.rank}",
+                    synchronous_clocks=synchronous_clocks,
+                    name=f"-rank{rank.rank}",
+                )
+            )
+            return cls(
+                rank,
+                device,
+                source,
+                trace_dir=trace_dir,
+                max_steps_kept=max_steps_kept,
+                closing=owned.pop_all(),
+            )
+        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
     # -- hooks --------------------------------------------------------------------------------
     def on_step_begin(self) -> None:
@@ -265,33 +300,15 @@ class PerseusOptimizer:
     def close(self) -> None:
         """Release everything; idempotent.
 
-        In order: the source's ``close`` (if it has one), the controller, the GPU's clocks
-        (through the guard), the trace, the GPU if owned. Every step runs; the first failure
-        is raised at the end.
+        In order: the trace, the SM clock this optimizer locked (unlocked through the
+        controller), the source's ``close`` (if it has one), then whatever was handed in to
+        close with it. Every step runs; a failure is raised at the end.
         """
         if self._closed:
             return
         self._closed = True
-        lifecycle.forget(self)
-        errors: List[BaseException] = []
-        ctrl = self._controller
-        for action in (
-            getattr(self.source, "close", None),  # e.g. the online source's reporter thread
-            self._reset_shared_clocks,
-            ctrl.close if ctrl is not None and self._owns_controller else None,
-            self._release_guard if self._owns_guard else None,
-            self._trace.close if self._trace is not None else None,
-            self.gpu.close if self._owns_gpu else None,
-        ):
-            if action is None:
-                continue
-            try:
-                action()
-            except Exception as exc:
-                logger.error("PerseusOptimizer.close: %s failed: %r", action, exc)
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        process_exit.cancel(self.close)
+        self._exit.close()
 
     def flush_clocks(self, timeout_s: float = 10.0) -> None:
         """Wait until the controller applied every clock change requested so far."""
@@ -316,21 +333,16 @@ class PerseusOptimizer:
             "control clocks (its source declared changes_clocks=False)"
         )
 
-    def _reset_shared_clocks(self) -> None:
-        """With a borrowed guard, unlock the SM clock through the controller (keeps its state)."""
+    def _reset_clocks(self) -> None:
+        """Unlock the SM clock through the controller (keeps the controller's record true).
+
+        A controller that failed is left alone: the device's guard restores the clocks.
+        """
         ctrl = self._controller
-        if ctrl is None or self._owns_guard or ctrl.requested_mhz is None:
+        if ctrl is None or ctrl.error is not None or ctrl.requested_mhz is None:
             return
         ctrl.request(None)
         ctrl.flush()
-
-    def _release_guard(self) -> None:
-        guard = self.guard
-        assert guard is not None
-        try:
-            guard.restore()
-        finally:
-            guard.release()
 
     def _energy_mj(self) -> Optional[float]:
         if not self._energy_ok:
@@ -382,9 +394,3 @@ class PerseusOptimizer:
             f"stage {self._stage}, iteration {self._step}: on_instruction_end({name!r}) but "
             f"{opened[1]} of microbatch {opened[2]} was running"
         )
-
-
-def _acquire_guard(gpu: GPU, owner: str) -> GPUGuard:
-    from perseus.gpu.guard import GPUGuard
-
-    return GPUGuard(gpu, owner=owner).acquire()

@@ -8,7 +8,6 @@ process on a free loopback port, waits until ``/healthz`` answers, and terminate
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import ipaddress
 import json
@@ -21,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import List, Optional
 
+from perseus import process_exit
 from perseus.config import ServerConfig
 from perseus.errors import ConfigError, ServerError
 
@@ -95,6 +95,7 @@ class ServerHandle:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after ``timeout_s``); idempotent."""
+        process_exit.cancel(self.stop)
         proc = self.process
         if proc.poll() is None:
             proc.terminate()
@@ -142,7 +143,7 @@ def start_local_server(cfg: ServerConfig, dump_dir: Path) -> ServerHandle:
         )
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "") else cfg.host
     handle = ServerHandle(f"http://{host}:{port}", proc, log_path)
-    atexit.register(handle.stop)
+    process_exit.at_exit(handle.stop)
     _wait_healthy(handle, cfg.start_timeout_s)
     return handle
 

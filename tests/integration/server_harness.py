@@ -96,7 +96,7 @@ def rank_main(
     cfg = build_config(setup)
     gpu = make_gpu(setup, rank)
     source = build_online_source(cfg, info, gpu)
-    opt = PerseusOptimizer(info, gpu, source)
+    opt = PerseusOptimizer.on_gpu(info, gpu, source)
     order = stage_order("1f1b", setup.pp, setup.num_microbatches)[stage]
     fwd_in = queues.get(f"f{dp_rank}-{stage - 1}")
     fwd_out = queues.get(f"f{dp_rank}-{stage}")

@@ -111,20 +111,16 @@ def plan_optimizer_factory(plan: Any, state_dir: str, gpus: Dict[int, ClockLogGP
     """A factory building the real PerseusOptimizer in plan mode on a :class:`ClockLogGPU`."""
     from pathlib import Path
 
-    from perseus.gpu.guard import GPUGuard
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.sources import PlanSource
 
     def build(rank: RankInfo) -> PerseusOptimizer:
         gpu = gpus.setdefault(rank.stage, ClockLogGPU())
-        guard = GPUGuard(gpu, state_dir=Path(state_dir), owner=f"test rank {rank.rank}")
-        guard.acquire()
-        return PerseusOptimizer(
+        return PerseusOptimizer.on_gpu(
             rank,
             gpu,
             PlanSource(plan, rank.stage),
-            guard=guard,
-            owns_guard=True,
+            state_dir=Path(state_dir),
             synchronous_clocks=True,
         )
 

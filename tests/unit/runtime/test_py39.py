@@ -62,7 +62,6 @@ CHILD = textwrap.dedent(
 
     from perseus import PerseusOptimizer
     from perseus.gpu.emulated import EmulatedGPU
-    from perseus.gpu.guard import GPUGuard
     from perseus.plan import Plan, PlanStep
     from perseus.profile import Profile
     from perseus.runtime.sources import PlanSource
@@ -80,10 +79,10 @@ CHILD = textwrap.dedent(
     gpu = EmulatedGPU(profile, blocking_power_w=80.0, sleep=False, num_pipeline_stages=2,
                       energy_update_period_s=1e-6)
     state_dir = Path(tempfile.mkdtemp())
-    guard = GPUGuard(gpu, state_dir=state_dir, owner="py39-test").acquire()
     trace_dir = Path(tempfile.mkdtemp())
-    opt = PerseusOptimizer(RankInfo(stage=0, num_stages=2), gpu, PlanSource(plan, 0),
-                           guard=guard, owns_guard=True, trace_dir=trace_dir)
+    opt = PerseusOptimizer.on_gpu(RankInfo(stage=0, num_stages=2), gpu, PlanSource(plan, 0),
+                                  state_dir=state_dir, trace_dir=trace_dir)
+    guard = opt.guard
     for _ in range(2):
         opt.on_step_begin()
         for name, _mb in order:
@@ -165,7 +164,7 @@ def test_runtime_imports_nothing_heavy_eagerly() -> None:
         """
         import json, sys
         import perseus
-        import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.build
+        import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.device
         perseus.PerseusOptimizer
         print(json.dumps(sorted(m for m in sys.modules
                                 if m.split(".")[0] in ("torch", "pandas", "numpy",

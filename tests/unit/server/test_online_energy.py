@@ -75,7 +75,7 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
         )
         client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", max_retries=0)
         source = OnlineSource(client, {"job_id": "j"}, RankInfo(), [1410, 1395])
-        opt = PerseusOptimizer(RankInfo(), gpu, source, synchronous_clocks=True)
+        opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, source, synchronous_clocks=True)
         reads_per_step = []
         for _ in range(4):
             before = gpu.reads
