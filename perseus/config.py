@@ -1,35 +1,120 @@
 """Structured configuration: one dataclass per config group, registered in Hydra's ConfigStore.
 
 The YAML files under ``conf/`` only pick values; these dataclasses define which keys exist, so a
-misspelled key (in a YAML file or a command-line override) fails with the key named. Core classes
+misspelled key (in a YAML file or a command-line override) fails with the key named, and the
+keys with a fixed set of values are enums, so a bad value fails with the choices listed
+(``energy.policy=fastest`` -> ``expected one of [no_slowdown, slowdown, ...]``). Core classes
 take these dataclasses (or plain values), never a ``DictConfig``: apps convert once with
-:func:`to_object`.
+:func:`to_object`. The keys are listed in ``docs/design.md`` ("Configuration").
 
-This module runs on Python 3.9 (the Merak runtime path): keep ``Optional``/``List`` annotations,
-OmegaConf evaluates them at run time.
+Annotations stay ``Optional``/``List``: OmegaConf evaluates them at run time, also on the oldest
+supported Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, List, Optional
 
 from perseus.errors import ConfigError
+from perseus.schedule import SCHEDULES  # names like "1f1b" cannot be enum members
 
-ENERGY_POLICIES = (
-    "no_slowdown",
-    "slowdown",
-    "deadline",
-    "min_energy",
-    "max_speed",
-    "zeus_cost",
-    "power_limit",
-)
-FRAMEWORKS = ("deepspeed", "megatron", "merak", "torch")
-GPU_BACKENDS = ("auto", "nvml", "emulated")
-SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
-PROFILER_MODES = ("fast", "sweep")
-RUNTIME_MODES = ("measure", "max_speed", "plan", "online")
+
+class ConfigChoice(str, Enum):
+    """A configuration value out of a fixed set.
+
+    Members are named as their values, so OmegaConf and Hydra accept the plain value in YAML and
+    on the command line (``energy=slowdown``, ``runtime.mode=plan``). A member is a ``str``: it
+    compares equal to its value, prints as it and serializes to JSON as it.
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class EnergyPolicy(ConfigChoice):
+    """``energy.policy``: which frontier plan runs (``power_limit``: the power-limit optimizer)."""
+
+    no_slowdown = "no_slowdown"
+    slowdown = "slowdown"
+    deadline = "deadline"
+    min_energy = "min_energy"
+    max_speed = "max_speed"
+    zeus_cost = "zeus_cost"
+    power_limit = "power_limit"
+
+
+# The policies that choose a pipeline frequency plan (all but power_limit).
+PIPELINE_POLICIES = tuple(p for p in EnergyPolicy if p is not EnergyPolicy.power_limit)
+
+
+class Framework(ConfigChoice):
+    """``framework.name``: the training framework (see :mod:`perseus.train.frameworks`)."""
+
+    deepspeed = "deepspeed"
+    megatron = "megatron"
+    merak = "merak"
+    torch = "torch"
+
+
+class GPUBackend(ConfigChoice):
+    """``gpu.backend``: a real NVIDIA GPU, the emulated device, or whichever is usable."""
+
+    auto = "auto"
+    nvml = "nvml"
+    emulated = "emulated"
+
+
+class ProfilerMode(ConfigChoice):
+    """``profiler.mode``: several clocks per iteration (fast) or one per kind (sweep)."""
+
+    fast = "fast"
+    sweep = "sweep"
+
+
+class RuntimeMode(ConfigChoice):
+    """``runtime.mode``: where each instruction's clock comes from."""
+
+    measure = "measure"
+    max_speed = "max_speed"
+    plan = "plan"
+    online = "online"
+
+
+class PowerLimitSelector(ConfigChoice):
+    """``energy.power_limit.selector``: which measured power limit to keep."""
+
+    zeus_cost = "zeus_cost"
+    energy = "energy"
+    time = "time"
+    max_slowdown = "max_slowdown"
+
+
+ETA_RANGE = (0.0, 1.0)
+
+
+def eta_problem(eta: float, key: str = "energy.eta") -> Optional[str]:
+    """Why ``eta`` (weight of energy in ``eta * E + (1 - eta) * P_max * T``) is invalid, or None."""
+    low, high = ETA_RANGE
+    if not (low <= eta <= high):
+        return f"{key}={eta}: must be within [{low:g}, {high:g}] (1 = energy only)"
+    return None
+
+
+def check_eta(eta: float, key: str = "energy.eta") -> float:
+    """``eta`` if it is within :data:`ETA_RANGE`.
+
+    Raises:
+        ConfigError: naming the key and the range.
+    """
+    problem = eta_problem(eta, key)
+    if problem:
+        raise ConfigError(problem)
+    return eta
 
 
 @dataclass
@@ -85,7 +170,7 @@ class PowerLimitConfig:
     warmup_steps: int = 5
     profile_steps: int = 10
     # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
-    selector: str = "zeus_cost"
+    selector: PowerLimitSelector = PowerLimitSelector.zeus_cost
     # max_slowdown selector: least energy within this fraction of the fastest limit's time.
     max_slowdown: float = 0.1
     # JSON file of measured tables; a matching saved table (job_id, GPU, limits) skips profiling.
@@ -98,7 +183,7 @@ class PowerLimitConfig:
 class EnergyConfig:
     """The energy policy (config group ``energy``)."""
 
-    policy: str = "no_slowdown"
+    policy: EnergyPolicy = EnergyPolicy.no_slowdown
     # slowdown: allowed iteration-time increase over all-max, as a fraction (0.05 = 5 %).
     max_slowdown: Optional[float] = None
     # deadline: target iteration time in seconds.
@@ -112,7 +197,7 @@ class EnergyConfig:
 class FrameworkConfig:
     """The training framework and its adapter (config group ``framework``)."""
 
-    name: str = "deepspeed"
+    name: Framework = Framework.deepspeed
     options: Any = field(default_factory=dict)
 
 
@@ -140,7 +225,7 @@ class EmulatedGPUConfig:
 class GPUConfig:
     """GPU backend (config group ``gpu``)."""
 
-    backend: str = "auto"
+    backend: GPUBackend = GPUBackend.auto
     # Log every clock / power change instead of making it.
     dry_run: bool = False
     # Where restoration state files live (SIGKILL recovery).
@@ -155,7 +240,7 @@ class ProfilerConfig:
 
     enabled: bool = True
     # sweep: one frequency per (stage, instruction) per window; fast: several per iteration.
-    mode: str = "fast"
+    mode: ProfilerMode = ProfilerMode.fast
     # Stop lowering the frequency once energy rose this many times in a row.
     energy_rise_patience: int = 5
     warmup_instructions: int = 2
@@ -224,8 +309,7 @@ class ServerConfig:
 class RuntimeConfig:
     """Hook runtime inside every training rank."""
 
-    # measure | max_speed | plan | online
-    mode: str = "online"
+    mode: RuntimeMode = RuntimeMode.online
     plan: Optional[str] = None
     trace: bool = False
     # Check that instructions arrive as the plan expects.
@@ -303,15 +387,12 @@ def validate(cfg: PerseusConfig) -> None:
     if par.schedule not in SCHEDULES:
         problems.append(f"parallelism.schedule={par.schedule!r}: choose one of {SCHEDULES}")
     problems += _energy_problems(cfg.energy)
-    if cfg.framework.name not in FRAMEWORKS:
-        problems.append(f"framework={cfg.framework.name!r}: choose one of {FRAMEWORKS}")
+    problems += _choice_problems(cfg)
     if cfg.energy.policy == "power_limit" and cfg.framework.name != "torch":
         problems.append(
             "energy=power_limit is for jobs without pipeline parallelism: "
             "add framework=torch (or pick a pipeline policy such as energy=no_slowdown)"
         )
-    if cfg.gpu.backend not in GPU_BACKENDS:
-        problems.append(f"gpu={cfg.gpu.backend!r}: choose one of {GPU_BACKENDS}")
     if cfg.gpu.emulated.time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
     problems += _runtime_problems(cfg)
@@ -323,8 +404,6 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
     """Problems of the keys the training processes use: profiler, server, runtime, planner."""
     problems: List[str] = []
     prof = cfg.profiler
-    if prof.mode not in PROFILER_MODES:
-        problems.append(f"profiler.mode={prof.mode!r}: choose one of {PROFILER_MODES}")
     for key in ("energy_rise_patience", "frequency_step"):
         if getattr(prof, key) < 1:
             problems.append(f"profiler.{key}={getattr(prof, key)}: must be >= 1")
@@ -332,17 +411,30 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
         problems.append(f"planner.time_unit_s={cfg.planner.time_unit_s}: must be > 0 seconds")
     if not (0 < cfg.server.port < 65536):
         problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
-    if cfg.runtime.mode not in RUNTIME_MODES:
-        problems.append(f"runtime.mode={cfg.runtime.mode!r}: choose one of {RUNTIME_MODES}")
     if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
         problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
     return problems
 
 
+def _choice_problems(cfg: PerseusConfig) -> List[str]:
+    """Enum keys set to a bad string (OmegaConf checks them; a dataclass built in code is not)."""
+    problems = []
+    for key, value, enum in (
+        ("energy", cfg.energy.policy, EnergyPolicy),
+        ("energy.power_limit.selector", cfg.energy.power_limit.selector, PowerLimitSelector),
+        ("framework", cfg.framework.name, Framework),
+        ("gpu", cfg.gpu.backend, GPUBackend),
+        ("profiler.mode", cfg.profiler.mode, ProfilerMode),
+        ("runtime.mode", cfg.runtime.mode, RuntimeMode),
+    ):
+        if value not in {m.value for m in enum}:
+            choices = ", ".join(m.value for m in enum)
+            problems.append(f"{key}={value!r}: choose one of {choices}")
+    return problems
+
+
 def _energy_problems(energy: EnergyConfig) -> List[str]:
     problems: List[str] = []
-    if energy.policy not in ENERGY_POLICIES:
-        return [f"energy={energy.policy!r}: choose one of {ENERGY_POLICIES}"]
     if energy.policy == "slowdown" and (energy.max_slowdown is None or energy.max_slowdown < 0):
         problems.append(
             "energy=slowdown needs energy.max_slowdown=<fraction >= 0>, e.g. 0.05 for 5 %"
@@ -351,12 +443,7 @@ def _energy_problems(energy: EnergyConfig) -> List[str]:
         energy.iteration_time_s is None or energy.iteration_time_s <= 0
     ):
         problems.append("energy=deadline needs energy.iteration_time_s=<seconds > 0>")
-    if not (0.0 <= energy.eta <= 1.0):
-        problems.append(f"energy.eta={energy.eta}: must be within [0, 1]")
-    selectors = ("zeus_cost", "energy", "time", "max_slowdown")
-    if energy.power_limit.selector not in selectors:
-        problems.append(
-            f"energy.power_limit.selector={energy.power_limit.selector!r}: choose one of "
-            f"{selectors}"
-        )
+    eta = eta_problem(energy.eta)
+    if eta:
+        problems.append(eta)
     return problems

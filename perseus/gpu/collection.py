@@ -49,11 +49,9 @@ class GPUs(Sequence[GPU]):
         Raises:
             GPUError: when a GPU cannot be opened (those opened before it are closed again).
         """
-        from perseus.gpu.factory import build_gpu, nvml_usable
+        from perseus.gpu.factory import build_gpu, resolve_backend
 
-        backend = cfg.backend
-        if backend == "auto":
-            backend = "nvml" if nvml_usable() else "emulated"
+        backend = resolve_backend(cfg)
         fixed = dataclasses.replace(cfg, backend=backend)
         if indices is None:
             indices = range(_visible_nvml_count()) if backend == "nvml" else [0]

@@ -4,7 +4,7 @@
 (default): ``nvml`` when NVML loads and sees at least one GPU visible to this process, else
 ``emulated``; the choice is logged. ``gpu.dry_run`` applies to the NVML backend (the emulated
 device changes nothing real). Before opening an NVML GPU (not in a dry run), settings left by a
-killed owner are restored (SIGKILL recovery). Runs on Python 3.9 (the Merak runtime path).
+killed owner are restored (SIGKILL recovery).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from perseus.config import GPUConfig
+from perseus.config import GPUBackend, GPUConfig
 from perseus.errors import ConfigError
 from perseus.gpu.base import GPU
 
@@ -45,6 +45,16 @@ def nvml_usable() -> bool:
             pass
 
 
+def resolve_backend(cfg: GPUConfig) -> GPUBackend:
+    """``nvml`` or ``emulated``: ``gpu.backend``, with ``auto`` decided here (the one place)."""
+    if cfg.backend == GPUBackend.auto:
+        return GPUBackend.nvml if nvml_usable() else GPUBackend.emulated
+    try:
+        return GPUBackend(cfg.backend)
+    except ValueError:
+        raise ConfigError(f"gpu.backend={cfg.backend!r}: choose auto, nvml or emulated") from None
+
+
 def build_gpu(
     cfg: GPUConfig, local_index: int = 0, num_pipeline_stages: Optional[int] = None
 ) -> GPU:
@@ -59,9 +69,8 @@ def build_gpu(
         ConfigError: for an unknown backend or bad emulated-device settings.
         GPUError: when the NVML device cannot be opened.
     """
-    backend = cfg.backend
-    if backend == "auto":
-        backend = "nvml" if nvml_usable() else "emulated"
+    backend = resolve_backend(cfg)
+    if cfg.backend == "auto":
         logger.info("gpu=auto: using the %s backend for GPU %d", backend, local_index)
     if backend == "nvml":
         from perseus.gpu.nvml import NVMLGPU

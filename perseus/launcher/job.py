@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
-from perseus.config import PerseusConfig
+from perseus.config import PerseusConfig, RuntimeMode
 from perseus.errors import ConfigError
 from perseus.launcher.preflight import check_job
 from perseus.launcher.ranks import launch_ranks, plan_launch
@@ -55,7 +55,7 @@ def prepare_config(cfg: PerseusConfig, out_dir: Path) -> PerseusConfig:
     cfg.output_dir = str(out_dir)
     if cfg.energy.policy == "power_limit":
         # The power-limit optimizer drives the GPU itself; the hooks only measure.
-        cfg.runtime.mode = "measure"
+        cfg.runtime.mode = RuntimeMode.measure
     if not cfg.server.job_id:
         cfg.server.job_id = new_job_id(cfg)
     return cfg

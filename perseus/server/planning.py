@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
-from perseus.config import EnergyConfig
+from perseus.config import EnergyConfig, EnergyPolicy
 from perseus.errors import ServerError
 from perseus.profile import Profile
 from perseus.server.models import JobSpec
@@ -39,7 +39,7 @@ def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> 
     )
     frontier = plan_frontier(problem, solver=spec.solver)
     energy = EnergyConfig(
-        policy=spec.energy.policy,
+        policy=EnergyPolicy(spec.energy.policy),
         max_slowdown=spec.energy.max_slowdown,
         iteration_time_s=spec.energy.iteration_time_s,
         eta=spec.energy.eta,

@@ -36,7 +36,6 @@ def run(cfg: PerseusConfig) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from perseus.launcher.preflight import check_torch_parallelism
     from perseus.models.build import build_sequential
     from perseus.models.data import batches
     from perseus.models.losses import loss_fn
@@ -45,7 +44,6 @@ def run(cfg: PerseusConfig) -> int:
     from perseus.train.loop import run_loop, write_rank_steps
 
     par = cfg.parallelism
-    check_torch_parallelism(par)
     _init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.train.seed)
@@ -127,3 +125,17 @@ def _power_limit_done(cfg: PerseusConfig, plo: Any) -> Callable[[int], bool]:
         return steps_done - settled["at"] >= cfg.train.measure_steps
 
     return done
+
+
+def check(cfg: PerseusConfig) -> None:
+    """``framework=torch`` is plain data parallel: no pipeline, no tensor parallelism.
+
+    Raises:
+        ConfigError: naming the setting to change.
+    """
+    par = cfg.parallelism
+    if par.pp != 1 or par.tp != 1:
+        raise ConfigError(
+            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
+            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
+        )

@@ -103,7 +103,7 @@ def test_training_process_keys_are_validated_before_anything_starts() -> None:
         validate(cfg)
     message = str(info.value)
     for fragment in (
-        "profiler.mode='sweeep': choose one of ('fast', 'sweep')",
+        "profiler.mode='sweeep': choose one of fast, sweep",
         "profiler.frequency_step=0: must be >= 1",
         "planner.time_unit_s=0.0: must be > 0 seconds",
         "runtime.mode=plan needs runtime.plan=<path of a plan JSON>",
