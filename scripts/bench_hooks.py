@@ -19,10 +19,10 @@ import statistics
 import time
 from typing import Any, List, Tuple
 
+from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.profile_csv import Profile
 from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU
-from perseus.plan import Plan, PlanStep
-from perseus.profile import Profile
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
 from perseus.runtime.types import RankInfo

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from perseus.errors import GPUError, GPUValueError
+from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 from perseus.gpu.base import GPU
 from perseus.gpu.device_profiles import (
     bundled_profile_names,
@@ -63,7 +64,6 @@ from perseus.gpu.emulated_model import (
     profile_frequencies_mhz,
 )
 from perseus.gpu.energy_counter import EnergyCounter
-from perseus.profile import INSTRUCTIONS, Measurement, Profile
 
 __all__ = [
     "EmulatedGPU",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from perseus.errors import GPUValueError
-from perseus.profile import INSTRUCTIONS, Measurement, Profile
+from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 
 
 def map_stage(stage: int, num_pipeline_stages: Optional[int], num_profile_stages: int) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from perseus.errors import GPUError, GPUOwnershipError
+from perseus.formats.atomic_file import write_text_atomic
 from perseus.gpu.base import GPU
 
 logger = logging.getLogger(__name__)
@@ -128,9 +129,7 @@ def write_state(path: Path, data: Dict[str, Any]) -> None:
     """Write a state file atomically."""
     _ensure_dir(path.parent)
     payload = dict(data, format=STATE_FORMAT)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(payload, sort_keys=True))
 
 
 def read_state(path: Path) -> Optional[Dict[str, Any]]:

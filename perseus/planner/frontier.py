@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Union
 import numpy as np
 
 from perseus.errors import SolverError
-from perseus.plan import Plan, PlanStep
+from perseus.formats.plan_json import Plan, PlanStep
 from perseus.planner.problem import Freqs, PlanningProblem
 from perseus.planner.simulate import simulate_choices
 

@@ -2,11 +2,12 @@
 
 Every iteration the source fetches the whole iteration's schedule once (``begin_step``), answers
 the per-instruction questions from that list (no I/O on the per-instruction path), and hands the
-iteration's record to a background thread that reports it (``end_step``).
+iteration's record to a background thread that reports it (``end_step``). Requests and answers
+are the models of :mod:`perseus.wire`.
 
 Fail-safe: if the server cannot be reached (after the client's bounded retries) the source warns
 once and answers ``None`` from then on, so training continues at default clocks; the optimizer
-restores the GPU when it closes. Standard library only; runs on Python 3.9.
+restores the GPU when it closes.
 """
 
 from __future__ import annotations
@@ -17,12 +18,24 @@ import os
 import queue
 import threading
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Union
 
 from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
 from perseus.runtime.client import ServerClient
 from perseus.runtime.types import RankInfo, StepRecord
+from perseus.wire import (
+    InstructionReport,
+    JobCreated,
+    JobSpec,
+    Phase,
+    RankRegistration,
+    Route,
+    Schedule,
+    StepReport,
+    from_json,
+    to_json,
+)
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
@@ -34,8 +47,8 @@ JOB_ID_ENV = "PERSEUS_JOB_ID"
 URL_ENV = "PERSEUS_SERVER_URL"
 TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
 _STOP = object()
-# Phases whose per-instruction energy readings the server's profiler uses.
-PROFILING_PHASES = frozenset({"baseline", "profiling"})
+# What the client treats as the server refusing or answering nonsense: fall back.
+_BAD_ANSWER = (ServerError, KeyError, TypeError, ValueError)
 
 
 class OnlineSource:
@@ -55,7 +68,7 @@ class OnlineSource:
     def __init__(
         self,
         client: ServerClient,
-        job_spec: Dict[str, Any],
+        job_spec: JobSpec,
         rank: RankInfo,
         supported_clocks_mhz: List[int],
         *,
@@ -64,8 +77,8 @@ class OnlineSource:
     ) -> None:
         self.client = client
         self.rank = rank
-        self.job_id = str(job_spec.get("job_id") or "")
-        self.phase: Optional[str] = None
+        self.job_id = job_spec.job_id or ""
+        self.phase: Optional[Phase] = None
         self.failed = False
         # Per-instruction counter readings wanted: only in the baseline and profiling phases.
         # The optimizer re-reads this at every step begin, after begin_step learned the
@@ -73,24 +86,22 @@ class OnlineSource:
         self.wants_energy = False
         self._freqs: Optional[List[Optional[int]]] = None
         self._step = -1
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queued_reports)
+        self._queue: queue.Queue[Union[StepReport, object]] = queue.Queue(max_queued_reports)
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        registration = RankRegistration(
+            rank=rank.rank,
+            stage=rank.stage,
+            dp_rank=rank.dp_rank,
+            tp_rank=rank.tp_rank,
+            supported_clocks_mhz=sorted({int(c) for c in supported_clocks_mhz})[-1024:],
+            energy_update_period_s=energy_update_period_s,
+        )
         try:
-            created = client.post("/jobs", job_spec)
-            self.job_id = created["job_id"]
-            client.post(
-                f"/jobs/{self.job_id}/ranks",
-                {
-                    "rank": rank.rank,
-                    "stage": rank.stage,
-                    "dp_rank": rank.dp_rank,
-                    "tp_rank": rank.tp_rank,
-                    "supported_clocks_mhz": sorted({int(c) for c in supported_clocks_mhz})[-1024:],
-                    "energy_update_period_s": energy_update_period_s,
-                },
-            )
-        except (ServerError, KeyError, TypeError) as exc:
+            created = from_json(JobCreated, client.post(Route.JOBS, to_json(job_spec)))
+            self.job_id = created.job_id
+            client.post(Route.RANKS.format(job_id=self.job_id), to_json(registration))
+        except _BAD_ANSWER as exc:
             self._fail(exc)
             return
         self._thread = threading.Thread(
@@ -110,12 +121,13 @@ class OnlineSource:
             return
         try:
             answer = self.client.get(
-                f"/jobs/{self.job_id}/schedule", rank=self.rank.rank, step=step
+                Route.SCHEDULE.format(job_id=self.job_id), rank=self.rank.rank, step=step
             )
-            self._freqs = list(answer["frequencies_mhz"])
-            self.phase = answer.get("phase")
-            self.wants_energy = self.phase in PROFILING_PHASES
-        except (ServerError, KeyError, TypeError) as exc:
+            schedule = from_json(Schedule, answer)
+            self._freqs = list(schedule.frequencies_mhz)
+            self.phase = schedule.phase
+            self.wants_energy = schedule.phase.wants_energy
+        except _BAD_ANSWER as exc:
             self._fail(exc)
 
     def frequency_mhz(
@@ -131,16 +143,16 @@ class OnlineSource:
         """Queue the iteration's report for the background sender."""
         if self.failed:
             return
-        body = {
-            "rank": self.rank.rank,
-            "step": record.step,
-            "iteration_time_s": max(0.0, record.iteration_time_s),
-            "compute_time_s": max(0.0, record.instructions[-1].end_s - record.start_s)
+        body = StepReport(
+            rank=self.rank.rank,
+            step=record.step,
+            iteration_time_s=max(0.0, record.iteration_time_s),
+            compute_time_s=max(0.0, record.instructions[-1].end_s - record.start_s)
             if record.instructions
             else None,
-            "energy_j": None if record.energy_j is None else max(0.0, record.energy_j),
-            "instructions": [asdict(i) for i in record.instructions],
-        }
+            energy_j=None if record.energy_j is None else max(0.0, record.energy_j),
+            instructions=[InstructionReport(**asdict(i)) for i in record.instructions],
+        )
         while True:
             try:
                 self._queue.put_nowait(body)
@@ -166,17 +178,17 @@ class OnlineSource:
         thread.join(timeout_s)
         if not self.failed:
             try:
-                self.client.post(f"/jobs/{self.job_id}/ranks/{self.rank.rank}/finish")
+                self.client.post(Route.RANK_FINISH.format(job_id=self.job_id, rank=self.rank.rank))
             except ServerError as exc:
                 logger.info("could not tell the server rank %d finished: %s", self.rank.rank, exc)
 
     def _report_loop(self) -> None:
         while True:
             body = self._queue.get()
-            if body is _STOP or self.failed:
+            if not isinstance(body, StepReport) or self.failed:
                 return
             try:
-                self.client.post(f"/jobs/{self.job_id}/steps", body)
+                self.client.post(Route.STEPS.format(job_id=self.job_id), to_json(body))
             except ServerError as exc:
                 self._fail(exc)
                 return
@@ -211,45 +223,22 @@ def job_id_from_env(cfg_job_id: Optional[str] = None) -> str:
     return "job-" + hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
-def job_spec_from_config(cfg: PerseusConfig, rank: RankInfo) -> Dict[str, Any]:
-    """The ``POST /jobs`` body of this job."""
-    par, prof = cfg.parallelism, cfg.profiler
+def job_spec_from_config(cfg: PerseusConfig, rank: RankInfo) -> JobSpec:
+    """The ``POST /jobs`` body of this job.
+
+    Raises:
+        ConfigError: a schedule or energy policy the coordination server does not serve.
+    """
+    par = cfg.parallelism
     if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
         raise ConfigError(
             f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
             f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
         )
-    p2p = cfg.planner.p2p_power_w
-    p2p_w = float(p2p) if isinstance(p2p, (int, float)) else float(sum(p2p) / max(1, len(p2p)))
-    return {
-        "job_id": job_id_from_env(cfg.server.job_id),
-        "num_stages": rank.num_stages,
-        "num_microbatches": par.num_microbatches,
-        "schedule": par.schedule,
-        "dp": par.dp,
-        "tp": par.tp,
-        "energy": {
-            "policy": cfg.energy.policy,
-            "max_slowdown": cfg.energy.max_slowdown,
-            "iteration_time_s": cfg.energy.iteration_time_s,
-            "eta": cfg.energy.eta,
-        },
-        "profiler": {
-            "enabled": prof.enabled,
-            "mode": prof.mode,
-            "energy_rise_patience": prof.energy_rise_patience,
-            "warmup_instructions": prof.warmup_instructions,
-            "min_window_s": prof.min_window_s,
-            "max_iterations": prof.max_iterations,
-            "frequency_step": prof.frequency_step,
-            "min_frequency_mhz": prof.min_frequency_mhz,
-            "baseline_steps": prof.baseline_steps,
-            "settle_steps": prof.settle_steps,
-            "measure_steps": prof.measure_steps,
-        },
-        "solver": cfg.planner.solver,
-        "p2p_power_w": p2p_w,
-    }
+    try:
+        return JobSpec.from_config(cfg, rank.num_stages, job_id_from_env(cfg.server.job_id))
+    except ValueError as exc:
+        raise ConfigError(f"runtime.mode=online: {exc}") from None
 
 
 def build_online_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> OnlineSource:

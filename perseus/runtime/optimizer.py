@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from perseus import process_exit
 from perseus.errors import GPUError, GPUNotSupportedError, PlanError, ScheduleMismatchError
+from perseus.formats.trace_csv import TraceWriter, trace_path
 from perseus.runtime.device import RankDevice, build_device, open_device
 from perseus.runtime.sources import build_source
-from perseus.runtime.trace import TraceWriter, trace_path
 from perseus.runtime.types import FrequencySource, InstructionRecord, RankInfo, StepRecord
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 * :class:`MeasureSource` never touches clocks; the optimizer only measures.
 * :class:`MaxSpeedSource` runs every instruction at one clock (the device's highest).
-* :class:`PlanSource` applies a :class:`perseus.plan.Plan` and checks that the training
+* :class:`PlanSource` applies a :class:`perseus.formats.plan_json.Plan` and checks that the training
   framework runs instructions in the order the plan expects.
 
 The online profiler's source lives in :mod:`perseus.runtime.online`; :func:`build_source` picks
@@ -16,7 +16,7 @@ import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
-from perseus.plan import Plan
+from perseus.formats.plan_json import Plan
 from perseus.runtime.types import FrequencySource, RankInfo, StepRecord
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
 
 
 def _plan_source(cfg: PerseusConfig, rank: RankInfo) -> PlanSource:
-    from perseus.plan import load_plan
+    from perseus.formats.plan_json import load_plan
 
     if not cfg.runtime.plan:
         raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")

@@ -1,7 +1,8 @@
 """The FastAPI application of the coordination server.
 
 Endpoints (JSON; every one but ``GET /healthz`` needs ``Authorization: Bearer <token>`` when the
-server has a token; OpenAPI at ``/openapi.json``):
+server has a token; OpenAPI at ``/openapi.json``; paths and bodies are those of
+:mod:`perseus.wire`):
 
 * ``GET  /healthz`` — liveness.
 * ``POST /jobs`` — register a job (every rank may; identical specs are idempotent).
@@ -18,6 +19,7 @@ a separate worker thread, so the event loop never blocks. Malformed requests get
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import secrets
 import threading
@@ -32,18 +34,22 @@ from fastapi.responses import JSONResponse
 
 from perseus.config import ServerConfig
 from perseus.errors import ServerError
-from perseus.server.job import Job
-from perseus.server.models import (
+from perseus.server.job_phases import Job
+from perseus.server.planning import safe_job_dir
+from perseus.server.summary import job_status, job_summary, write_summary
+from perseus.wire import (
     JOB_ID_PATTERN,
+    MAX_RANKS,
+    MAX_STEP,
     Ack,
     IterationTime,
     JobCreated,
     JobSpec,
     RankRegistration,
+    Route,
     Schedule,
     StepReport,
 )
-from perseus.server.planning import safe_job_dir
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_JOBS = 1024
@@ -66,7 +72,9 @@ class JobRegistry:
         with self.lock:
             job = self.jobs.get(job_id)
             if job is not None:
-                if job.spec.model_dump(exclude={"job_id"}) != spec.model_dump(exclude={"job_id"}):
+                if dataclasses.replace(job.spec, job_id=None) != dataclasses.replace(
+                    spec, job_id=None
+                ):
                     raise HTTPException(
                         409,
                         f"job {job_id} already exists with another spec; "
@@ -84,6 +92,7 @@ class JobRegistry:
                 rank_timeout_s=self.cfg.rank_timeout_s,
                 drift_threshold=self.cfg.drift_threshold,
                 drift_patience=self.cfg.drift_patience,
+                on_plan_measured=write_summary,
             )
             return JobCreated(job_id=job_id, created=True)
 
@@ -117,57 +126,52 @@ def create_app(cfg: ServerConfig, dump_dir: Path) -> FastAPI:
     _install_error_handlers(app)
     _install_body_limit(app)
 
-    @app.get("/healthz")
+    @app.get(Route.HEALTHZ)
     def healthz() -> Dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/jobs", dependencies=[auth])
+    @app.post(Route.JOBS, dependencies=[auth])
     def create_job(spec: JobSpec) -> JobCreated:
         return registry.create(spec)
 
-    @app.get("/jobs/{job_id}", dependencies=[auth])
-    def job_status(job_id: str = JobIdParam) -> Dict[str, Any]:
-        job = registry.get(job_id)
-        summary = job.summary()
-        return {
-            k: summary[k]
-            for k in ("job_id", "phase", "failure", "degraded", "ranks", "current", "profiling")
-        }
+    @app.get(Route.JOB, dependencies=[auth])
+    def get_job_status(job_id: str = JobIdParam) -> Dict[str, Any]:
+        return job_status(registry.get(job_id))
 
-    @app.get("/jobs/{job_id}/summary", dependencies=[auth])
-    def job_summary(job_id: str = JobIdParam) -> Dict[str, Any]:
-        return registry.get(job_id).summary()
+    @app.get(Route.SUMMARY, dependencies=[auth])
+    def get_job_summary(job_id: str = JobIdParam) -> Dict[str, Any]:
+        return job_summary(registry.get(job_id))
 
-    @app.post("/jobs/{job_id}/ranks", dependencies=[auth])
+    @app.post(Route.RANKS, dependencies=[auth])
     def register_rank(reg: RankRegistration, job_id: str = JobIdParam) -> Ack:
         registry.get(job_id).register_rank(reg)
         return Ack()
 
-    @app.post("/jobs/{job_id}/ranks/{rank}/finish", dependencies=[auth])
-    def finish_rank(job_id: str = JobIdParam, rank: int = PathParam(ge=0, lt=65536)) -> Ack:
+    @app.post(Route.RANK_FINISH, dependencies=[auth])
+    def finish_rank(job_id: str = JobIdParam, rank: int = PathParam(ge=0, lt=MAX_RANKS)) -> Ack:
         registry.get(job_id).finish_rank(rank)
         return Ack()
 
-    @app.get("/jobs/{job_id}/schedule", dependencies=[auth])
+    @app.get(Route.SCHEDULE, dependencies=[auth])
     def schedule(
         job_id: str = JobIdParam,
-        rank: int = Query(ge=0, lt=65536),
-        step: int = Query(ge=0, le=10**12),
+        rank: int = Query(ge=0, lt=MAX_RANKS),
+        step: int = Query(ge=0, le=MAX_STEP),
     ) -> Schedule:
         phase, freqs = registry.get(job_id).schedule(rank, step)
         return Schedule(step=step, phase=phase, frequencies_mhz=freqs)
 
-    @app.post("/jobs/{job_id}/steps", dependencies=[auth])
+    @app.post(Route.STEPS, dependencies=[auth])
     def report_step(report: StepReport, job_id: str = JobIdParam) -> Ack:
         registry.get(job_id).report(report)
         return Ack()
 
-    @app.put("/jobs/{job_id}/iteration_time", dependencies=[auth])
+    @app.put(Route.ITERATION_TIME, dependencies=[auth])
     def impose(body: IterationTime, job_id: str = JobIdParam) -> Ack:
         registry.get(job_id).impose_iteration_time(body.iteration_time_s)
         return Ack()
 
-    @app.delete("/jobs/{job_id}/iteration_time", dependencies=[auth])
+    @app.delete(Route.ITERATION_TIME, dependencies=[auth])
     def clear_imposed(job_id: str = JobIdParam) -> Ack:
         registry.get(job_id).impose_iteration_time(None)
         return Ack()

@@ -1,7 +1,8 @@
 """Planning a job from its measured profile, and writing the job's files.
 
 Runs in a worker thread of the server (never on the event loop). Files go under the job's own
-directory: ``profile.csv``, ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json``.
+directory through :mod:`perseus.formats.plan_outputs`: ``profile.csv``, ``frontier.csv``,
+``plans/<plan_id>.json``, ``plan.json`` (and ``summary.json`` once the plan is measured).
 """
 
 from __future__ import annotations
@@ -10,21 +11,27 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
-from perseus.config import EnergyConfig, EnergyPolicy
+from perseus.config import EnergyConfig
 from perseus.errors import ServerError
-from perseus.profile import Profile
-from perseus.server.models import JobSpec
+from perseus.formats import plan_outputs
+from perseus.formats.profile_csv import Profile
+from perseus.wire import JobSpec
+
+if TYPE_CHECKING:
+    from perseus.planner.frontier import Frontier, FrontierPoint
 
 
 @dataclass
 class PlanResult:
     """A solved job: its frontier and the plan its energy policy chose."""
 
-    frontier: Any  # perseus.planner.frontier.Frontier
-    chosen: Any  # perseus.planner.frontier.FrontierPoint
+    frontier: Frontier
+    chosen: FrontierPoint
     solve_time_s: float
+    policy: str = ""
+    solver: str = ""
 
 
 def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> PlanResult:
@@ -39,27 +46,28 @@ def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> 
     )
     frontier = plan_frontier(problem, solver=spec.solver)
     energy = EnergyConfig(
-        policy=EnergyPolicy(spec.energy.policy),
+        policy=spec.energy.policy,
         max_slowdown=spec.energy.max_slowdown,
         iteration_time_s=spec.energy.iteration_time_s,
         eta=spec.energy.eta,
     )
     chosen = choose(frontier, energy)
-    return PlanResult(frontier, chosen, time.perf_counter() - t0)
+    return PlanResult(
+        frontier, chosen, time.perf_counter() - t0, str(spec.energy.policy), spec.solver
+    )
 
 
 def write_plan_files(job_dir: Path, profile: Profile, result: PlanResult) -> Dict[str, str]:
     """Write the profile, the frontier, every plan and the chosen plan; returns their paths."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    files = {"profile": str(profile.write(job_dir / "profile.csv"))}
-    frontier = result.frontier
-    frontier.to_dataframe().to_csv(job_dir / "frontier.csv", index=False)
-    files["frontier"] = str(job_dir / "frontier.csv")
-    for point in frontier.points:
-        frontier.to_plan(point).write(job_dir / "plans" / f"{point.plan_id}.json")
-    files["plans"] = str(job_dir / "plans")
-    files["plan"] = str(frontier.to_plan(result.chosen).write(job_dir / "plan.json"))
-    return files
+    files = plan_outputs.write_frontier_outputs(
+        job_dir,
+        result.frontier,
+        result.chosen,
+        plan_extra={"policy": result.policy, "solver": result.solver},
+    )
+    paths = {key: str(job_dir / name.rstrip("/")) for key, name in files.items()}
+    paths["profile"] = str(profile.write(job_dir / plan_outputs.PROFILE_CSV))
+    return paths
 
 
 def safe_job_dir(dump_dir: Path, job_id: str) -> Path:

@@ -6,7 +6,7 @@ import statistics
 from typing import Dict, List, Sequence, Tuple
 
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
-from perseus.server.models import ProfilerSettings
+from perseus.wire import ProfilerSettings
 
 
 def make_profiler(

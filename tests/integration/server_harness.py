@@ -59,11 +59,11 @@ def build_config(setup: JobSetup) -> Any:
 
 
 def make_gpu(setup: JobSetup, rank: int, seed: int = 0) -> Any:
+    from perseus.formats.profile_csv import read_profile_csv
     from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-    from perseus.profile import load_profile
 
     return EmulatedGPU(
-        load_profile(default_device_profile_path()),
+        read_profile_csv(default_device_profile_path()),
         blocking_power_w=setup.blocking_power_w,
         time_scale=setup.time_scale,
         energy_noise=setup.energy_noise,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perseus.config import ServerConfig
-from perseus.profile import Measurement, load_profile
+from perseus.formats.profile_csv import Measurement, read_profile_csv
 from perseus.runtime.client import ServerClient
 from perseus.server.process import start_local_server
 from tests.integration.server_harness import JobSetup, Launch, make_gpu, wait_for
@@ -93,4 +93,4 @@ def _profile_errors(path: Path, setup: JobSetup) -> tuple:
         gpu = gpus.setdefault(stage, make_gpu(setup, stage))
         return gpu.true_measurement(stage, instruction, frequency_mhz)
 
-    return profile_errors(load_profile(path), truth)
+    return profile_errors(read_profile_csv(path), truth)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from perseus.errors import ProfileError
-from perseus.profile import Profile, blocking_power_per_stage_w, load_profile
+from perseus.formats.profile_csv import Profile, blocking_power_per_stage_w, read_profile_csv
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 GOOD = (
@@ -29,7 +29,7 @@ def test_load_good_profile_with_extra_column(tmp_path: Path) -> None:
         "".join(line + ",x\n" for line in GOOD.splitlines()),
         header=HEADER.strip() + ",note\n",
     )
-    profile = load_profile(path)
+    profile = read_profile_csv(path)
     assert profile.num_stages == 2
     assert profile.frequencies(0, "forward") == [1410, 1200]
     assert profile.lookup(1, "backward", 1410).energy_j == 41.0
@@ -37,26 +37,27 @@ def test_load_good_profile_with_extra_column(tmp_path: Path) -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    profile = load_profile(_write(tmp_path, GOOD))
-    again = load_profile(profile.write(tmp_path / "out" / "p.csv"))
+    profile = read_profile_csv(_write(tmp_path, GOOD))
+    again = read_profile_csv(profile.write(tmp_path / "out" / "p.csv"))
     assert again.rows() == profile.rows()
 
 
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="does not exist"):
-        load_profile(tmp_path / "nope.csv")
+        read_profile_csv(tmp_path / "nope.csv")
 
 
 def test_missing_column(tmp_path: Path) -> None:
     path = _write(tmp_path, "0,forward,1410,0.1\n", header="stage,instruction,frequency,time\n")
     with pytest.raises(ProfileError, match=r"profile\.csv: missing column\(s\) \['energy'\]"):
-        load_profile(path)
+        read_profile_csv(path)
 
 
 @pytest.mark.parametrize(
     ("bad_line", "message"),
     [
-        ("1,forward,1200,,21.0", r"row 7: time is nan"),
+        ("1,forward,1200,,21.0", r"row 7: time is empty"),
+        ("1,forward,1200,nan,21.0", r"row 7: time is nan"),
         ("1,forward,1200,0.0,21.0", r"row 7: time 0\.0 must be > 0"),
         ("1,forward,1200,-0.5,21.0", r"row 7: time -0\.5 must be > 0"),
         ("1,forward,1200,0.1,-3", r"row 7: energy -3\.0 must be >= 0"),
@@ -69,25 +70,25 @@ def test_missing_column(tmp_path: Path) -> None:
 def test_bad_rows_name_file_row_and_problem(tmp_path: Path, bad_line: str, message: str) -> None:
     path = _write(tmp_path, GOOD + bad_line + "\n")
     with pytest.raises(ProfileError, match=message) as info:
-        load_profile(path)
+        read_profile_csv(path)
     assert str(path) in str(info.value)
 
 
 def test_stage_without_backward(tmp_path: Path) -> None:
     body = GOOD.replace("1,backward,1410,0.21,41.0\n", "")
     with pytest.raises(ProfileError, match="stage 1 has no backward rows"):
-        load_profile(_write(tmp_path, body))
+        read_profile_csv(_write(tmp_path, body))
 
 
 def test_gap_in_stages(tmp_path: Path) -> None:
     body = GOOD.replace("1,", "2,")
     with pytest.raises(ProfileError, match="stage 1 has no forward rows"):
-        load_profile(_write(tmp_path, body))
+        read_profile_csv(_write(tmp_path, body))
 
 
 def test_empty_profile(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no rows"):
-        load_profile(_write(tmp_path, ""))
+        read_profile_csv(_write(tmp_path, ""))
 
 
 def test_pareto_filter_per_stage_and_instruction() -> None:
@@ -148,6 +149,6 @@ def test_published_profile_loads() -> None:
     )
     if not path.exists():
         pytest.skip("published profiles not bundled yet")
-    profile = load_profile(path)
+    profile = read_profile_csv(path)
     assert profile.num_stages == 8
     assert len(profile.pareto(7, "backward")) >= 3

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from perseus.errors import ConfigError, GPUError, GPUValueError
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.gpu.device_profiles import blocking_power_for, resolve_profile_path
 from perseus.gpu.emulated import (
     EmulatedGPU,
@@ -18,7 +19,6 @@ from perseus.gpu.emulated import (
     load_device_profile,
     map_stage,
 )
-from perseus.profile import Profile, load_profile
 
 A100 = "gpt3-175b+a100_sxm_bf16"
 BLOCK_W = 83.64
@@ -66,7 +66,7 @@ def test_bundled_profiles_ship_with_license_and_source():
 def test_stdlib_loader_matches_pandas_loader():
     for name in bundled_profile_names():
         path = bundled_profile_path(name)
-        assert load_device_profile(path).rows() == load_profile(path).rows()
+        assert load_device_profile(path).rows() == read_profile_csv(path).rows()
 
 
 def test_blocking_power_of_bundled_profiles(tmp_path):

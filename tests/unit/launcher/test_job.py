@@ -10,12 +10,12 @@ from omegaconf import OmegaConf
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.launcher.job import needs_local_server, prepare_config, write_config
 from perseus.launcher.report import (
     measured_from_steps,
     report_from_steps,
     report_from_summary,
 )
+from perseus.launcher.train_run import needs_local_server, prepare_config, write_config
 from perseus.runtime.context import load_config_file
 from perseus.train.megatron_job import check_supported
 

@@ -9,8 +9,8 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.launcher.job import prepare_config, write_config
 from perseus.launcher.ranks import RankFailedError, launch_ranks, plan_launch
+from perseus.launcher.train_run import prepare_config, write_config
 
 
 def make_cfg(**train: object) -> PerseusConfig:

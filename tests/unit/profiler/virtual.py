@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.profile import Measurement, Profile, load_profile
 from perseus.runtime.types import InstructionRecord
 
 
@@ -31,7 +31,7 @@ def virtual_gpu(
 ) -> Tuple[EmulatedGPU, VirtualClock]:
     clock = VirtualClock(1000.0 + 0.0137 * seed)
     gpu = EmulatedGPU(
-        load_profile(default_device_profile_path()),
+        read_profile_csv(default_device_profile_path()),
         blocking_power_w=83.64,
         time_scale=time_scale,
         energy_update_period_s=period_s,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
+from perseus.formats.plan_json import Plan, PlanStep
 from perseus.gpu.base import GPU
-from perseus.plan import Plan, PlanStep
 
 
 class RecordingGPU(GPU):

@@ -7,9 +7,9 @@ from typing import Any, List, Tuple
 
 import pytest
 
+from perseus.formats.plan_json import Plan
+from perseus.formats.profile_csv import Profile
 from perseus.gpu.emulated import EmulatedGPU
-from perseus.plan import Plan
-from perseus.profile import Profile
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, PlanSource
 from perseus.runtime.types import RankInfo

@@ -32,7 +32,13 @@ def _find_python39() -> Optional[str]:
 
 PY39 = _find_python39()
 
-CORE_MODULES = ["perseus", "perseus.errors", "perseus.config", "perseus.plan", "perseus.profile"]
+CORE_MODULES = [
+    "perseus",
+    "perseus.errors",
+    "perseus.config",
+    "perseus.formats.plan_json",
+    "perseus.formats.profile_csv",
+]
 # Every module of the training-process packages, as found on disk (new ones are covered too).
 TRAINING_PATH_MODULES = CORE_MODULES + [
     f"perseus.{package}.{path.stem}"
@@ -62,8 +68,8 @@ CHILD = textwrap.dedent(
 
     from perseus import PerseusOptimizer
     from perseus.gpu.emulated import EmulatedGPU
-    from perseus.plan import Plan, PlanStep
-    from perseus.profile import Profile
+    from perseus.formats.plan_json import Plan, PlanStep
+    from perseus.formats.profile_csv import Profile
     from perseus.runtime.sources import PlanSource
     from perseus.runtime.types import RankInfo
 

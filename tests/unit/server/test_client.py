@@ -16,6 +16,7 @@ from perseus.runtime.client import ServerClient, ServerUnavailable
 from perseus.runtime.online import OnlineSource, build_online_source, job_id_from_env
 from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import free_port
+from perseus.wire import JobSpec
 
 
 class _Flaky(BaseHTTPRequestHandler):
@@ -100,7 +101,7 @@ def test_bad_url_is_rejected() -> None:
 
 def test_online_source_without_server_runs_at_default_clocks(caplog) -> None:
     client = ServerClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.1, max_retries=0)
-    spec = {"job_id": "j", "num_stages": 1, "num_microbatches": 1}
+    spec = JobSpec(job_id="j", num_stages=1, num_microbatches=1)
     with caplog.at_level(logging.WARNING):
         source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
         for step in range(3):

@@ -8,8 +8,8 @@ import pytest
 
 from perseus.profiler import JobProfiler, StageSweep
 from perseus.runtime.types import InstructionRecord
+from perseus.server.plan_switching import DriftWatcher
 from perseus.server.steps import JobStep, RankStep, StepTable, inliers, typical_step
-from perseus.server.switching import DriftWatcher
 
 
 def test_step_completes_when_every_live_rank_reported() -> None:

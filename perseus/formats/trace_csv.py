@@ -4,16 +4,20 @@ Columns: ``step,stage,instruction,microbatch,frequency_mhz,start_s,end_s``. ``fr
 is the clock the runtime asked for (empty: default clocks); ``start_s`` / ``end_s`` are seconds
 since the Unix epoch (microsecond resolution), so traces of different ranks line up on one
 time axis. Rows are buffered and written at the end of each iteration and on close, never per
-instruction. Standard library only; runs on Python 3.9.
+instruction. :func:`read_traces` reads every rank's trace of a run directory back.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
-from typing import IO, List, Optional, Union
+from typing import IO, TYPE_CHECKING, List, NamedTuple, Optional, Union
 
-from perseus.runtime.types import StepRecord
+from perseus.errors import PlanError
+
+if TYPE_CHECKING:
+    from perseus.runtime.types import StepRecord
 
 TRACE_COLUMNS = (
     "step",
@@ -26,9 +30,67 @@ TRACE_COLUMNS = (
 )
 
 
+TRACE_GLOB = "trace-rank*.csv"
+
+
+class TraceRow(NamedTuple):
+    """One instruction of one iteration as a rank ran it (times in epoch seconds)."""
+
+    step: int
+    stage: int
+    instruction: str
+    microbatch: int
+    frequency_mhz: Optional[int]
+    start_s: float
+    end_s: float
+
+
 def trace_path(trace_dir: Union[str, os.PathLike], rank: int) -> Path:
     """Where rank ``rank`` writes its trace inside ``trace_dir``."""
     return Path(trace_dir) / f"trace-rank{rank}.csv"
+
+
+def read_trace(path: Union[str, os.PathLike]) -> List[TraceRow]:
+    """The rows of one trace file.
+
+    Raises:
+        PlanError: the file lacks a trace column or holds a malformed row (named).
+    """
+    path = Path(path)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise PlanError(
+                f"{path}: trace lacks column(s) {missing}; expected {','.join(TRACE_COLUMNS)} "
+                "(written by runtime.trace=true)"
+            )
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                freq = row["frequency_mhz"]
+                rows.append(
+                    TraceRow(
+                        int(row["step"]),
+                        int(row["stage"]),
+                        row["instruction"],
+                        int(row["microbatch"]),
+                        int(freq) if freq else None,
+                        float(row["start_s"]),
+                        float(row["end_s"]),
+                    )
+                )
+            except (TypeError, ValueError) as exc:
+                raise PlanError(f"{path}, row {line}: not a trace row ({exc})") from None
+    return rows
+
+
+def read_traces(run_dir: Union[str, os.PathLike]) -> List[TraceRow]:
+    """Every rank's trace rows in ``run_dir`` (files in name order)."""
+    rows: List[TraceRow] = []
+    for path in sorted(Path(run_dir).glob(TRACE_GLOB)):
+        rows.extend(read_trace(path))
+    return rows
 
 
 class TraceWriter:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
-from perseus.profile import Profile
+from perseus.formats.profile_csv import Profile
 from perseus.profiler.estimate import StageEstimator, TypeEstimate
-from perseus.profiler.sweep import StageSweep
+from perseus.profiler.stage_sweep import StageSweep
 from perseus.runtime.types import InstructionRecord
 
 Key = Tuple[str, int]

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from perseus.config import PerseusConfig, RuntimeMode
 from perseus.errors import ConfigError
+from perseus.formats import plan_outputs
 from perseus.launcher.preflight import check_job
 from perseus.launcher.ranks import launch_ranks, plan_launch
 from perseus.launcher.report import (
@@ -33,7 +34,12 @@ from perseus.launcher.report import (
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "perseus-config.yaml"
-SERVER_FILES = ("profile.csv", "frontier.csv", "plan.json", "summary.json")
+SERVER_FILES = (
+    plan_outputs.PROFILE_CSV,
+    plan_outputs.FRONTIER_CSV,
+    plan_outputs.PLAN_JSON,
+    plan_outputs.SUMMARY_JSON,
+)
 
 
 def new_job_id(cfg: Optional[PerseusConfig] = None) -> str:
