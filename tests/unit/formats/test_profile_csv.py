@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+import perseus
 from perseus.errors import ProfileError
 from perseus.formats.profile_csv import Profile, blocking_power_per_stage_w, read_profile_csv
 
@@ -140,15 +141,7 @@ def test_blocking_power_per_stage() -> None:
 
 
 def test_published_profile_loads() -> None:
-    path = (
-        Path(__file__).resolve().parents[2]
-        / "perseus"
-        / "data"
-        / "sosp24"
-        / "gpt3-175b+a100_sxm_bf16.csv"
-    )
-    if not path.exists():
-        pytest.skip("published profiles not bundled yet")
+    path = Path(perseus.__file__).parent / "data" / "sosp24" / "gpt3-175b+a100_sxm_bf16.csv"
     profile = read_profile_csv(path)
     assert profile.num_stages == 8
     assert len(profile.pareto(7, "backward")) >= 3
