@@ -350,14 +350,6 @@ class PerseusConfig:
     output_dir: Optional[str] = None
 
 
-def register_configs() -> None:
-    """Register the schema in Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="perseus_schema", node=PerseusConfig)
-
-
 def to_object(cfg: Any) -> PerseusConfig:
     """Turn a composed ``DictConfig`` into a validated :class:`PerseusConfig`."""
     from omegaconf import OmegaConf

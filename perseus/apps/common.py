@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from perseus.config import PerseusConfig, register_configs, to_object
+from perseus.config import PerseusConfig, to_object
 from perseus.errors import PerseusError
 
 CONFIG_PATH = "pkg://perseus.conf"
@@ -24,6 +24,13 @@ ERROR_EXIT_CODE = 2
 AppFunction = Callable[[PerseusConfig, Path], Optional[int]]
 
 logger = logging.getLogger(__name__)
+
+
+def register_configs() -> None:
+    """Register the configuration schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="perseus_schema", node=PerseusConfig)
 
 
 def run_dir() -> Path:
@@ -85,21 +92,37 @@ def hydra_app(config_name: str, prog: str) -> Callable[[AppFunction], Callable[[
         A decorator; the decorated name becomes a no-argument ``main()`` that parses
         ``sys.argv`` the Hydra way (overrides, ``-m``, ``--cfg job``, ``--help``).
     """
-    import hydra
-
-    register_configs()
 
     def decorate(fn: AppFunction) -> Callable[[], None]:
         @functools.wraps(fn)
         def task(raw_cfg: object) -> None:
             run_app(prog, fn, raw_cfg)
 
-        main = hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base=None)(task)
-
         @functools.wraps(fn)
         def entry() -> None:
-            main()
+            try:
+                import hydra
+            except ImportError as exc:
+                report_error(prog, MissingExtraError(prog, exc))
+                raise SystemExit(ERROR_EXIT_CODE) from None
+            register_configs()
+            hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base=None)(task)()
 
         return entry
 
     return decorate
+
+
+# The pip extra each command needs beyond the core installation.
+EXTRA_OF = {"perseus-plan": "planner", "perseus-server": "server", "perseus-train": "train"}
+
+
+class MissingExtraError(PerseusError):
+    """A command's dependencies are not installed (the core installation lacks them)."""
+
+    def __init__(self, prog: str, exc: ImportError) -> None:
+        extra = EXTRA_OF.get(prog, "all")
+        super().__init__(
+            f"{prog} needs packages this installation lacks ({exc}); install them with "
+            f"`pip install 'perseus-energy[{extra}]'`"
+        )

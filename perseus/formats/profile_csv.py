@@ -6,8 +6,7 @@ CSV contract (``docs/design.md``, "Profile CSV")::
 
 ``time`` in seconds and ``energy`` in joules of ONE microbatch's forward or backward on that
 stage at that SM frequency (MHz). Extra columns are ignored. Read and written with the standard
-``csv`` module (the emulated GPU loads profiles inside training processes); pandas is imported
-only by :meth:`Profile.to_dataframe` and :meth:`Profile.from_dataframe`.
+``csv`` module (the emulated GPU loads profiles inside training processes).
 """
 
 from __future__ import annotations
@@ -18,12 +17,9 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from perseus.errors import ProfileError
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
@@ -82,17 +78,6 @@ class Profile:
                         f"0..{num_stages - 1} needs forward and backward measurements"
                     )
         return cls(table, source)
-
-    @classmethod
-    def from_dataframe(cls, df: pd.DataFrame, source: str = "<dataframe>") -> Profile:
-        """Build from a DataFrame with the CSV columns (extra columns ignored)."""
-        missing = [c for c in COLUMNS if c not in df.columns]
-        if missing:
-            raise ProfileError(
-                f"{source}: missing column(s) {missing}; the header must contain "
-                f"{','.join(COLUMNS)}"
-            )
-        return cls.from_rows(df[list(COLUMNS)].itertuples(index=False, name=None), source)
 
     # -- queries ----------------------------------------------------------------------------
     def stages(self) -> range:
@@ -168,12 +153,6 @@ class Profile:
             for (stage, instruction) in sorted(self._table)
             for m in self._table[(stage, instruction)]
         ]
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """The profile as a DataFrame with the CSV columns."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows(), columns=list(COLUMNS))
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         """Write the profile CSV; returns the path."""

@@ -18,14 +18,9 @@ clocks it could not set. Standard library only; runs on Python 3.9.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Tuple
+from typing import Optional, Protocol, Tuple
 
 from perseus.errors import GPUError, PerseusError
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore[assignment]
 
 
 class ClockTarget(Protocol):

@@ -6,12 +6,7 @@ Standard library only; runs on Python 3.9 (the Merak runtime path).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
-
-try:  # Python 3.8+ has Protocol in typing
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore[assignment]
+from typing import List, Optional, Protocol
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
-from perseus.config import PerseusConfig, register_configs, to_object, validate
+from perseus.apps.common import register_configs
+from perseus.config import PerseusConfig, to_object, validate
 from perseus.errors import ConfigError
 
 

@@ -122,7 +122,8 @@ def test_megatron_on_cpu_fails_with_cuda_message() -> None:
 def test_train_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_module
 
-    from perseus.config import register_configs, to_object
+    from perseus.apps.common import register_configs
+    from perseus.config import to_object
 
     register_configs()
     monkeypatch.setenv("NNODES", "2")

@@ -1,7 +1,7 @@
-"""Run by test_python39.py under a Python 3.9 interpreter (no torch needed).
+"""Run by tests/e2e/test_python39.py under Python 3.9 with the core installation (no torch).
 
 Imports the adapters the way a Merak process on Python 3.9 does and drives the Merak adapter
-through a torch-free engine shaped like Merak's. Argument: the repository root.
+through a torch-free engine shaped like Merak's. Uses the installed ``perseus`` package.
 """
 
 import importlib
@@ -89,9 +89,7 @@ def install_fake_merak():
         sys.modules[module.__name__] = module
 
 
-def main(repo):
-    perseus = importlib.import_module("perseus")
-    perseus.__path__.append(repo)  # perseus.adapters -> <repo>/adapters, as package-dir does
+def main():
     install_fake_merak()
     context = importlib.import_module("perseus.runtime.context")
     events, ranks = [], []
@@ -112,4 +110,4 @@ def main(repo):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
