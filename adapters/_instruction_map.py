@@ -14,8 +14,6 @@ Roles of wrapped entries:
 * ``forward`` / ``backward``: one instruction, begun and ended around the call.
 * ``recompute``: an activation recomputation that precedes a microbatch's backward pass (Merak);
   it begins the ``backward`` instruction, and the following ``backward`` entry ends it.
-
-Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ class FrameworkConfig:
 class EmulatedGPUConfig:
     """Device model used when no NVIDIA GPU is usable."""
 
-    # Device profile CSV (DESIGN §3.1 format); None = the bundled A100 profile.
+    # Device profile CSV (the profile CSV format); None = the bundled A100 profile.
     profile: Optional[str] = None
     # Multiply every profiled time and energy by this (small = quick demo runs).
     time_scale: float = 1.0

@@ -2,8 +2,6 @@
 
 Units are in the names: ``_mhz`` clocks, ``_mw`` power, ``_mj`` energy, ``_s`` time. A backend
 (NVML, emulated) implements the abstract methods; nothing above this layer imports pynvml.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

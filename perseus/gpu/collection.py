@@ -5,8 +5,6 @@ that measures or power-limits several (a single-process multi-GPU job, a monitor
 opens them as :class:`GPUs`, which is a plain sequence of :class:`~perseus.gpu.base.GPU`
 objects — :class:`~perseus.gpu.monitor.EnergyMonitor` and the power-limit optimizer take it as
 it is — plus sums over all of them and one ``close``.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

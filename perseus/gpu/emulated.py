@@ -1,6 +1,6 @@
 """The emulated GPU: a device model for machines without a usable NVIDIA GPU.
 
-It is driven by a *device profile* (DESIGN §3.1 CSV: time and energy of every stage's forward
+It is driven by a *device profile* (a profile CSV: time and energy of every stage's forward
 and backward at every SM frequency; by default the published GPT-3 175B / A100 one) plus the
 power it burns while blocked (``blocking_power_w``) and while idle before any work
 (``idle_power_w``, default: the blocking power).
@@ -35,7 +35,7 @@ Behaviour:
   second-to-last stage, and the last pipeline stage takes the profile's last stage — so the
   published imbalance (GPT-3's heavier last stage, Bloom's lighter one) survives.
 
-Thread-safe: the runtime may change clocks from a controller thread. Runs on Python 3.9.
+Thread-safe: the runtime may change clocks from a controller thread.
 """
 
 from __future__ import annotations

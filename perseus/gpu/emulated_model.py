@@ -1,6 +1,6 @@
 """Pure functions behind the emulated GPU: stage mapping, clock snapping, power-limit choice.
 
-See :mod:`perseus.gpu.emulated` for the behaviour they implement. Runs on Python 3.9.
+See :mod:`perseus.gpu.emulated` for the behaviour they implement.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@
   ``acquire`` for its own GPU — restores it once its owner is gone.
 
 State dir: ``gpu.state_dir``, else ``$XDG_RUNTIME_DIR/perseus``, else ``/tmp/perseus-<uid>``.
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

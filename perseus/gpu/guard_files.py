@@ -9,7 +9,6 @@ saying who (shown to a second would-be owner). ``<key>.state.json`` says what to
                  "power_limit_mw": 400000}}
 
 State files are written atomically (temporary file + rename) and never contain code.
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

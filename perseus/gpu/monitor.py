@@ -36,8 +36,6 @@ Holding costs up to two update periods per short window at ``end_window``
 update times yet, so its begin reading may be one update old (the 38 % worst case above).
 A hold that sees no update within ``hold_timeout_s`` falls back to power x time, and a window
 ending right after another one's hold reuses it.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

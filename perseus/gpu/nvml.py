@@ -9,7 +9,7 @@
 * Supported SM clocks are those NVML lists for the highest memory clock.
 
 Every NVML failure raises a :mod:`perseus.errors` ``GPU*`` error (see
-:mod:`perseus.gpu.nvml_support`). Runs on Python 3.9 (the Merak runtime path).
+:mod:`perseus.gpu.nvml_support`).
 """
 
 from __future__ import annotations

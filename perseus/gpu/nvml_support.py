@@ -3,8 +3,6 @@
 pynvml (from the ``nvidia-ml-py`` distribution) is imported only when a function here runs, so
 importing Perseus never needs it. Every NVML error becomes a :class:`perseus.errors.GPUError`
 subclass whose message names the call, the GPU and what to do.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class JobProfiler:
         return out, total_w
 
     def profile(self, source: str = "online profiler") -> Profile:
-        """The measured profile (DESIGN §3.1): a row for every timed (instruction, clock).
+        """The measured profile (profile CSV rows): one for every timed (instruction, clock).
 
         A row whose power no counter reading of its own stage determines (a dead or stuck
         counter) borrows the median power of the other stages at that clock (see

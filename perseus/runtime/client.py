@@ -1,6 +1,6 @@
 """HTTP client of the coordination server, for training ranks.
 
-Standard library only (urllib) and Python 3.9: it runs inside every training process. Every
+Standard library only (urllib): it runs inside every training process. Every
 request has a timeout; connection failures and 5xx answers are retried a bounded number of times
 with exponential backoff, so one call never takes longer than about
 ``(max_retries + 1) * timeout_s + backoff_s * 2 ** max_retries``. 4xx answers are not retried.

@@ -12,7 +12,7 @@ instruction begins. ``synchronous=True`` forces that (tests that assert exact dr
 
 An error in the thread is kept and raised by :meth:`ClockController.check` (the optimizer calls
 it in every hook), and again by every later request: the controller never goes on silently with
-clocks it could not set. Standard library only; runs on Python 3.9.
+clocks it could not set.
 """
 
 from __future__ import annotations

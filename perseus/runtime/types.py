@@ -1,7 +1,4 @@
-"""Types shared by the hook runtime, the adapters and the online profiler.
-
-Standard library only; runs on Python 3.9 (the Merak runtime path).
-"""
+"""Types shared by the hook runtime, the adapters and the online profiler."""
 
 from __future__ import annotations
 
