@@ -14,10 +14,10 @@ import pytest
 
 from perseus.config import ServerConfig
 from perseus.formats.profile_csv import Measurement, read_profile_csv
+from perseus.profiler.virtual_run import profile_errors
 from perseus.runtime.client import ServerClient
 from perseus.server.process import start_local_server
 from tests.integration.server_harness import JobSetup, Launch, make_gpu, wait_for
-from tests.unit.profiler.virtual import profile_errors
 
 pytestmark = pytest.mark.integration
 

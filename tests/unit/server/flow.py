@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
+from perseus.profiler.virtual_run import run_step, virtual_gpu
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import run_step, virtual_gpu
 
 
 class VirtualRanks:

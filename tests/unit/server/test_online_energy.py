@@ -10,12 +10,12 @@ from urllib.parse import parse_qs, urlparse
 
 from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
+from perseus.profiler.virtual_run import VirtualClock
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
 from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
-from tests.unit.profiler.virtual import VirtualClock
 
 ORDER = ["forward", "forward", "backward", "backward"]
 

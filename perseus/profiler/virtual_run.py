@@ -1,4 +1,9 @@
-"""Drive the real EmulatedGPU on a virtual clock, reading its counter like the optimizer does."""
+"""The real emulated GPU on a virtual clock, read the way the optimizer reads it.
+
+No sleeping and no host jitter: iterations run as fast as the machine computes them, and the
+outcome does not depend on how busy it is. The profiler's accuracy benchmark
+(``scripts/online_profiling_accuracy.py``) and its tests drive profiles through this.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,21 @@ from perseus.runtime.types import InstructionRecord
 
 
 class VirtualClock:
+    """A clock that only moves when someone sleeps on it.
+
+    Args:
+        start_s: The first reading (seconds).
+    """
+
     def __init__(self, start_s: float = 1000.0) -> None:
         self.now_s = start_s
 
     def __call__(self) -> float:
+        """The current time (seconds)."""
         return self.now_s
 
     def sleep(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` (negative: not at all)."""
         self.now_s += max(0.0, seconds)
 
 
@@ -29,6 +42,7 @@ def virtual_gpu(
     period_s: float = 0.02,
     seed: int = 0,
 ) -> Tuple[EmulatedGPU, VirtualClock]:
+    """The bundled default device on its own virtual clock (``seed`` offsets the clock)."""
     clock = VirtualClock(1000.0 + 0.0137 * seed)
     gpu = EmulatedGPU(
         read_profile_csv(default_device_profile_path()),
