@@ -14,85 +14,34 @@ supported Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, List, Optional
 
+from perseus.config_enums import (
+    PIPELINE_POLICIES,
+    ConfigChoice,
+    EnergyPolicy,
+    Framework,
+    GPUBackend,
+    PowerLimitSelector,
+    ProfilerMode,
+    RuntimeMode,
+)
 from perseus.errors import ConfigError
 from perseus.schedule import SCHEDULES  # names like "1f1b" cannot be enum members
 
-
-class ConfigChoice(str, Enum):
-    """A configuration value out of a fixed set.
-
-    Members are named as their values, so OmegaConf and Hydra accept the plain value in YAML and
-    on the command line (``energy=slowdown``, ``runtime.mode=plan``). A member is a ``str``: it
-    compares equal to its value, prints as it and serializes to JSON as it.
-    """
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class EnergyPolicy(ConfigChoice):
-    """``energy.policy``: which frontier plan runs (``power_limit``: the power-limit optimizer)."""
-
-    no_slowdown = "no_slowdown"
-    slowdown = "slowdown"
-    deadline = "deadline"
-    min_energy = "min_energy"
-    max_speed = "max_speed"
-    zeus_cost = "zeus_cost"
-    power_limit = "power_limit"
-
-
-# The policies that choose a pipeline frequency plan (all but power_limit).
-PIPELINE_POLICIES = tuple(p for p in EnergyPolicy if p is not EnergyPolicy.power_limit)
-
-
-class Framework(ConfigChoice):
-    """``framework.name``: the training framework (see :mod:`perseus.train.frameworks`)."""
-
-    deepspeed = "deepspeed"
-    megatron = "megatron"
-    merak = "merak"
-    torch = "torch"
-
-
-class GPUBackend(ConfigChoice):
-    """``gpu.backend``: a real NVIDIA GPU, the emulated device, or whichever is usable."""
-
-    auto = "auto"
-    nvml = "nvml"
-    emulated = "emulated"
-
-
-class ProfilerMode(ConfigChoice):
-    """``profiler.mode``: several clocks per iteration (fast) or one per kind (sweep)."""
-
-    fast = "fast"
-    sweep = "sweep"
-
-
-class RuntimeMode(ConfigChoice):
-    """``runtime.mode``: where each instruction's clock comes from."""
-
-    measure = "measure"
-    max_speed = "max_speed"
-    plan = "plan"
-    online = "online"
-
-
-class PowerLimitSelector(ConfigChoice):
-    """``energy.power_limit.selector``: which measured power limit to keep."""
-
-    zeus_cost = "zeus_cost"
-    energy = "energy"
-    time = "time"
-    max_slowdown = "max_slowdown"
-
+__all__ = [
+    "PIPELINE_POLICIES",
+    "ConfigChoice",
+    "EnergyPolicy",
+    "Framework",
+    "GPUBackend",
+    "PerseusConfig",
+    "PowerLimitSelector",
+    "ProfilerMode",
+    "RuntimeMode",
+    "to_object",
+    "validate",
+]
 
 ETA_RANGE = (0.0, 1.0)
 

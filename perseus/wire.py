@@ -32,6 +32,7 @@ from typing import (
 
 from perseus.config import (
     ETA_RANGE,
+    ConfigChoice,
     EnergyConfig,
     EnergyPolicy,
     PerseusConfig,
@@ -54,7 +55,7 @@ class Route:
     ITERATION_TIME = "/jobs/{job_id}/iteration_time"
 
 
-class Phase(str, Enum):
+class Phase(ConfigChoice):
     """Where a job is (see :mod:`perseus.server.job_phases` and ``docs/design.md``).
 
     ``baseline`` -> ``profiling`` -> ``planning`` -> ``running`` -> ``watching``; ``failed``
@@ -67,9 +68,6 @@ class Phase(str, Enum):
     running = "running"
     watching = "watching"
     failed = "failed"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
     @property
     def wants_energy(self) -> bool:

@@ -27,6 +27,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
         [
             "perseus.errors",
             "perseus.config",
+            "perseus.config_enums",
             "perseus.schedule",
             "perseus.process_exit",
             "perseus.wire",
@@ -57,15 +58,9 @@ LAYERS: List[Tuple[str, List[str]]] = [
 # The modules a training process imports (a user's script with an adapter, a perseus-train
 # rank's runtime); they and all they import must run with only the core dependencies.
 TRAINING_PROCESS = [
-    "perseus",
-    "perseus.errors",
-    "perseus.config",
-    "perseus.schedule",
-    "perseus.process_exit",
-    "perseus.wire",
-    "perseus.formats",
-    "perseus.gpu",
-    "perseus.runtime",
+    *dict(LAYERS)["foundation"],
+    *dict(LAYERS)["gpu"],
+    *dict(LAYERS)["runtime"],
     "perseus.adapters",
 ]
 # Import names of the core dependencies (pyproject's ``dependencies``) and what they bring.

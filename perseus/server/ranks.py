@@ -9,22 +9,19 @@ all support.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
+from perseus.config_enums import ConfigChoice
 from perseus.errors import ServerError
 from perseus.wire import JobSpec, RankRegistration
 
 
-class RankStatus(str, Enum):
+class RankStatus(ConfigChoice):
     """A registered rank's state."""
 
     alive = "alive"
     dead = "dead"
     finished = "finished"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 @dataclass
