@@ -143,7 +143,7 @@ def test_controller_error_surfaces_on_next_hook(tmp_path: Path) -> None:
     opt.on_step_begin()
     opt.on_instruction_begin("forward")  # request handed to the thread
     assert opt._controller is not None
-    opt._controller._thread.join(5)  # type: ignore[union-attr]
+    opt._controller._thread.join(60)  # type: ignore[union-attr]
     with pytest.raises(GPUPermissionError, match="run as root"):
         opt.on_instruction_end("forward")
     with pytest.raises(GPUPermissionError):

@@ -82,7 +82,8 @@ class VirtualRanks:
         assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
         return answer["phase"]
 
-    def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 60.0) -> None:
+    def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 600.0) -> None:
+        """Run steps until ``phase`` (``max_steps`` bounds the logic; ``timeout_s`` a hang)."""
         deadline = time.monotonic() + timeout_s
         while self.summary()["phase"] != phase:
             assert self.step < max_steps and time.monotonic() < deadline, self.summary()

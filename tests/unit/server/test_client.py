@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List
 
@@ -84,14 +83,28 @@ def test_4xx_is_not_retried_and_explained(flaky) -> None:
     assert len(_Flaky.seen) == 1
 
 
-def test_dead_server_costs_a_bounded_time() -> None:
+def test_dead_server_costs_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attempt has the timeout and the waits between them are bounded: the call's cost is
+    at most 3 x 0.2 s + 0.05 s + 0.1 s, whatever the machine's speed (no wall clock read)."""
+    import urllib.request
+
     client = ServerClient(
         f"http://127.0.0.1:{free_port()}", timeout_s=0.2, max_retries=2, backoff_s=0.05
     )
-    t0 = time.monotonic()
-    with pytest.raises(ServerUnavailable):
+    timeouts: List[float] = []
+    waits: List[float] = []
+    real_urlopen = urllib.request.urlopen
+
+    def urlopen(req, timeout):  # type: ignore[no-untyped-def]
+        timeouts.append(timeout)
+        return real_urlopen(req, timeout=timeout)
+
+    monkeypatch.setattr("perseus.runtime.client.urllib.request.urlopen", urlopen)
+    monkeypatch.setattr("perseus.runtime.client.time.sleep", waits.append)
+    with pytest.raises(ServerUnavailable, match="3 attempt"):
         client.get("/healthz")
-    assert time.monotonic() - t0 < 2 * 0.2 * 3 + 0.05 * 3 + 1.0
+    assert timeouts == [0.2, 0.2, 0.2]
+    assert waits == [0.05, 0.1]
 
 
 def test_bad_url_is_rejected() -> None:
