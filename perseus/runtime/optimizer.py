@@ -77,26 +77,31 @@ class PerseusOptimizer:
         self.last_step: Optional[StepRecord] = None
         self.max_steps_kept = max(1, max_steps_kept)
         self._closed = False
-        controller = device.controller
-        if controller is None and getattr(source, "changes_clocks", True):
-            raise GPUError(
-                f"{type(source).__name__} changes clocks but the device was opened to measure "
-                "only; open it with control_clocks=True (runtime.mode other than measure)"
-            )
-        self._controller = controller
         # Closed last-registered first: trace, clocks, source, then what was handed in.
         self._exit = ExitStack()
         if closing is not None:
             self._exit.enter_context(closing)
-        source_close = getattr(source, "close", None)  # e.g. the online reporter thread
-        if source_close is not None:
-            self._exit.callback(source_close)
-        self._exit.callback(self._reset_clocks)
-        self._trace: Optional[TraceWriter] = None
-        if trace_dir is not None:
-            offset_s = time.time() - time.perf_counter()
-            self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
-            self._exit.callback(self._trace.close)
+        try:
+            controller = device.controller
+            if controller is None and getattr(source, "changes_clocks", True):
+                raise GPUError(
+                    f"{type(source).__name__} changes clocks but the device was opened to "
+                    "measure only; open it with control_clocks=True (runtime.mode other than "
+                    "measure)"
+                )
+            self._controller = controller
+            source_close = getattr(source, "close", None)  # e.g. the online reporter thread
+            if source_close is not None:
+                self._exit.callback(source_close)
+            self._exit.callback(self._reset_clocks)
+            self._trace: Optional[TraceWriter] = None
+            if trace_dir is not None:
+                offset_s = time.time() - time.perf_counter()
+                self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
+                self._exit.callback(self._trace.close)
+        except BaseException:
+            self._exit.close()  # what was handed in to close is closed, not leaked
+            raise
         self._energy_ok = True
         # Hot-path state, reset every iteration.
         self._stage = rank.stage

@@ -99,3 +99,16 @@ def test_context_reset_closes_optimizers_before_devices(tmp_path: Path) -> None:
     context.reset()
     assert hooks.closed and device.closed
     assert device.guard is not None and not device.guard.acquired
+
+
+def test_failed_optimizer_closes_what_it_was_handed(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from perseus.errors import GPUError
+
+    gpu = RecordingGPU()
+    with ExitStack() as owned:
+        device = owned.enter_context(open_device(gpu, control_clocks=False))
+        with pytest.raises(GPUError, match="measure only"):
+            PerseusOptimizer(RankInfo(), device, MaxSpeedSource(1410), closing=owned.pop_all())
+    assert device.closed and gpu.closed
