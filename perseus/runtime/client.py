@@ -8,6 +8,7 @@ with exponential backoff, so one call never takes longer than about
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
@@ -89,7 +90,9 @@ class ServerClient:
                         f"{method} {path}: the server answered {exc.code}: {_detail(exc)}"
                     ) from None
                 last = exc
-            except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad JSON
+            # URLError, timeouts, resets, bad JSON, and answers cut off (a server killed while
+            # it answered raises http.client.IncompleteRead, not an OSError).
+            except (OSError, ValueError, http.client.HTTPException) as exc:
                 last = exc
         raise ServerUnavailable(
             f"{method} {path}: no answer from {self.url} after "

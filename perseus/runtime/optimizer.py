@@ -141,11 +141,9 @@ class PerseusOptimizer:
     ) -> PerseusOptimizer:
         """Build the frequency source and the trace from ``cfg``, and the device if not given.
 
-        ``cfg.runtime.mode`` picks the source (see :func:`perseus.runtime.sources.build_source`).
-        With ``cfg.runtime.trace`` the trace goes to ``cfg.output_dir`` (or the working
-        directory). A ``device`` given stays the caller's (the process's
-        :class:`~perseus.runtime.device.DeviceTable`); otherwise one is built with
-        :func:`~perseus.runtime.device.build_device` and closed with the optimizer.
+        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`);
+        the trace goes to ``cfg.output_dir`` (or the working directory). A ``device`` given stays
+        the caller's; otherwise one is built (``build_device``) and closed with the optimizer.
         """
         with ExitStack() as owned:
             if device is None:

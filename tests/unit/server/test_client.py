@@ -107,6 +107,33 @@ def test_dead_server_costs_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> No
     assert waits == [0.05, 0.1]
 
 
+class _CutOff(BaseHTTPRequestHandler):
+    """Promises a longer body than it sends, like a server killed while answering."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"step": 1')
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_answer_cut_off_is_retried_then_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CutOff)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = ServerClient(_url(server), max_retries=1, backoff_s=0.0)
+        with pytest.raises(ServerUnavailable, match="IncompleteRead"):
+            client.get("/jobs/j/schedule", rank=0, step=1)
+    finally:
+        server.shutdown()
+
+
 def test_bad_url_is_rejected() -> None:
     with pytest.raises(ServerError, match="http"):
         ServerClient("ftp://x")
