@@ -11,7 +11,7 @@ from perseus.config import PowerLimitConfig
 from perseus.errors import GPUOwnershipError
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.gpu.guard import GPUGuard
-from perseus.power_limit import PowerLimitOptimizer, select_power_limit, zeus_cost_j
+from perseus.power_limit import PowerLimitOptimizer, select_power_limit
 from perseus.power_limit.selectors import PowerLimitMeasurement
 
 SELECTORS = ["zeus_cost", "energy", "time", "max_slowdown"]
@@ -131,23 +131,28 @@ def test_interrupted_windows_are_retried_on_the_emulator(tmp_path: Path) -> None
 
 
 def test_real_clock_with_sleeping_emulator(tmp_path: Path) -> None:
-    """Wall-clock timing (small time_scale): noisy on a loaded machine, so the choice is checked
-    by its true cost (within 3 %: 400 W and <= 275 W are 4-6 % worse), not its exact limit."""
+    """Wall-clock timing (the emulator sleeps through each instruction).
+
+    How long a sleep overshoots depends on the machine's load, so only what holds under any
+    load is checked: every limit is measured, a window never looks faster than its
+    instructions are, the choice follows the measured table, and the GPU's limit is set and
+    put back. (Choosing the exhaustive best is checked in virtual time above.)
+    """
     gpu = _gpu(time_scale=0.2, period_s=1e-3)
     cfg = PowerLimitConfig(step_w=50, warmup_steps=1, profile_steps=3)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
         opt = PowerLimitOptimizer([guard], cfg, eta=0.5)
         _run(opt, lambda: _train_step(gpu, 0), epochs=1, steps_per_epoch=30)
+        assert opt.state == "done"
+        assert [m.power_limit_mw for m in opt.measurements] == opt.power_limits_mw
         truth = {m.power_limit_mw: m for m in _truth(gpu, opt.power_limits_mw, 0)}
-        chosen = truth[opt.chosen_limit_mw]  # type: ignore[index]
-
-        def cost(m: PowerLimitMeasurement) -> float:
-            return zeus_cost_j(m.time_per_step_s, m.energy_per_step_j, eta=0.5, max_power_w=400)
-
-        assert cost(chosen) <= 1.03 * min(cost(m) for m in truth.values())
         for m in opt.measurements:
             true = truth[m.power_limit_mw]
-            assert m.time_per_step_s == pytest.approx(true.time_per_step_s, rel=0.25)
+            assert m.time_per_step_s >= true.time_per_step_s * (1 - 1e-6)
+            assert m.energy_per_step_j > 0.5 * true.energy_per_step_j
+        best = select_power_limit(opt.measurements, "zeus_cost", eta=0.5, max_power_w=400)
+        assert opt.chosen_limit_mw == best.power_limit_mw == gpu.power_limit_mw()
+    assert gpu.power_limit_mw() == 400_000
 
 
 def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
