@@ -5,8 +5,9 @@
 
 Replays each of the six published jobs (``2 x |B| x |P|`` recurrences, eta 0.5, beta 2) with
 both policies on the same luck (seeds 1..N), and prints per job: the mean cumulative cost of
-each, Perseus's difference, each one's regret against the best fixed (batch size, power limit)
-and the number of runs that ended in a broken state. The Zeus side is
+each, Perseus's difference, each one's regret against the best fixed (batch size, power limit),
+Perseus's saving against always running the default (b0 at the highest power limit), and the
+number of runs that ended in a broken state. The Zeus side is
 :mod:`perseus.batch_size.zeus_reference` (the published method, re-implemented). The last line
 is ``all_at_or_below_zeus=<bool> broken=<count>``.
 """
@@ -20,7 +21,12 @@ from pathlib import Path
 
 from perseus.batch_size.replay import replay, replay_perseus
 from perseus.batch_size.zeus_reference import ZeusReference
-from perseus.batch_size.zeus_trace import PUBLISHED_JOBS, best_fixed_choice, load_workload
+from perseus.batch_size.zeus_trace import (
+    PUBLISHED_JOBS,
+    best_fixed_choice,
+    fixed_choice_cost,
+    load_workload,
+)
 
 
 def main() -> None:
@@ -46,7 +52,7 @@ def main() -> None:
     header = (
         f"{'job':<13} {'recur.':>6} {'best fixed':>14} {'Zeus NSDI23':>12} {'Perseus':>12} "
         f"{'Perseus-Zeus':>12} {'regret Zeus':>11} {'regret Pers.':>12} {'wins':>5} "
-        f"{'broken Z/P':>10}"
+        f"{'broken Z/P':>10} {'Pers. vs default':>16}"
     )
     print(header)
     print("-" * len(header))
@@ -54,6 +60,8 @@ def main() -> None:
     for name in args.jobs:
         workload = load_workload(train, power, PUBLISHED_JOBS[name])
         b, p, best = best_fixed_choice(workload, args.eta)
+        top = workload.power_limits_w[0]
+        default = fixed_choice_cost(workload, workload.default_batch_size, top, args.eta)
         n = workload.num_recurrences
         zeus = [
             replay(workload, ZeusReference(workload, eta=args.eta, beta=args.beta, seed=s), seed=s)
@@ -71,7 +79,7 @@ def main() -> None:
             f"{name:<13} {n:>6} {f'{b}@{p}W':>14} {z_cost:>12.5g} {p_cost:>12.5g} "
             f"{p_cost / z_cost - 1:>+12.2%} {z_cost / (best * n) - 1:>+11.2%} "
             f"{p_cost / (best * n) - 1:>+12.2%} {f'{wins}/{len(perseus)}':>5} "
-            f"{f'{z_broken}/{p_broken}':>10}"
+            f"{f'{z_broken}/{p_broken}':>10} {p_cost / (default * n) - 1:>+16.2%}"
         )
     elapsed = time.monotonic() - started
     print(f"({elapsed:.0f} s) regret = mean cumulative cost / (best fixed x recurrences) - 1")

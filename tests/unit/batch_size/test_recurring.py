@@ -6,7 +6,6 @@ import json
 import logging
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import BatchSizeError
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.gpu.guard import GPUGuard
+from tests.unit.power_limit.fakes import VirtualClock, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILE = load_device_profile(default_device_profile_path())
@@ -27,18 +27,7 @@ EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
 LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
 
 
-class VirtualTime:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
-def _gpu(clock: VirtualTime) -> EmulatedGPU:
+def _gpu(clock: VirtualClock) -> EmulatedGPU:
     return EmulatedGPU(
         PROFILE,
         blocking_power_w=80.0,
@@ -48,7 +37,7 @@ def _gpu(clock: VirtualTime) -> EmulatedGPU:
     )
 
 
-def _job(tmp_path: Path, clock: VirtualTime, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
+def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
     args = dict(
         target_metric=1.0,
         max_epochs=8,
@@ -76,7 +65,7 @@ def _train(job: RecurringJob, epochs: Dict[int, Optional[int]] = EPOCHS) -> None
 def _recur(tmp_path: Path, times: int, **kwargs) -> List[dict]:  # type: ignore[no-untyped-def]
     results = []
     for _ in range(times):
-        clock = VirtualTime()
+        clock = VirtualClock()
         gpu = _gpu(clock)
         with _job(tmp_path, clock, gpu, **kwargs) as job:
             _train(job)
@@ -115,7 +104,7 @@ def test_runs_stop_early_when_they_would_cost_too_much(tmp_path: Path) -> None:
 
 
 def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_path: Path) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock()
     gpu = _gpu(clock)
     with pytest.raises(RuntimeError, match="boom"), _job(tmp_path, clock, gpu) as job:
         for epoch in job.epochs():
@@ -135,7 +124,7 @@ def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_pat
 def test_forgetting_report_metric_warns_and_fails_the_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock()
     with caplog.at_level(logging.WARNING), _job(tmp_path, clock, _gpu(clock), max_epochs=3) as job:
         for _ in job.epochs():
             for _ in job.steps(range(4)):
@@ -147,7 +136,7 @@ def test_forgetting_report_metric_warns_and_fails_the_run(
 def test_a_gpu_owned_by_another_controller_leaves_training_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock()
     gpu = _gpu(clock)
     shared = GPUConfig(state_dir=str(tmp_path))  # where the guards' ownership locks live
     other = GPUGuard(gpu, state_dir=tmp_path, owner="someone-else").acquire()
@@ -165,10 +154,10 @@ def test_a_gpu_owned_by_another_controller_leaves_training_alone(
 def test_an_exhausted_search_fails_before_training(tmp_path: Path) -> None:
     never: Dict[int, Optional[int]] = {b: None for b in EPOCHS}
     for _ in range(4):
-        clock = VirtualTime()
+        clock = VirtualClock()
         with _job(tmp_path, clock, _gpu(clock), max_epochs=2) as job:
             _train(job, never)
-    clock = VirtualTime()
+    clock = VirtualClock()
     gpu = _gpu(clock)
     with pytest.raises(BatchSizeError, match="every batch size tried"):
         _job(tmp_path, clock, gpu, max_epochs=2).start()
@@ -213,7 +202,7 @@ def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
     try:
         seen = []
         for _ in range(3):
-            clock = VirtualTime()
+            clock = VirtualClock()
             with _job(Path(db).parent, clock, _gpu(clock)) as job:
                 _train(job)
                 seen.append((job.batch_size, job.local_batch_size))
@@ -223,16 +212,10 @@ def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.integration
 def test_data_parallel_ranks_follow_rank_zero(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     args = (port, str(tmp_path / "bso.db"), str(tmp_path))
     procs = [ctx.Process(target=_rank_main, args=(r, *args)) for r in (0, 1)]
     for p in procs:

@@ -13,24 +13,14 @@ from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_
 from perseus.gpu.guard import GPUGuard
 from perseus.power_limit import PowerLimitOptimizer, select_power_limit
 from perseus.power_limit.selectors import PowerLimitMeasurement
+from tests.unit.power_limit.fakes import VirtualClock
 
 SELECTORS = ["zeus_cost", "energy", "time", "max_slowdown"]
 PROFILE = load_device_profile(default_device_profile_path())
 
 
-class VirtualTime:
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
 def _gpu(
-    clock: Optional[VirtualTime] = None, time_scale: float = 1.0, period_s: float = 1e-4
+    clock: Optional[VirtualClock] = None, time_scale: float = 1.0, period_s: float = 1e-4
 ) -> EmulatedGPU:
     kwargs = {} if clock is None else {"clock": clock, "sleeper": clock.sleep}
     return EmulatedGPU(
@@ -75,7 +65,7 @@ def _run(
 @pytest.mark.parametrize("stage", [0, 7])
 @pytest.mark.parametrize("selector", SELECTORS)
 def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stage: int) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=25, warmup_steps=1, profile_steps=3, selector=selector)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
@@ -94,7 +84,7 @@ def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stag
 
 
 def test_selectors_pick_different_limits_on_the_a100_profile(tmp_path: Path) -> None:
-    gpu = _gpu(VirtualTime())
+    gpu = _gpu(VirtualClock(100.0))
     limits = list(range(400_000, 99_999, -25_000))
     truth = _truth(gpu, limits, 0)
     picks = {
@@ -105,7 +95,7 @@ def test_selectors_pick_different_limits_on_the_a100_profile(tmp_path: Path) -> 
 
 
 def test_interrupted_windows_are_retried_on_the_emulator(tmp_path: Path) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=100, warmup_steps=2, profile_steps=3)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
@@ -156,7 +146,7 @@ def test_real_clock_with_sleeping_emulator(tmp_path: Path) -> None:
 
 
 def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=100, warmup_steps=0, profile_steps=2, selector="energy")
     opt = PowerLimitOptimizer.for_gpus([gpu], cfg, state_dir=tmp_path, clock=clock)
@@ -173,7 +163,7 @@ def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
 
 
 def test_for_gpus_fails_when_someone_else_owns_the_gpu(tmp_path: Path) -> None:
-    gpu = _gpu(VirtualTime())
+    gpu = _gpu(VirtualClock(100.0))
     with GPUGuard(gpu, state_dir=tmp_path, owner="clock-controller"):
         with pytest.raises(GPUOwnershipError, match="clock-controller"):
             PowerLimitOptimizer.for_gpus([gpu], PowerLimitConfig(), state_dir=tmp_path)
