@@ -382,6 +382,9 @@ class RecurringJob:
         made were reported as measured; the epoch in which it is made takes their correction.
         """
         plo = self.power_limit
+        done_s, done_j, steps = self._done_at or (end_s, end_j, 0)
+        # Every rank takes part in the reduction, whatever its own state.
+        after = aggregate.torch_distributed(aggregate.WindowTotals(end_s - done_s, end_j - done_j))
         if plo is None or plo.state != DONE or self._done_at is None:
             if plo is not None and plo.state != DONE:
                 self._profiling_epochs.append(total)
@@ -389,8 +392,6 @@ class RecurringJob:
             return total.time_s, total.energy_j
         chosen = plo.chosen_measurement
         assert chosen is not None
-        done_s, done_j, steps = self._done_at
-        after = aggregate.torch_distributed(aggregate.WindowTotals(end_s - done_s, end_j - done_j))
         steps += self._profiling_steps
         earlier_s = sum(e.time_s for e in self._profiling_epochs)
         earlier_j = sum(e.energy_j for e in self._profiling_epochs)
