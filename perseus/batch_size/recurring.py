@@ -192,7 +192,10 @@ class RecurringJob:
 
     # -- the training loop -----------------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
-        """Epoch numbers (1, 2, ...) until the run ends; call :meth:`report_metric` in each."""
+        """Epoch numbers (1, 2, ...) until the run ends; call :meth:`report_metric` in each.
+
+        When the loop ends, :attr:`result` holds what was recorded for the run (on every rank).
+        """
         self.start()
         for epoch in range(1, self.max_epochs + 1):
             self._epoch = epoch
@@ -205,6 +208,7 @@ class RecurringJob:
                 break
         if self.optimizer is not None and self.optimizer.run_id is not None:
             self._finish()
+        self.result = aggregate.broadcast_object(self.result)  # type: ignore[assignment]
 
     def steps(self, iterable: Iterable[T]) -> Iterator[T]:
         """One epoch of a data loader, with the power-limit optimizer around each step."""

@@ -206,8 +206,7 @@ def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
             with _job(Path(db).parent, clock, _gpu(clock)) as job:
                 _train(job)
                 seen.append((job.batch_size, job.local_batch_size))
-        result = job.result if rank == 0 else None
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "last": result}))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "last": job.result}))
     finally:
         dist.destroy_process_group()
 
@@ -225,5 +224,6 @@ def test_data_parallel_ranks_follow_rank_zero(tmp_path: Path) -> None:
         assert p.exitcode == 0
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["seen"] == ranks[1]["seen"] == [[64, 32], [32, 16], [128, 64]]
+    assert ranks[0]["last"] == ranks[1]["last"]  # every rank gets the run's record
     last = ranks[0]["last"]
     assert last["status"] == "reached" and last["power_limit"]["num_gpus"] == 2
