@@ -31,6 +31,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from perseus.batch_size.store import FAILED, REACHED, RunRow
+
+BANDIT = "bandit"
+
 # Grid points for the posterior of tau.
 _TAU_GRID = 64
 # Keeps variances strictly positive (all runs identical).
@@ -59,6 +63,35 @@ class Arm:
     def log_units(self) -> List[float]:
         """``log(cost / unit)`` of each run (log epochs when the epoch cost is known)."""
         return [math.log(max(c, 1e-300) / self.unit) for c in self.costs]
+
+
+def arms_from_runs(
+    runs: Sequence[RunRow], batch_sizes: Sequence[int], *, with_failures: bool
+) -> List[Arm]:
+    """The arms ``batch_sizes`` with the costs of their converged runs (and epoch costs).
+
+    With ``with_failures``, a run the bandit chose that failed counts too: as its own cost plus
+    the expected cost of a run of the cheapest batch size (the job still had to be trained).
+    """
+    converged: Dict[int, List[float]] = {b: [] for b in batch_sizes}
+    epoch_costs: Dict[int, List[float]] = {b: [] for b in batch_sizes}
+    for run in runs:
+        if run.batch_size not in converged or run.cost is None:
+            continue
+        if run.epoch_cost is not None:
+            epoch_costs[run.batch_size].append(run.epoch_cost)
+        if run.status == REACHED:
+            converged[run.batch_size].append(run.cost)
+    costs = {b: list(c) for b, c in converged.items()}
+    if with_failures:
+        retry = min((statistics.fmean(c) for c in converged.values() if c), default=0.0)
+        for run in runs:
+            if run.batch_size in costs and run.status == FAILED and run.phase == BANDIT:
+                costs[run.batch_size].append((run.cost or 0.0) + retry)
+    return [
+        Arm(b, costs[b], statistics.fmean(epoch_costs[b]) if epoch_costs[b] else None)
+        for b in batch_sizes
+    ]
 
 
 def _quantization_var(arm: Arm, mean_log: float) -> float:

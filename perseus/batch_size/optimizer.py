@@ -45,26 +45,20 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from perseus.batch_size import bandit
+from perseus.batch_size.bandit import BANDIT
+from perseus.batch_size.explain import check_settings, exhausted_message
 from perseus.batch_size.pruning import PRUNING, PruningState, pruning_state, start_batch_size
 from perseus.batch_size.store import FAILED, REACHED, RunRow, Store, batch_sizes_key
-from perseus.errors import BatchSizeError, ConfigError
+from perseus.errors import BatchSizeError
 
 log = logging.getLogger(__name__)
 
-BANDIT = "bandit"
 EXHAUSTED = "exhausted"
 REASON_TARGET_MISSED = "target_missed"
 REASON_COST = "cost_exceeded"
 REASON_ERROR = "error"
 # Relative slack when comparing a converged run's cost with the early-stop bound.
 _BOUND_SLACK = 1e-9
-
-_REASONS = {
-    REASON_TARGET_MISSED: "missed the target metric within max_epochs",
-    REASON_COST: "stopped: it would have cost more than beta x the cheapest converged run",
-    REASON_ERROR: "the training job raised an error",
-    "not_reported": "never reported (its process died)",
-}
 
 
 class BatchSizeOptimizer:
@@ -111,7 +105,7 @@ class BatchSizeOptimizer:
         stale_run_s: Optional[float] = 7 * 24 * 3600.0,
     ) -> None:
         self.batch_sizes = batch_sizes_key(batch_sizes)
-        _check_args(
+        check_settings(
             self.batch_sizes,
             default_batch_size,
             eta,
@@ -174,7 +168,7 @@ class BatchSizeOptimizer:
                     conn, self.job_id, batch_size, phase, pruning_round
                 )
         if exhausted is not None:
-            raise BatchSizeError(self._exhausted_message(exhausted))
+            raise BatchSizeError(exhausted_message(exhausted, self))
         log.info(
             "run %d of job %s: batch size %d (%s)", self.run_id, self.job_id, batch_size, phase
         )
@@ -311,7 +305,7 @@ class BatchSizeOptimizer:
             "best_batch_size": bandit.best_arm(arms),
         }
         if state.exhausted:
-            out["message"] = self._exhausted_message(state)
+            out["message"] = exhausted_message(state, self)
             out["failed"] = {b: reason for b, (_, reason) in state.failed.items()}
         return out
 
@@ -400,35 +394,13 @@ class BatchSizeOptimizer:
         rng = random.Random(f"{self.seed}:{self.job_id}:{generation}:{len(runs)}")
         return bandit.thompson_choice(arms, rng), BANDIT, None
 
-    def _arms(
-        self, runs: List[RunRow], state: PruningState, *, converged_only: bool
-    ) -> List[bandit.Arm]:
-        """What each arm's runs cost; failed bandit runs count as their cost plus a retry."""
+    @staticmethod
+    def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:
         if state.done:
             names = list(state.candidates)
         else:
             names = sorted({r.batch_size for r in runs if r.status == REACHED})
-        converged: Dict[int, List[float]] = {b: [] for b in names}
-        epoch_costs: Dict[int, List[float]] = {b: [] for b in names}
-        for run in runs:
-            if run.batch_size not in converged or run.cost is None:
-                continue
-            if run.epoch_cost is not None:
-                epoch_costs[run.batch_size].append(run.epoch_cost)
-            if run.status == REACHED:
-                converged[run.batch_size].append(run.cost)
-        costs = {b: list(c) for b, c in converged.items()}
-        if not converged_only:
-            # A failed run cost what it cost, and the job still had to be trained: add the
-            # expected cost of a run of the cheapest batch size.
-            retry = min((statistics.fmean(c) for c in converged.values() if c), default=0.0)
-            for run in runs:
-                if run.batch_size in costs and run.status == FAILED and run.phase == BANDIT:
-                    costs[run.batch_size].append((run.cost or 0.0) + retry)
-        return [
-            bandit.Arm(b, costs[b], statistics.fmean(epoch_costs[b]) if epoch_costs[b] else None)
-            for b in names
-        ]
+        return bandit.arms_from_runs(runs, names, with_failures=not converged_only)
 
     def _current_run(self) -> RunRow:
         if self.run_id is None:
@@ -460,53 +432,3 @@ class BatchSizeOptimizer:
             if r.status == REACHED and r.cost is not None and r.run_id != exclude_run_id
         ]
         return self.beta * min(costs) if costs else None
-
-    def _exhausted_message(self, state: PruningState) -> str:
-        lines = []
-        for batch_size, (run_id, reason) in sorted(state.failed.items()):
-            text = _REASONS.get(reason or "", reason or "failed")
-            lines.append(f"batch size {batch_size} (run {run_id}): {text}")
-        return (
-            f"job {self.job_id!r}: every batch size tried in pruning round "
-            f"{state.pruning_round + 1} failed:\n  - "
-            + "\n  - ".join(lines)
-            + f"\nThe search cannot go on as it is (target_metric={self.target_metric}, "
-            f"max_epochs={self.max_epochs}, beta={self.beta}). Fix the cause (e.g. raise "
-            "max_epochs, or correct the training), then call retry_failed() to try these batch "
-            "sizes again, or reset() to start the search over (Hydra sweeper: "
-            "hydra.sweeper.retry_failed=true or hydra.sweeper.reset=true). The runs stay in "
-            f"{self.store.path}."
-        )
-
-
-def _check_args(
-    batch_sizes: List[int],
-    default_batch_size: int,
-    eta: float,
-    beta: float,
-    max_epochs: int,
-    max_power_w: float,
-    num_pruning_rounds: int,
-    num_exploration: int,
-) -> None:
-    problems = []
-    if not batch_sizes or batch_sizes[0] < 1:
-        problems.append(f"batch_sizes={batch_sizes}: give at least one positive batch size")
-    elif default_batch_size not in batch_sizes:
-        problems.append(
-            f"default_batch_size={default_batch_size}: must be one of batch_sizes {batch_sizes}"
-        )
-    if not 0.0 <= eta <= 1.0:
-        problems.append(f"eta={eta}: must be within [0, 1]")
-    if beta <= 1.0:
-        problems.append(f"beta={beta}: must be > 1 (2.0 stops runs costing twice the best)")
-    if max_epochs < 1:
-        problems.append(f"max_epochs={max_epochs}: must be >= 1")
-    if max_power_w <= 0:
-        problems.append(f"max_power_w={max_power_w}: must be > 0 (watts of all GPUs)")
-    if num_pruning_rounds < 0:
-        problems.append(f"num_pruning_rounds={num_pruning_rounds}: must be >= 0")
-    if num_exploration < 1:
-        problems.append(f"num_exploration={num_exploration}: must be >= 1")
-    if problems:
-        raise ConfigError("invalid batch-size optimizer settings:\n  - " + "\n  - ".join(problems))
