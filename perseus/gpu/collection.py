@@ -49,11 +49,11 @@ class GPUs(Sequence[GPU]):
         Raises:
             GPUError: when a GPU cannot be opened (those opened before it are closed again).
         """
-        from perseus.gpu.factory import build_gpu, nvml_usable
+        from perseus.gpu.factory import build_gpu, resolve_auto
 
         backend = cfg.backend
         if backend == "auto":
-            backend = "nvml" if nvml_usable() else "emulated"
+            backend = resolve_auto()
         fixed = dataclasses.replace(cfg, backend=backend)
         if indices is None:
             indices = range(_visible_nvml_count()) if backend == "nvml" else [0]

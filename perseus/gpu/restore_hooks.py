@@ -7,6 +7,10 @@ when that was the default disposition, re-delivers the signal with the default d
 the process ends as it would have without Perseus. Handlers can only be installed from the main
 thread; a guard acquired in another thread relies on ``atexit`` and its context manager.
 
+Each guard's restore is bounded by its ``restore_timeout_s`` (a hung driver cannot keep a
+signal from ending the process). A forked child (a data-loader worker) inherits the handlers
+but not the guards: it never restores its parent's GPUs.
+
 Runs on Python 3.9 (the Merak runtime path).
 """
 
@@ -35,6 +39,16 @@ _lock = threading.RLock()
 _live: List[Restorable] = []
 _previous: Dict[int, Any] = {}
 _atexit_registered = False
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def register(guard: Restorable) -> None:

@@ -156,7 +156,9 @@ CHILD = textwrap.dedent(
         atexit.register(dump)
     from perseus.gpu.guard import GPUGuard
     from perseus.gpu.nvml import NVMLGPU
-    guard = GPUGuard(NVMLGPU(0), state_dir=state_dir).acquire()
+    # No watchdog here: these tests check the in-process paths and recover_stale themselves
+    # (tests/unit/gpu/test_watchdog.py covers the watchdog).
+    guard = GPUGuard(NVMLGPU(0), state_dir=state_dir, watchdog=False).acquire()
     guard.lock_sm_clocks_mhz(1410, 1410)
     guard.set_power_limit_mw(300_000)
     open(ready, "w").close()
