@@ -27,6 +27,7 @@ ENERGY_POLICIES = (
 )
 FRAMEWORKS = ("deepspeed", "megatron", "merak", "torch")
 GPU_BACKENDS = ("auto", "nvml", "emulated")
+GPU_ON_UNSUPPORTED = ("error", "measure_only")
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 PROFILER_MODES = ("fast", "sweep")
 RUNTIME_MODES = ("measure", "max_speed", "plan", "online")
@@ -134,6 +135,9 @@ class EmulatedGPUConfig:
     # Sleep so instructions last their profiled time (off only for hook benchmarks).
     sleep: bool = True
     seed: int = 0
+    # Queue work like CUDA: instruction hooks return at once, the work runs on a virtual device
+    # timeline at the clocks in force while it runs, synchronize() waits for it.
+    asynchronous: bool = False
 
 
 @dataclass
@@ -146,6 +150,10 @@ class GPUConfig:
     # Where restoration state files live (SIGKILL recovery).
     state_dir: Optional[str] = None
     lock_memory_clock: bool = False
+    # When the start-up check finds the GPU cannot do what the job needs (lock clocks, set power
+    # limits, ...): "error" stops before step 1; "measure_only" trains without changing clocks
+    # or power limits, measuring time and energy, with one warning.
+    on_unsupported: str = "error"
     emulated: EmulatedGPUConfig = field(default_factory=EmulatedGPUConfig)
 
 
@@ -314,6 +322,12 @@ def validate(cfg: PerseusConfig) -> None:
         problems.append(f"gpu={cfg.gpu.backend!r}: choose one of {GPU_BACKENDS}")
     if cfg.gpu.emulated.time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
+    if cfg.gpu.on_unsupported not in GPU_ON_UNSUPPORTED:
+        problems.append(
+            f"gpu.on_unsupported={cfg.gpu.on_unsupported!r}: choose one of {GPU_ON_UNSUPPORTED}"
+        )
+    if cfg.gpu.emulated.asynchronous and not cfg.gpu.emulated.sleep:
+        problems.append("gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true")
     problems += _runtime_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -53,6 +53,10 @@ def build_from_config(
         gpu = build_gpu(cfg.gpu, rank.local_gpu_index, num_pipeline_stages=rank.num_stages)
     own_guard = False
     try:
+        from perseus.gpu.preflight import preflight_config
+
+        # [gpu preflight] checks the GPU once (before step 1): raises, or measure-only config.
+        cfg = preflight_config(cfg, gpu)
         source = build_source(cfg, rank, gpu)
         if controller is None and guard is None and getattr(source, "changes_clocks", True):
             guard = take_guard(cfg, rank, gpu)
@@ -83,7 +87,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     if mode == "max_speed":
         return MaxSpeedSource(max(gpu.supported_sm_clocks_mhz()))
     if mode == "plan":
-        return _plan_source(cfg, rank)
+        return _plan_source(cfg, rank, gpu)
     if mode == "online":
         from perseus.runtime.online import build_online_source
 
@@ -98,7 +102,8 @@ def trace_dir_of(cfg: PerseusConfig) -> Optional[Path]:
     return Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
 
 
-def _plan_source(cfg: PerseusConfig, rank: RankInfo) -> PlanSource:
+def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
+    from perseus.gpu.preflight import check_plan_clocks
     from perseus.plan import load_plan
 
     if not cfg.runtime.plan:
@@ -116,6 +121,8 @@ def _plan_source(cfg: PerseusConfig, rank: RankInfo) -> PlanSource:
             f"{where} has {plan.num_microbatches} microbatches per iteration but "
             f"parallelism.num_microbatches={num_mb}; plan for this job with perseus-plan"
         )
+    # [gpu] a plan's clocks must exist on this GPU (rejected, never snapped).
+    check_plan_clocks(plan.frequencies(rank.stage), gpu, where)
     return PlanSource(plan, rank.stage, strict=cfg.runtime.strict)
 
 
@@ -128,8 +135,9 @@ def take_guard(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> GPUGuard:
     guard.acquire()
     try:
         if cfg.gpu.lock_memory_clock:
-            mem_mhz = max(gpu.supported_memory_clocks_mhz())
-            guard.lock_memory_clocks_mhz(mem_mhz, mem_mhz)
+            from perseus.gpu.preflight import lock_memory_clock
+
+            lock_memory_clock(guard)  # [gpu] skipped with a warning where not supported
     except BaseException:
         guard.release()  # restores first
         raise

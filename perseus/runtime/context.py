@@ -184,10 +184,16 @@ def _build(rank: RankInfo) -> Hooks:
 
 def _open_device(cfg: PerseusConfig, rank: RankInfo) -> _Device:
     from perseus.gpu.factory import build_gpu
+    from perseus.gpu.preflight import preflight_config
     from perseus.runtime.build import take_guard
     from perseus.runtime.controller import ClockController
 
     gpu = build_gpu(cfg.gpu, rank.local_gpu_index, num_pipeline_stages=rank.num_stages)
+    try:
+        cfg = preflight_config(cfg, gpu)  # [gpu preflight] raises, or a measure-only config
+    except BaseException:
+        gpu.close()
+        raise
     if cfg.runtime.mode == "measure":
         return _Device(gpu, None, None)
     try:

@@ -8,6 +8,14 @@ forward and backward of one microbatch. For each instruction the optimizer asks 
 start and end (the emulated device uses that), and records times (and energy counter readings
 when the source wants them) into :class:`~perseus.runtime.types.StepRecord` objects.
 
+Real GPUs are asynchronous: a framework's forward returns once its kernels are queued. So every
+hook first synchronizes the device (:meth:`~perseus.gpu.base.GPU.synchronize`:
+``torch.cuda.synchronize`` of the rank's device, a no-op without CUDA), then changes the clock
+and stamps time (:meth:`~perseus.gpu.base.GPU.now_s`) and energy: clocks apply to the
+instruction they are meant for, and times and energies are the device's, not the queueing's.
+Hooks synchronize at those boundaries and nowhere else. With a trace, the SM clock read back
+from the device at the end of each clock-locked instruction is recorded too (``applied_mhz``).
+
 Closing the optimizer (``close()``, a ``with`` block, or interpreter exit) stops the controller
 and puts the GPU's clocks back through the :class:`~perseus.gpu.guard.GPUGuard`.
 
@@ -90,7 +98,7 @@ class PerseusOptimizer:
         self._closed = False
         self._trace: Optional[TraceWriter] = None
         if trace_dir is not None:
-            offset_s = time.time() - time.perf_counter()
+            offset_s = time.time() - gpu.now_s()
             self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
         self._changes_clocks = bool(getattr(source, "changes_clocks", True))
         self._owns_controller = False
@@ -114,12 +122,17 @@ class PerseusOptimizer:
         self._open: Optional[Tuple[int, str, int, Optional[int], Optional[float]]] = None
         self._t_open = 0.0
         self._raw: List[_Raw] = []
+        self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
         self._step_e0: Optional[float] = None
         self._freq_of = source.frequency_mhz
         self._wants_energy = bool(getattr(source, "wants_energy", False))
         self._gpu_begin = gpu.instruction_begin
         self._gpu_end = gpu.instruction_end
+        # [gpu sync] The device's time base and synchronization (see the module docstring).
+        self._sync = gpu.synchronize
+        self._now = gpu.now_s
+        self._read_clock = gpu.sm_clock_mhz if self._trace is not None else None
         lifecycle.close_at_exit(self)  # before the guards' own exit hook restores
         logger.debug(
             "PerseusOptimizer rank %d stage %d: source %s, clocks %s",
@@ -173,8 +186,10 @@ class PerseusOptimizer:
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
+        self._applied = []
+        self._sync()  # [gpu sync] the stamps below see the device's finished work
         self._step_e0 = self._energy_mj()
-        self._step_t0 = time.perf_counter()
+        self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
         """``name`` (forward/backward) of the next microbatch starts on this stage."""
@@ -194,6 +209,7 @@ class PerseusOptimizer:
         pos = self._position
         self._position = pos + 1
         freq = self._freq_of(self._step, pos, name, mb)
+        self._sync()  # [gpu sync] before the clock change and the stamps
         if ctrl is not None:
             ctrl.request(freq)  # a repeat of the last request returns at once
         elif freq is not None:
@@ -201,7 +217,7 @@ class PerseusOptimizer:
         e0 = self.gpu.total_energy_mj() if self._wants_energy else None
         self._gpu_begin(self._stage, name)
         self._open = (pos, name, mb, freq, e0)
-        self._t_open = time.perf_counter()
+        self._t_open = self._now()
 
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
@@ -210,8 +226,12 @@ class PerseusOptimizer:
             self._unmatched_end(name)
             return
         self._gpu_end(name)
-        t_end = time.perf_counter()
+        if sys.exc_info()[0] is None:  # [gpu sync] (not over the instruction's own error)
+            self._sync()
+        t_end = self._now()
         e1 = self.gpu.total_energy_mj() if self._wants_energy else None
+        if self._read_clock is not None:  # the clock the instruction ran at, read back
+            self._applied.append(self._read_clock() if opened[3] is not None else None)
         self._open = None
         self._raw.append(
             (opened[0], name, opened[2], opened[3], self._t_open, t_end, opened[4], e1)
@@ -230,7 +250,9 @@ class PerseusOptimizer:
         if not self._in_step:
             logger.warning("on_step_end without on_step_begin on rank %d; ignored", self.rank.rank)
             return
-        t_end = time.perf_counter()
+        if sys.exc_info()[0] is None:  # [gpu sync]
+            self._sync()
+        t_end = self._now()
         e_end = self._energy_mj()
         self._in_step = False
         self._open = None
@@ -244,6 +266,7 @@ class PerseusOptimizer:
             end_s=t_end,
             energy_j=energy_j,
             instructions=[InstructionRecord(*raw) for raw in self._raw],
+            applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None
         try:

@@ -1,10 +1,13 @@
 """Per-instruction trace files: ``trace-rank{R}.csv``.
 
-Columns: ``step,stage,instruction,microbatch,frequency_mhz,start_s,end_s``. ``frequency_mhz``
-is the clock the runtime asked for (empty: default clocks); ``start_s`` / ``end_s`` are seconds
-since the Unix epoch (microsecond resolution), so traces of different ranks line up on one
-time axis. Rows are buffered and written at the end of each iteration and on close, never per
-instruction. Standard library only; runs on Python 3.9.
+Columns: ``step,stage,instruction,microbatch,frequency_mhz,start_s,end_s,applied_mhz``.
+``frequency_mhz`` is the clock the runtime asked for (empty: default clocks); ``applied_mhz`` the
+SM clock read back from the device when the instruction ended (empty: no clock locked, or the
+device cannot say) — lower than asked means throttling (power or heat) or a clock the GPU does
+not have. ``start_s`` / ``end_s`` are seconds since the Unix epoch (microsecond resolution), so
+traces of different ranks line up on one time axis; they are taken after synchronizing the
+device, so they bound the instruction's GPU work. Rows are buffered and written at the end of
+each iteration and on close, never per instruction. Standard library only; runs on Python 3.9.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ TRACE_COLUMNS = (
     "frequency_mhz",
     "start_s",
     "end_s",
+    "applied_mhz",
 )
 
 
@@ -53,11 +57,14 @@ class TraceWriter:
         """Buffer the rows of one iteration."""
         off = self._offset_s
         step, stage = record.step, record.stage
-        for ins in record.instructions:
+        applied_mhz = record.applied_mhz
+        for i, ins in enumerate(record.instructions):
             freq = "" if ins.frequency_mhz is None else str(ins.frequency_mhz)
+            read = applied_mhz[i] if i < len(applied_mhz) else None
+            applied = "" if read is None else str(read)
             self._lines.append(
                 f"{step},{stage},{ins.instruction},{ins.microbatch},{freq},"
-                f"{ins.start_s + off:.6f},{ins.end_s + off:.6f}\n"
+                f"{ins.start_s + off:.6f},{ins.end_s + off:.6f},{applied}\n"
             )
 
     def flush(self) -> None:
