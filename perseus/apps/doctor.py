@@ -65,7 +65,7 @@ def _emulated(out: TextIO, **kwargs: object) -> List[Diagnosis]:
         "gpu=auto runs on the emulated GPU. What it would be:",
         file=out,
     )
-    print(f"process: {privileges()} privileges (the emulated GPU needs none)", file=out)
+    print(f"process privileges: {privileges()} (the emulated GPU needs none)", file=out)
     gpu = build_emulated(
         GPUConfig(backend="emulated"), clock=kwargs["clock"], sleeper=kwargs["sleeper"]
     )
@@ -112,7 +112,7 @@ def _nvml(out: TextIO, **kwargs: object) -> List[Diagnosis]:
             f"CUDA_DEVICE_ORDER={_env('CUDA_DEVICE_ORDER')}",
             file=out,
         )
-        print(f"process: {privileges()} privileges", file=out)
+        print(f"process privileges: {privileges()}", file=out)
         models = {name for _, name, _, _, _ in inventory}
         if len(models) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
             print(
