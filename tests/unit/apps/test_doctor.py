@@ -27,17 +27,7 @@ from tests.unit.gpu.nvml_mock import (
     uuid_of,
     write_dead_owner_state,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
+from tests.unit.profiler.virtual import VirtualClock
 
 
 @pytest.fixture(autouse=True)
@@ -52,17 +42,17 @@ def privileged(monkeypatch, who: str) -> None:
     monkeypatch.setattr(doctor_app, "privileges", lambda: who)
 
 
-def node(clock: Clock, **kwargs: Any) -> Any:
+def node(clock: VirtualClock, **kwargs: Any) -> Any:
     m = make_pynvml_mock(**kwargs)
     m.nvmlDeviceGetTotalEnergyConsumption.side_effect = lambda h: int(
-        90_000 * math.floor(clock.t / 0.02) * 0.02
+        90_000 * math.floor(clock.now_s / 0.02) * 0.02
     )
     return m
 
 
 def doctor(**kwargs: Any) -> Tuple[int, str]:
     out = io.StringIO()
-    clock = Clock()
+    clock = VirtualClock(100.0)
     nvml = kwargs.pop("nvml", None)
     if nvml is not None:
         clock = kwargs.pop("clock")
@@ -95,7 +85,7 @@ def test_without_gpus_it_says_so_and_shows_the_emulated_gpu(monkeypatch, tmp_pat
 
 def test_mocked_node_read_only_by_default(monkeypatch):
     privileged(monkeypatch, "none")
-    clock = Clock()
+    clock = VirtualClock(100.0)
     m = node(clock, num_gpus=2)
     status, text = doctor(nvml=m, clock=clock)
     assert status == 1  # not READY without the privilege
@@ -116,7 +106,7 @@ def test_mocked_node_read_only_by_default(monkeypatch):
 
 def test_mocked_node_apply_does_the_round_trip(monkeypatch):
     privileged(monkeypatch, "root")
-    clock = Clock()
+    clock = VirtualClock(100.0)
     m = node(clock)
     m.nvmlDeviceSetMemoryLockedClocks.side_effect = pynvml.NVMLError(
         pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -137,7 +127,7 @@ def test_mocked_node_apply_does_the_round_trip(monkeypatch):
 
 def test_verdicts_for_refused_clocks_and_mig(monkeypatch):
     privileged(monkeypatch, "none")
-    clock = Clock()
+    clock = VirtualClock(100.0)
     m = node(clock, num_gpus=2)
     m.nvmlDeviceSetGpuLockedClocks.side_effect = no_permission()
     m.nvmlDeviceGetMigMode.side_effect = lambda h: (
@@ -154,7 +144,7 @@ def test_broken_nvml_with_gpus_present_exits_2(monkeypatch, tmp_path):
     monkeypatch.setattr(nvml_support, "DEV_DIR", str(tmp_path))
     m = make_pynvml_mock()
     m.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
-    status, text = doctor(nvml=m, clock=Clock())
+    status, text = doctor(nvml=m, clock=VirtualClock(100.0))
     assert status == 2
     assert "NVML/RM version mismatch" in text and "reboot the node" in text
 

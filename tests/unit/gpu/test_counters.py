@@ -20,21 +20,11 @@ from perseus.gpu.nvml import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
 from perseus.runtime.types import RankInfo
+from tests.unit.profiler.virtual import VirtualClock
 
 from .nvml_mock import make_pynvml_mock, patched_pynvml
 
 POWER_W = 250.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 500.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +32,12 @@ def _env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
-def ticking_counter(clock: Clock, period_s: float, state: Dict[str, int]) -> Any:
+def ticking_counter(clock: VirtualClock, period_s: float, state: Dict[str, int]) -> Any:
     """pynvml whose counter (mJ) shows POWER_W x time at its last update tick, plus an offset."""
     m = make_pynvml_mock()
 
     def counter(handle: str) -> int:
-        tick_s = math.floor(clock.t / period_s) * period_s
+        tick_s = math.floor(clock.now_s / period_s) * period_s
         return int(POWER_W * 1000 * tick_s) + state["offset_mj"]
 
     m.nvmlDeviceGetTotalEnergyConsumption.side_effect = counter
@@ -56,7 +46,7 @@ def ticking_counter(clock: Clock, period_s: float, state: Dict[str, int]) -> Any
 
 @pytest.mark.parametrize("period_s", [0.02, 0.1])
 def test_update_period_is_measured_on_nvml(period_s):
-    clock = Clock()
+    clock = VirtualClock(500.0)
     with patched_pynvml(ticking_counter(clock, period_s, {"offset_mj": 0})):
         gpu = NVMLGPU(0)
         period, updates, reset = measure_update_period(
@@ -70,7 +60,7 @@ def test_update_period_is_measured_on_nvml(period_s):
 
 @pytest.mark.parametrize("period_s", [0.02, 0.1])
 def test_monitor_measures_short_windows_with_either_period(period_s):
-    clock = Clock()
+    clock = VirtualClock(500.0)
     gpu = EmulatedGPU(
         load_device_profile(default_device_profile_path()),
         blocking_power_w=83.64,
@@ -88,7 +78,7 @@ def test_monitor_measures_short_windows_with_either_period(period_s):
     gpu.instruction_end("backward")
     monitor.end_window("warm-up")
     for phase_s in (0.003, 0.011, 0.017):
-        clock.t += phase_s
+        clock.now_s += phase_s
         e0 = gpu.true_energy_j()
         monitor.begin_window("fwd")
         gpu.instruction_begin(0, "forward")
@@ -98,22 +88,22 @@ def test_monitor_measures_short_windows_with_either_period(period_s):
 
 
 def test_counter_reset_is_continued_not_subtracted(caplog):
-    clock, state = Clock(), {"offset_mj": 0}
+    clock, state = VirtualClock(500.0), {"offset_mj": 0}
     caplog.set_level(logging.WARNING, logger="perseus.gpu.nvml")
     with patched_pynvml(ticking_counter(clock, 0.02, state)):
         gpu = NVMLGPU(0)
         opt = PerseusOptimizer(RankInfo(), gpu, MeasureSource(), owns_gpu=True)
         opt.on_step_begin()
-        clock.t += 1.0
+        clock.now_s += 1.0
         # The driver reloads: the counter restarts near zero.
-        state["offset_mj"] = -int(POWER_W * 1000 * clock.t) + 500
-        clock.t += 1.0
+        state["offset_mj"] = -int(POWER_W * 1000 * clock.now_s) + 500
+        clock.now_s += 1.0
         opt.on_step_end()
         period, _updates, reset = measure_update_period(
             gpu.total_energy_mj, clock=clock, sleeper=clock.sleep, probe_s=0.2
         )
         before = gpu.total_energy_mj()
-        clock.t += 0.5
+        clock.now_s += 0.5
         after = gpu.total_energy_mj()
         opt.close()
     step = opt.last_step

@@ -23,22 +23,12 @@ from perseus.profile import Profile
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
 from perseus.runtime.types import RankInfo, StepRecord
+from tests.unit.profiler.virtual import VirtualClock
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 CLOCKS_MHZ = (1410, 1200, 1005, 900)  # all in the bundled A100 profile
 LAUNCH_S = 0.0002  # host time to queue one instruction's kernels
 STAGE, NUM_STAGES, NUM_MB = 1, 2, 4
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.t = 10.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += max(0.0, seconds)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +39,7 @@ def profile() -> Profile:
 def _run(
     tmp_path: Path, profile: Profile, *, synchronize: bool
 ) -> Tuple[EmulatedGPU, Plan, List[StepRecord], List[Tuple[str, List[int]]]]:
-    clock = VirtualClock()
+    clock = VirtualClock(10.0)
     gpu = EmulatedGPU(
         profile,
         blocking_power_w=83.64,
@@ -74,11 +64,11 @@ def _run(
         opt.on_step_begin()
         for name, _mb in order:
             opt.on_instruction_begin(name)
-            clock.t += LAUNCH_S  # the framework queues kernels and returns
+            clock.now_s += LAUNCH_S  # the framework queues kernels and returns
             opt.on_instruction_end(name)
         opt.on_step_end()
     steps = list(opt.steps)
-    clock.t += 10.0  # later on, whatever is still queued has run
+    clock.now_s += 10.0  # later on, whatever is still queued has run
     ran = [(w.instruction, w.clocks_mhz) for w in gpu.executed]
     opt.close()
     return gpu, plan, steps, ran
