@@ -131,9 +131,19 @@ def describe(gpu: GPU) -> str:
 
 
 def check_capabilities(
-    gpu: GPU, needs: GPUNeeds, *, state_dir: Optional[Path] = None
+    gpu: GPU,
+    needs: GPUNeeds,
+    *,
+    state_dir: Optional[Path] = None,
+    guard: Optional[GPUGuard] = None,
 ) -> Capabilities:
     """Try what ``needs`` lists on ``gpu`` (changes go through a guard and are undone).
+
+    Args:
+        gpu: The device.
+        needs: What to try.
+        state_dir: The guards' state dir.
+        guard: The GPU's guard if the caller holds one (else a short-lived one is taken).
 
     Raises:
         GPUOwnershipError: another live process owns the GPU.
@@ -152,26 +162,32 @@ def check_capabilities(
         return caps
     from perseus.gpu.guard import GPUGuard
 
-    guard = GPUGuard(gpu, state_dir=state_dir, owner="perseus start-up check").acquire()
+    own = guard is None
+    held = guard or GPUGuard(gpu, state_dir=state_dir, owner="perseus start-up check").acquire()
     try:
         if needs.lock_sm_clocks:
-            caps.checks.append(_try("lock SM clocks", lambda: _round_trip_sm(guard)))
+            caps.checks.append(_try("lock SM clocks", lambda: _round_trip_sm(held)))
         if needs.lock_memory_clocks:
-            check = _try("lock memory clocks", lambda: _round_trip_memory(guard))
+            check = _try("lock memory clocks", lambda: _round_trip_memory(held))
             caps.memory_lock_supported = not isinstance(check.error, GPUNotSupportedError)
             if caps.memory_lock_supported:
                 caps.checks.append(check)
             else:
                 caps.warnings.append(_memory_lock_warning(caps.gpu, check.detail))
         if needs.set_power_limit:
-            caps.checks.append(_try("set power limits", lambda: _same_power_limit(guard)))
+            caps.checks.append(_try("set power limits", lambda: _same_power_limit(held)))
     finally:
-        guard.release()
+        if own:
+            held.release()
     return caps
 
 
-def preflight_config(cfg: PerseusConfig, gpu: GPU) -> PerseusConfig:
+def preflight_config(
+    cfg: PerseusConfig, gpu: GPU, guard: Optional[GPUGuard] = None
+) -> PerseusConfig:
     """Check ``gpu`` once for what ``cfg`` needs; returns the configuration to run with.
+
+    ``guard``: the GPU's guard when the caller already holds one (the check goes through it).
 
     ``cfg`` itself when all is well; with ``gpu.on_unsupported=measure_only`` and a problem, a
     copy with ``runtime.mode=measure`` (no clock or power-limit changes).
@@ -182,7 +198,7 @@ def preflight_config(cfg: PerseusConfig, gpu: GPU) -> PerseusConfig:
     caps = _checked.get(gpu)
     if caps is None:
         state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
-        caps = check_capabilities(gpu, needs_for(cfg), state_dir=state_dir)
+        caps = check_capabilities(gpu, needs_for(cfg), state_dir=state_dir, guard=guard)
         for warning in caps.warnings:
             logger.warning("%s", warning)
         if caps.problems:

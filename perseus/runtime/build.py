@@ -56,7 +56,7 @@ def build_from_config(
         from perseus.gpu.preflight import preflight_config
 
         # [gpu preflight] checks the GPU once (before step 1): raises, or measure-only config.
-        cfg = preflight_config(cfg, gpu)
+        cfg = preflight_config(cfg, gpu, guard)
         source = build_source(cfg, rank, gpu)
         if controller is None and guard is None and getattr(source, "changes_clocks", True):
             guard = take_guard(cfg, rank, gpu)
