@@ -22,6 +22,7 @@ from perseus.config_enums import (
     EnergyPolicy,
     Framework,
     GPUBackend,
+    GPUOnUnsupported,
     PowerLimitSelector,
     ProfilerMode,
     RuntimeMode,
@@ -35,6 +36,7 @@ __all__ = [
     "EnergyPolicy",
     "Framework",
     "GPUBackend",
+    "GPUOnUnsupported",
     "PerseusConfig",
     "PowerLimitSelector",
     "ProfilerMode",
@@ -168,6 +170,9 @@ class EmulatedGPUConfig:
     # Sleep so instructions last their profiled time (off only for hook benchmarks).
     sleep: bool = True
     seed: int = 0
+    # Queue work like CUDA: instruction hooks return at once, the work runs on a virtual device
+    # timeline at the clocks in force while it runs, synchronize() waits for it.
+    asynchronous: bool = False
 
 
 @dataclass
@@ -180,6 +185,10 @@ class GPUConfig:
     # Where restoration state files live (SIGKILL recovery).
     state_dir: Optional[str] = None
     lock_memory_clock: bool = False
+    # When the start-up check finds the GPU cannot do what the job needs (lock clocks, set power
+    # limits, ...): error stops before step 1; measure_only trains without changing clocks or
+    # power limits, measuring time and energy, with one warning.
+    on_unsupported: GPUOnUnsupported = GPUOnUnsupported.error
     emulated: EmulatedGPUConfig = field(default_factory=EmulatedGPUConfig)
 
 
@@ -336,6 +345,8 @@ def validate(cfg: PerseusConfig) -> None:
         )
     if cfg.gpu.emulated.time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
+    if cfg.gpu.emulated.asynchronous and not cfg.gpu.emulated.sleep:
+        problems.append("gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true")
     problems += _runtime_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
@@ -365,6 +376,7 @@ def _choice_problems(cfg: PerseusConfig) -> List[str]:
         ("energy.power_limit.selector", cfg.energy.power_limit.selector, PowerLimitSelector),
         ("framework", cfg.framework.name, Framework),
         ("gpu", cfg.gpu.backend, GPUBackend),
+        ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
         ("profiler.mode", cfg.profiler.mode, ProfilerMode),
         ("runtime.mode", cfg.runtime.mode, RuntimeMode),
     ):

@@ -58,6 +58,13 @@ class GPUBackend(ConfigChoice):
     emulated = "emulated"
 
 
+class GPUOnUnsupported(ConfigChoice):
+    """``gpu.on_unsupported``: what a start-up check that finds the GPU lacking does."""
+
+    error = "error"
+    measure_only = "measure_only"
+
+
 class ProfilerMode(ConfigChoice):
     """``profiler.mode``: several clocks per iteration (fast) or one per kind (sweep)."""
 

@@ -17,7 +17,8 @@ online source (send the last reports), a locally started coordination server (te
 * **SIGKILL** cannot be caught: the guards' state files cover it (see
   :mod:`perseus.gpu.guard`).
 
-A closer is removed with :func:`cancel` once its owner closed normally. See
+A forked child (a data-loader worker) starts with no closers: what its parent registered is
+the parent's to close. A closer is removed with :func:`cancel` once its owner closed normally. See
 ``docs/design.md`` ("Ownership and exit").
 """
 
@@ -41,6 +42,18 @@ _lock = threading.RLock()
 _closers: List[Tuple[Closer, bool]] = []
 _previous: Dict[int, Any] = {}
 _atexit_registered = False
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    _closers.clear()
+    # The inherited handlers stay (they only run closers, and there are none), so that a
+    # signal still reaches the parent's previous handler.
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def at_exit(closer: Closer, *, on_signal: bool = False) -> Closer:

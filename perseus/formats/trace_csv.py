@@ -1,10 +1,15 @@
 """Per-instruction trace files: ``trace-rank{R}.csv``.
 
-Columns: ``step,stage,instruction,microbatch,frequency_mhz,start_s,end_s``. ``frequency_mhz``
-is the clock the runtime asked for (empty: default clocks); ``start_s`` / ``end_s`` are seconds
-since the Unix epoch (microsecond resolution), so traces of different ranks line up on one
-time axis. Rows are buffered and written at the end of each iteration and on close, never per
-instruction. :func:`read_traces` reads every rank's trace of a run directory back.
+Columns: ``step,stage,instruction,microbatch,frequency_mhz,start_s,end_s,applied_mhz``.
+``frequency_mhz`` is the clock the runtime asked for (empty: default clocks); ``applied_mhz`` the
+SM clock read back from the device when the instruction ended (empty: no clock locked, or the
+device cannot say) — lower than asked means throttling (power or heat) or a clock the GPU does
+not have. ``start_s`` / ``end_s`` are seconds since the Unix epoch (microsecond resolution), so
+traces of different ranks line up on one time axis; they are taken after synchronizing the
+device, so they bound the instruction's GPU work. Rows are buffered and written at the end of
+each iteration and on close, never per instruction. :func:`read_traces` reads every rank's trace
+of a run directory back; ``applied_mhz`` is optional there (traces written before it existed)
+and extra columns are ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ TRACE_COLUMNS = (
     "frequency_mhz",
     "start_s",
     "end_s",
+    "applied_mhz",
 )
+# What a reader needs; later columns are optional.
+REQUIRED_TRACE_COLUMNS = TRACE_COLUMNS[:7]
 
 
 TRACE_GLOB = "trace-rank*.csv"
@@ -43,6 +51,7 @@ class TraceRow(NamedTuple):
     frequency_mhz: Optional[int]
     start_s: float
     end_s: float
+    applied_mhz: Optional[int] = None
 
 
 def trace_path(trace_dir: Union[str, os.PathLike], rank: int) -> Path:
@@ -59,7 +68,7 @@ def read_trace(path: Union[str, os.PathLike]) -> List[TraceRow]:
     path = Path(path)
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in REQUIRED_TRACE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise PlanError(
                 f"{path}: trace lacks column(s) {missing}; expected {','.join(TRACE_COLUMNS)} "
@@ -69,6 +78,7 @@ def read_trace(path: Union[str, os.PathLike]) -> List[TraceRow]:
         for line, row in enumerate(reader, start=2):
             try:
                 freq = row["frequency_mhz"]
+                applied = row.get("applied_mhz")
                 rows.append(
                     TraceRow(
                         int(row["step"]),
@@ -78,6 +88,7 @@ def read_trace(path: Union[str, os.PathLike]) -> List[TraceRow]:
                         int(freq) if freq else None,
                         float(row["start_s"]),
                         float(row["end_s"]),
+                        int(applied) if applied else None,
                     )
                 )
             except (TypeError, ValueError) as exc:
@@ -115,11 +126,14 @@ class TraceWriter:
         """Buffer the rows of one iteration."""
         off = self._offset_s
         step, stage = record.step, record.stage
-        for ins in record.instructions:
+        applied_mhz = record.applied_mhz
+        for i, ins in enumerate(record.instructions):
             freq = "" if ins.frequency_mhz is None else str(ins.frequency_mhz)
+            read = applied_mhz[i] if i < len(applied_mhz) else None
+            applied = "" if read is None else str(read)
             self._lines.append(
                 f"{step},{stage},{ins.instruction},{ins.microbatch},{freq},"
-                f"{ins.start_s + off:.6f},{ins.end_s + off:.6f}\n"
+                f"{ins.start_s + off:.6f},{ins.end_s + off:.6f},{applied}\n"
             )
 
     def flush(self) -> None:

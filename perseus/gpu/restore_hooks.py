@@ -4,10 +4,15 @@ A guard registers itself when acquired and unregisters when released; its ``rest
 then sits in the process-wide exit registry (:mod:`perseus.process_exit`), which runs it at
 interpreter exit (after the runtime objects registered later, e.g. the clock controller that
 drives the guard) and from the SIGINT / SIGTERM handler.
+
+Each guard's restore is bounded by its ``restore_timeout_s`` (a hung driver cannot keep a
+signal from ending the process). A forked child (a data-loader worker) inherits neither the
+guards nor the exit registry's closers: it never restores its parent's GPUs.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import List, Protocol
 
@@ -25,6 +30,16 @@ class Restorable(Protocol):
 
 _lock = threading.RLock()
 _live: List[Restorable] = []
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def register(guard: Restorable) -> None:

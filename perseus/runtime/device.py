@@ -110,7 +110,8 @@ def open_device(
         control_clocks: ``False``: measure only (no guard, no controller).
         state_dir: The guard's lock and state files (``None``: the guard's default).
         owner: Who holds the GPU, shown to a second would-be owner.
-        lock_memory_clock: Lock the memory clock at its highest supported value.
+        lock_memory_clock: Lock the memory clock at its highest supported value (skipped with a
+            warning where the GPU does not support it).
         synchronous_clocks: Apply clock changes in the calling thread. ``None``: only when
             the GPU's clock changes are free (``gpu.fast_clock_changes``).
         name: Suffix of the controller thread's name.
@@ -128,8 +129,9 @@ def open_device(
         guard.acquire()
         stack.callback(guard.release)  # restores first
         if lock_memory_clock:
-            mem_mhz = max(gpu.supported_memory_clocks_mhz())
-            guard.lock_memory_clocks_mhz(mem_mhz, mem_mhz)
+            from perseus.gpu.preflight import lock_memory_clock as lock_memory
+
+            lock_memory(guard)  # skipped with a warning where the GPU cannot
         sync = gpu.fast_clock_changes if synchronous_clocks is None else synchronous_clocks
         controller = ClockController(guard, synchronous=sync, name=name)
         stack.callback(controller.close)
@@ -140,14 +142,24 @@ def open_device(
 def build_device(cfg: PerseusConfig, rank: RankInfo) -> RankDevice:
     """Build ``rank``'s device as ``cfg`` says: the GPU backend, then guard and controller.
 
-    ``runtime.mode=measure`` takes no guard (clocks are never touched).
+    Before anything is handed out, the start-up check (:mod:`perseus.gpu.preflight`) tries once
+    what the configuration will need from the GPU (locked clocks, power limits, the energy
+    counter). ``runtime.mode=measure``, or a failed check with
+    ``gpu.on_unsupported=measure_only``, takes no guard (clocks are never touched).
 
     Raises:
         ConfigError: bad ``gpu.*`` settings. GPUError: the GPU cannot be opened or owned.
+        GPUPreflightError: the GPU cannot do what the job needs (``gpu.on_unsupported=error``).
     """
     from perseus.gpu.factory import build_gpu
+    from perseus.gpu.preflight import preflight_config
 
     gpu = build_gpu(cfg.gpu, rank.local_gpu_index, num_pipeline_stages=rank.num_stages)
+    try:
+        cfg = preflight_config(cfg, gpu)  # raises, or a measure-only configuration
+    except BaseException:
+        gpu.close()
+        raise
     return open_device(
         gpu,
         control_clocks=cfg.runtime.mode != "measure",

@@ -8,6 +8,14 @@ forward and backward of one microbatch. For each instruction the optimizer asks 
 start and end (the emulated device uses that), and records times (and energy counter readings
 when the source wants them) into :class:`~perseus.runtime.types.StepRecord` objects.
 
+Real GPUs are asynchronous: a framework's forward returns once its kernels are queued. So every
+hook first synchronizes the device (:meth:`~perseus.gpu.base.GPU.synchronize`:
+``torch.cuda.synchronize`` of the rank's device, a no-op without CUDA), then changes the clock
+and stamps time (:meth:`~perseus.gpu.base.GPU.now_s`) and energy: clocks apply to the
+instruction they are meant for, and times and energies are the device's, not the queueing's.
+Hooks synchronize at those boundaries and nowhere else. With a trace, the SM clock read back
+from the device at the end of each clock-locked instruction is recorded too (``applied_mhz``).
+
 The optimizer drives a :class:`~perseus.runtime.device.RankDevice` it does not own: closing the
 optimizer closes its source and trace and unlocks the SM clock it locked; the device's owner
 restores and releases the GPU (see :mod:`perseus.runtime.device`).
@@ -96,7 +104,7 @@ class PerseusOptimizer:
             self._exit.callback(self._reset_clocks)
             self._trace: Optional[TraceWriter] = None
             if trace_dir is not None:
-                offset_s = time.time() - time.perf_counter()
+                offset_s = time.time() - self.gpu.now_s()
                 self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
                 self._exit.callback(self._trace.close)
         except BaseException:
@@ -112,12 +120,17 @@ class PerseusOptimizer:
         self._open: Optional[Tuple[int, str, int, Optional[int], Optional[float]]] = None
         self._t_open = 0.0
         self._raw: List[_Raw] = []
+        self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
         self._step_e0: Optional[float] = None
         self._freq_of = source.frequency_mhz
         self._wants_energy = bool(getattr(source, "wants_energy", False))
         self._gpu_begin = self.gpu.instruction_begin
         self._gpu_end = self.gpu.instruction_end
+        # The device's time base and synchronization (see the module docstring).
+        self._sync = self.gpu.synchronize
+        self._now = self.gpu.now_s
+        self._read_clock = self.gpu.sm_clock_mhz if self._trace is not None else None
         process_exit.at_exit(self.close)  # before its device closes
         logger.debug(
             "PerseusOptimizer rank %d stage %d: source %s, clocks %s",
@@ -141,13 +154,19 @@ class PerseusOptimizer:
     ) -> PerseusOptimizer:
         """Build the frequency source and the trace from ``cfg``, and the device if not given.
 
-        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`);
+        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`),
+        after the GPU's start-up check (:func:`~perseus.gpu.preflight.preflight_config`);
         the trace goes to ``cfg.output_dir`` (or the working directory). A ``device`` given stays
         the caller's; otherwise one is built (``build_device``) and closed with the optimizer.
         """
+        from perseus.gpu.preflight import preflight_config
+
         with ExitStack() as owned:
             if device is None:
                 device = owned.enter_context(build_device(cfg, rank))
+            # The start-up check (once per GPU; build_device ran it already) may turn the run
+            # measure-only: gpu.on_unsupported=measure_only on a GPU that cannot change clocks.
+            cfg = preflight_config(cfg, device.gpu, device.guard)
             source = build_source(cfg, rank, device.gpu)
             trace_dir = None
             if cfg.runtime.trace:
@@ -211,8 +230,10 @@ class PerseusOptimizer:
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
+        self._applied = []
+        self._sync()  # the stamps below see the device's finished work
         self._step_e0 = self._energy_mj()
-        self._step_t0 = time.perf_counter()
+        self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
         """``name`` (forward/backward) of the next microbatch starts on this stage."""
@@ -232,6 +253,7 @@ class PerseusOptimizer:
         pos = self._position
         self._position = pos + 1
         freq = self._freq_of(self._step, pos, name, mb)
+        self._sync()  # before the clock change and the stamps
         if ctrl is not None:
             ctrl.request(freq)  # a repeat of the last request returns at once
         elif freq is not None:
@@ -239,7 +261,7 @@ class PerseusOptimizer:
         e0 = self.gpu.total_energy_mj() if self._wants_energy else None
         self._gpu_begin(self._stage, name)
         self._open = (pos, name, mb, freq, e0)
-        self._t_open = time.perf_counter()
+        self._t_open = self._now()
 
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
@@ -248,8 +270,12 @@ class PerseusOptimizer:
             self._unmatched_end(name)
             return
         self._gpu_end(name)
-        t_end = time.perf_counter()
+        if sys.exc_info()[0] is None:  # not over the instruction's own error
+            self._sync()
+        t_end = self._now()
         e1 = self.gpu.total_energy_mj() if self._wants_energy else None
+        if self._read_clock is not None:  # the clock the instruction ran at, read back
+            self._applied.append(self._read_clock() if opened[3] is not None else None)
         self._open = None
         self._raw.append(
             (opened[0], name, opened[2], opened[3], self._t_open, t_end, opened[4], e1)
@@ -268,7 +294,9 @@ class PerseusOptimizer:
         if not self._in_step:
             logger.warning("on_step_end without on_step_begin on rank %d; ignored", self.rank.rank)
             return
-        t_end = time.perf_counter()
+        if sys.exc_info()[0] is None:
+            self._sync()
+        t_end = self._now()
         e_end = self._energy_mj()
         self._in_step = False
         self._open = None
@@ -282,6 +310,7 @@ class PerseusOptimizer:
             end_s=t_end,
             energy_j=energy_j,
             instructions=[InstructionRecord(*raw) for raw in self._raw],
+            applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None
         try:
@@ -339,13 +368,22 @@ class PerseusOptimizer:
     def _reset_clocks(self) -> None:
         """Unlock the SM clock through the controller (keeps the controller's record true).
 
-        A controller that failed is left alone: the device's guard restores the clocks.
+        A controller that failed is left alone: the device's guard restores the clocks. Raises
+        :class:`~perseus.errors.GPUTimeoutError` when the driver does not answer in time.
         """
         ctrl = self._controller
         if ctrl is None or ctrl.error is not None or ctrl.requested_mhz is None:
             return
-        ctrl.request(None)
-        ctrl.flush()
+        from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
+
+        # Bounded like the guard's restore: a hung driver must not hang the close.
+        timeout_s = getattr(self.device.guard, "restore_timeout_s", RESTORE_TIMEOUT_S)
+
+        def unlock() -> None:
+            ctrl.request(None)
+            ctrl.flush(timeout_s or RESTORE_TIMEOUT_S)
+
+        run_bounded(unlock, timeout_s, f"unlocking the SM clock of GPU {self.gpu.index}")
 
     def _energy_mj(self) -> Optional[float]:
         if not self._energy_ok:

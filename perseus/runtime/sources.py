@@ -194,8 +194,8 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     * ``measure``: no clock changes at all;
     * ``max_speed``: every instruction at the GPU's highest SM clock;
     * ``plan``: ``runtime.plan`` (a ``perseus-plan/1`` JSON or a reference
-      ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp`` and
-      ``parallelism.num_microbatches``;
+      ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp``,
+      ``parallelism.num_microbatches`` and the clocks the GPU supports;
     * ``online``: the coordination server's profiler and plans
       (:func:`perseus.runtime.online.build_online_source`, imported only for this mode).
     """
@@ -205,7 +205,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     if mode == "max_speed":
         return MaxSpeedSource(max(gpu.supported_sm_clocks_mhz()))
     if mode == "plan":
-        return _plan_source(cfg, rank)
+        return _plan_source(cfg, rank, gpu)
     if mode == "online":
         from perseus.runtime.online import build_online_source
 
@@ -213,8 +213,9 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     raise ConfigError(f"runtime.mode={mode!r}: choose measure, max_speed, plan or online")
 
 
-def _plan_source(cfg: PerseusConfig, rank: RankInfo) -> PlanSource:
+def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
     from perseus.formats.plan_json import load_plan
+    from perseus.gpu.preflight import check_plan_clocks
 
     if not cfg.runtime.plan:
         raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
@@ -231,4 +232,6 @@ def _plan_source(cfg: PerseusConfig, rank: RankInfo) -> PlanSource:
             f"{where} has {plan.num_microbatches} microbatches per iteration but "
             f"parallelism.num_microbatches={num_mb}; plan for this job with perseus-plan"
         )
+    # A plan's clocks must exist on this GPU (rejected, never snapped).
+    check_plan_clocks(plan.frequencies(rank.stage), gpu, where)
     return PlanSource(plan, rank.stage, strict=cfg.runtime.strict)

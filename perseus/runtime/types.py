@@ -75,6 +75,10 @@ class StepRecord:
     end_s: float
     energy_j: Optional[float]
     instructions: List[InstructionRecord] = field(default_factory=list)
+    # The SM clock read back from the device at the end of each instruction (same order as
+    # ``instructions``; None where no clock was locked). Read only while a trace is written:
+    # a driver call each. Kept beside the instructions, off the server's wire format.
+    applied_mhz: List[Optional[int]] = field(default_factory=list)
 
     @property
     def iteration_time_s(self) -> float:

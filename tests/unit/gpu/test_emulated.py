@@ -327,3 +327,44 @@ def test_thread_safe_clock_changes_while_running(profile):
         )
     )
     assert gpu.true_energy_j() - e0 >= low * 0.9
+
+
+# -- asynchronous mode ------------------------------------------------------------------------
+def test_asynchronous_hooks_return_at_once_and_synchronize_waits(profile):
+    gpu, clock = fake_gpu(profile, asynchronous=True)
+    t0, e0 = clock.t, gpu.true_energy_j()
+    for name in ("forward", "backward"):
+        gpu.instruction_begin(0, name)
+        gpu.instruction_end(name)
+    assert clock.t == t0  # queued, like a CUDA launch
+    fwd, bwd = (profile.lookup(0, n, 1410) for n in ("forward", "backward"))
+    gpu.synchronize()
+    assert clock.t == pytest.approx(t0 + fwd.time_s + bwd.time_s)
+    assert gpu.true_energy_j() - e0 == pytest.approx(fwd.energy_j + bwd.energy_j)
+    assert [(w.instruction, w.clocks_mhz, w.start_s) for w in gpu.executed] == [
+        ("forward", [1410], pytest.approx(t0)),
+        ("backward", [1410], pytest.approx(t0 + fwd.time_s)),
+    ]
+    clock.t += 1.0  # idle: blocking power
+    assert gpu.true_energy_j() - e0 == pytest.approx(fwd.energy_j + bwd.energy_j + BLOCK_W)
+
+
+def test_asynchronous_clock_change_applies_to_the_work_running_then(profile):
+    gpu, clock = fake_gpu(profile, asynchronous=True)
+    fast, slow = profile.lookup(0, "forward", 1410), profile.lookup(0, "forward", 1005)
+    t0, e0 = clock.t, gpu.true_energy_j()
+    gpu.instruction_begin(0, "forward")
+    gpu.instruction_end("forward")
+    clock.t += fast.time_s / 2  # half of it done at 1410 MHz ...
+    gpu.lock_sm_clocks_mhz(1005, 1005)  # ... the rest at 1005 MHz
+    assert gpu.sm_clock_mhz() == 1005
+    gpu.synchronize()
+    (work,) = gpu.executed
+    assert work.clocks_mhz == [1410, 1005]
+    assert clock.t - t0 == pytest.approx(fast.time_s / 2 + slow.time_s / 2)
+    assert gpu.true_energy_j() - e0 == pytest.approx(fast.energy_j / 2 + slow.energy_j / 2)
+
+
+def test_asynchronous_mode_needs_sleep(profile):
+    with pytest.raises(GPUValueError, match="asynchronous=true needs gpu.emulated.sleep"):
+        EmulatedGPU(profile, blocking_power_w=BLOCK_W, asynchronous=True, sleep=False)

@@ -14,7 +14,12 @@ from perseus.gpu.nvml import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
 from perseus.runtime.types import RankInfo
-from tests.unit.gpu.nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml
+from tests.unit.gpu.nvml_mock import (
+    make_pynvml_mock,
+    opening_calls,
+    patched_pynvml,
+    preflight_calls,
+)
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 REPO = Path(__file__).resolve().parents[3]
@@ -172,9 +177,11 @@ def test_two_engines_in_one_process_share_the_gpu(tmp_path: Path) -> None:
             context.reset()
     energy = mock.call.nvmlDeviceGetTotalEnergyConsumption(H)
     lock = mock.call.nvmlDeviceSetGpuLockedClocks
-    # One device opened once; one clock record: 1410 is not re-locked when engine b starts.
+    # One device opened once and checked once before step 1 (preflight_calls); one clock
+    # record: 1410 is not re-locked when engine b starts.
     assert nvml.mock_calls == [
         *opening_calls(0),
+        *preflight_calls(),
         energy,
         lock(H, 1410, 1410),
         lock(H, 1200, 1200),

@@ -179,6 +179,7 @@ def test_trace_csv(tmp_path: Path) -> None:
         "frequency_mhz",
         "start_s",
         "end_s",
+        "applied_mhz",
     ]
     assert len(rows) == 2 * len(order)
     expected = [
