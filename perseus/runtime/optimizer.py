@@ -113,6 +113,8 @@ class PerseusOptimizer:
         self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
         self._open: Optional[Tuple[int, str, int, Optional[int], Optional[float]]] = None
         self._t_open = 0.0
+        # A wait inside the open instruction: (start time, energy counter or None).
+        self._wait: Optional[Tuple[float, Optional[float]]] = None
         self._raw: List[_Raw] = []
         self._step_t0 = 0.0
         self._step_e0: Optional[float] = None
@@ -170,6 +172,7 @@ class PerseusOptimizer:
         # every instruction costs driver calls.
         self._wants_energy = self._energy_ok and bool(getattr(self.source, "wants_energy", False))
         self._in_step = True
+        self._wait = None
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
@@ -203,8 +206,34 @@ class PerseusOptimizer:
         self._open = (pos, name, mb, freq, e0)
         self._t_open = time.perf_counter()
 
+    def on_wait_begin(self) -> None:
+        """The running instruction blocks on another stage (e.g. for its incoming gradient).
+
+        Until :meth:`on_wait_end` (or the instruction's end), time and energy are not the
+        instruction's: its record covers only its own work, as if it had started that much
+        later. Outside an instruction, or while already waiting, nothing happens.
+        """
+        if self._open is None or self._wait is not None:
+            return
+        e0 = self.gpu.total_energy_mj() if self._open[4] is not None else None
+        self._wait = (time.perf_counter(), e0)
+
+    def on_wait_end(self) -> None:
+        """The wait begun by :meth:`on_wait_begin` is over; the instruction's work goes on."""
+        wait = self._wait
+        if wait is None:
+            return
+        self._wait = None
+        self._t_open += time.perf_counter() - wait[0]
+        opened = self._open
+        if opened is not None and wait[1] is not None and opened[4] is not None:
+            waited_mj = self.gpu.total_energy_mj() - wait[1]
+            self._open = (*opened[:4], opened[4] + waited_mj)
+
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
+        if self._wait is not None:
+            self.on_wait_end()  # waited until the end: none of that was the instruction's
         opened = self._open
         if opened is None or opened[1] != name:
             self._unmatched_end(name)
