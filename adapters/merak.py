@@ -17,6 +17,12 @@ dispatches the same way, through the class-level ``_INSTRUCTION_MAP``. What is p
   Perseus is the one frequency controller: engines get a do-nothing stand-in instead, and an
   engine built before the import has its Zeus optimizer stopped at its first training step.
 
+Merak's 1F1B schedules are supported (``train_schedule`` ``1f1b``, ``ds_default``,
+``early_recompute_1f1b``, ``last_no_recompute_1f1b``); the first training step of an engine on
+another one (``full_critical_path_1f1b`` reorders instructions; ``instruction_profiler`` is
+Merak's offline profiler, which Perseus's online profiling replaces) fails with an
+:class:`~perseus.errors.AdapterError` before any work.
+
 The recomputation instructions are optional (older Merak versions lack them). ``eval_batch`` is
 not reported. Merak pins torch 1.10 and Python 3.9; this module runs there.
 """
@@ -85,6 +91,26 @@ class NoFrequencyOptimizer:
 
 
 _FREQUENCY_OPTIMIZER = "pipeline_frequency_optimizer"
+ONE_F_ONE_B = {
+    "MergeP2PTrainSchedule": "1f1b",
+    "TrainSchedule": "ds_default",
+    "PreRecomputeTrainSchedule": "early_recompute_1f1b",
+    "LastNoRecomputeTrainSchedule": "last_no_recompute_1f1b",
+}
+"""Merak's schedule classes whose instruction order is 1F1B, and their ``train_schedule`` names."""
+
+
+def _before_step(engine: Any) -> None:
+    """Refuse a schedule Perseus cannot follow; make Perseus the one frequency controller."""
+    schedule = vars(engine).get("train_sched")
+    if schedule is not None and type(schedule).__name__ not in ONE_F_ONE_B:
+        raise AdapterError(
+            f"Perseus cannot follow Merak's {type(schedule).__name__} (train_schedule="
+            f"{getattr(engine, 'train_schedule', '?')!r}): its instructions are not in 1F1B "
+            f"order. Use train_schedule {', '.join(sorted(ONE_F_ONE_B.values()))}, or remove "
+            "`import perseus.adapters.merak` to train without Perseus."
+        )
+    _one_controller(engine)
 
 
 def _one_controller(engine: Any) -> None:
@@ -147,7 +173,7 @@ def _build() -> InstructionMapAdapter:
         engine_class,
         _roles(schedule, instruction_map),
         grid_rank_info,
-        before_step=_one_controller,
+        before_step=_before_step,
         patch_more=_patch_module(engine_module),
     )
 

@@ -316,6 +316,17 @@ def test_plan_frequencies_reach_the_gpu_in_plan_order(merak: Any, tmp_path: Path
         assert_plan_reached_gpu(plan_record(plan, stage, gpus[stage]), stage, num_steps=2)
 
 
+def test_schedule_that_is_not_1f1b_fails_before_any_work(merak: Any, hook_log: HookLog) -> None:
+    class FullCriticalPathTrainSchedule:
+        pass
+
+    (engine,) = _pipeline(merak.PipelineEngine, 1, 2)
+    engine.train_sched = FullCriticalPathTrainSchedule()
+    with pytest.raises(AdapterError, match="FullCriticalPathTrainSchedule.*1F1B.*1f1b"):
+        engine.train_batch(iter(_batches(2)))
+    assert engine.executed == [] and hook_log.total_events() == 0
+
+
 def test_unsupported_version_names_version_and_support() -> None:
     class Changed(fake_merak.PipelineEngine):
         _INSTRUCTION_MAP = {
