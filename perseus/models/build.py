@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _tied_call(module: nn.Module, layer: LayerDef) -> nn.Module:
+def tied_call(module: nn.Module, layer: LayerDef) -> nn.Module:
+    """A layer that calls ``module`` (built for an earlier layer) through ``layer.forward_fn``."""
     from torch import nn
 
     fn = layer.forward_fn
@@ -39,7 +40,7 @@ def build_layers(layers: Sequence[LayerDef]) -> List[nn.Module]:
     modules: List[nn.Module] = []
     for layer in layers:
         if layer.tie_key is not None and layer.tie_key in tied:
-            modules.append(_tied_call(tied[layer.tie_key], layer))
+            modules.append(tied_call(tied[layer.tie_key], layer))
             continue
         module = layer.module(**layer.kwargs)
         if layer.tie_key is not None:
