@@ -16,12 +16,14 @@ def check_job(cfg: PerseusConfig) -> None:
     """Raise :class:`ConfigError` when the framework cannot run this configuration.
 
     Checks the model description and partition, the framework's parallelism limits and, for
-    Megatron-core, that CUDA is usable.
+    Megatron-core, that CUDA is usable; for Merak, also the environment its ranks run in.
     """
     par, name = cfg.parallelism, cfg.framework.name
     description = describe(cfg.model)
     if name == "merak":
-        raise merak_error()
+        from perseus.train import merak_job
+
+        merak_job.check(cfg)
     if name == "torch":
         check_torch_parallelism(par)
     if name == "deepspeed":
@@ -33,16 +35,6 @@ def check_job(cfg: PerseusConfig) -> None:
         from perseus.train.megatron_job import check_supported
 
         check_supported(cfg, torch.cuda.is_available())
-
-
-def merak_error() -> ConfigError:
-    """The error for ``framework=merak`` (perseus-train does not build Merak jobs)."""
-    return ConfigError(
-        "framework=merak: perseus-train cannot build Merak jobs itself (Merak is not "
-        "pip-installable). Run your Merak training script with `import "
-        "perseus.adapters.merak` (README section 'Merak'), or pick framework=deepspeed, "
-        "megatron or torch"
-    )
 
 
 def check_torch_parallelism(par: ParallelismConfig) -> None:

@@ -34,10 +34,10 @@ def run(cfg: PerseusConfig) -> int:
 
         return megatron_job.run(cfg)
     if name == "merak":
-        from perseus.launcher.preflight import merak_error
+        from perseus.train import merak_job
 
-        raise merak_error()
-    raise ConfigError(f"framework={name!r}: choose deepspeed, megatron or torch")
+        return merak_job.run(cfg)
+    raise ConfigError(f"framework={name!r}: choose deepspeed, megatron, merak or torch")
 
 
 def _setup_logging(cfg: PerseusConfig) -> None:
