@@ -2,7 +2,9 @@
 
 The adapters call four hooks per rank: ``on_step_begin`` / ``on_step_end`` around a training
 iteration and ``on_instruction_begin(name)`` / ``on_instruction_end(name)`` around every
-forward and backward of one microbatch. For each instruction the optimizer asks its
+forward and backward of one microbatch; where an engine blocks in the middle of an instruction
+(Merak's recomputation, then the gradient receive), ``on_wait_begin`` / ``on_wait_end`` leave
+that wait out of the instruction's time and energy. For each instruction the optimizer asks its
 :class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to the
 :class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
 start and end (the emulated device uses that), and records times (and energy counter readings

@@ -14,7 +14,7 @@ is reproduced here, written for these tests:
   ``train_batch`` / ``eval_batch``; ``_exec_recompute_recv_grads`` recomputing and then calling
   the module's ``recv_backward``; and, as merak-zeus does, a Zeus-style frequency optimizer
   built from the module's ``PipelineFrequencyOptimizer`` in every engine and called around
-  every forward and backward (here it records the clocks it would set in :data:`CLOCKS_SET`).
+  every forward and backward (here it records the clocks it would set).
 
 Stages are engines in one process that run in threads and exchange activations and gradients
 through queues, so a whole pipeline trains a real torch model without ``torch.distributed``.
@@ -49,32 +49,15 @@ from tests.integration._support.fake_merak_schedule import (
     SendGrad,
     TrainSchedule,
 )
+from tests.integration._support.merak_cpu import RecordingFrequencyOptimizer
 
 # ------------------------------------------------------------------------ pipe_engine module
 
 PIPE_ENGINE = "Merak.runtime.pipe_engine"
 
-CLOCKS_SET: List[Tuple[int, str]] = []
-"""(stage, instruction) of every clock the stand-in Zeus optimizer set, in order."""
-
-
-class ZeusStyleFrequencyOptimizer:
-    """merak-zeus's per-engine frequency optimizer, recording instead of setting clocks."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def on_step_begin(self) -> None:
-        pass
-
-    def on_step_end(self) -> None:
-        pass
-
-    def on_instruction_begin(self, name: str) -> None:
-        CLOCKS_SET.append((self.rank, name))
-
-    def on_instruction_end(self, name: str) -> None:
-        pass
+ZeusStyleFrequencyOptimizer = RecordingFrequencyOptimizer
+"""merak-zeus's per-engine Zeus optimizer; records ``(rank, instruction)`` of each clock it
+would set in ``RecordingFrequencyOptimizer.calls``."""
 
 
 def recv_backward(channel: queue.Queue[torch.Tensor]) -> torch.Tensor:

@@ -48,22 +48,12 @@ def _reference_losses(cfg: Any, description: Any, data: List[Any]) -> List[float
     """The model unsplit: layers seeded as merak_job does, Adam, mean over microbatches."""
     import torch
 
-    from perseus.models.build import tied_call
+    from perseus.models.build import build_layers
     from perseus.models.losses import loss_fn
     from perseus.train.merak_job import _real_linear
 
-    modules, shared = [], {}
     with _real_linear():
-        for index, layer in enumerate(description.layers):
-            torch.manual_seed(cfg.train.seed + index)
-            if layer.tie_key is not None and layer.tie_key in shared:
-                modules.append(tied_call(shared[layer.tie_key], layer))
-                continue
-            module = layer.module(**layer.kwargs)
-            if layer.tie_key is not None:
-                shared[layer.tie_key] = module
-            modules.append(module)
-    model = torch.nn.Sequential(*modules)
+        model = torch.nn.Sequential(*build_layers(description.layers, seed=cfg.train.seed))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):

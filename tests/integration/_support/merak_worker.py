@@ -16,6 +16,9 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
+# The DeepSpeed checks' sizes and data (ds_worker imports DeepSpeed only to build its engine).
+from tests.integration._support.ds_worker import MICRO_BATCH, WIDTH, batches
+
 # Merak's train_schedule names whose order is 1F1B, and the schedule class each one uses.
 SCHEDULES = {
     "1f1b": "MergeP2PTrainSchedule",
@@ -24,8 +27,6 @@ SCHEDULES = {
     "last_no_recompute_1f1b": "LastNoRecomputeTrainSchedule",
 }
 RECOMPUTE_SCHEDULES = ("early_recompute_1f1b", "last_no_recompute_1f1b")
-MICRO_BATCH = 2
-WIDTH = 8
 SLOW_S = 0.2  # how long the slow stage's backward pass sleeps in the recompute-timing check
 CLOCKS_MHZ = (1410, 1200, 1005, 810)
 
@@ -115,20 +116,6 @@ def build_engine(schedule: str, num_mb: int, seed: int, slow_stage1: bool = Fals
     )
     engine.input_to_stage_dic = module.input_to_stage_dic  # as MerakTrainer does
     return engine
-
-
-def batches(num_mb: int, seed: int) -> List[Tuple[Any, Any]]:
-    """``num_mb`` microbatches ``(inputs, targets)``; stage 0 loads the first, the last the rest."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (
-            torch.randn(MICRO_BATCH, WIDTH, generator=gen),
-            torch.randn(MICRO_BATCH, WIDTH, generator=gen),
-        )
-        for _ in range(num_mb)
-    ]
 
 
 def train_capturing(engine: Any, num_mb: int, steps: int) -> Dict[str, Any]:
