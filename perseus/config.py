@@ -289,6 +289,9 @@ class TrainConfig:
     master_port: int = 29500
     nproc_per_node: Optional[int] = None
     progress: bool = True
+    # Interpreter the ranks run (None = the launcher's own); framework=merak needs Merak's
+    # Python 3.9 environment here (scripts/merak-env prints its path).
+    python: Optional[str] = None
 
 
 @dataclass

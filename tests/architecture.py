@@ -68,6 +68,23 @@ CORE_IMPORTS = {"omegaconf", "yaml", "antlr4", "pynvml"}
 # The frameworks the adapters patch: the user's process already has them.
 PATCHED_FRAMEWORKS = {"torch", "deepspeed", "megatron", "Merak"}
 
+# A Merak rank: ``perseus.train.worker`` running ``perseus.train.merak_job`` in Merak's Python 3.9
+# environment (scripts/merak-env), where Perseus is installed without its dependencies beside
+# scripts/merak-requirements.txt. It imports these and what they import.
+MERAK_RANK = ["perseus.train.worker", "perseus.train.merak_job"]
+# Import name -> the distribution scripts/merak-requirements.txt must list for it (Merak itself is
+# the clone on the environment's path).
+MERAK_RANK_IMPORTS = {
+    "omegaconf": "omegaconf",
+    "yaml": "omegaconf",  # omegaconf's own dependencies
+    "antlr4": "omegaconf",
+    "pynvml": "nvidia-ml-py",
+    "torch": "torch",
+    "numpy": "numpy",
+    "tqdm": "tqdm",
+}
+MERAK_REQUIREMENTS = REPO / "scripts" / "merak-requirements.txt"
+
 
 @dataclass(frozen=True)
 class Import:

@@ -2,7 +2,7 @@
 
 The model description is checked here; the framework-specific checks are the framework's own
 (:mod:`perseus.train.frameworks`), which every rank makes again (a rank can be started without
-the launcher).
+the launcher), except those of the ranks' environment (``check_launch``), made here only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def check_job(cfg: PerseusConfig) -> None:
     """Raise :class:`~perseus.errors.ConfigError` when the job cannot run this configuration.
 
     Checks the model description, then the framework's own checks (parallelism limits, the
-    partition, CUDA for Megatron-core).
+    partition, CUDA for Megatron-core, the ranks' interpreter for Merak).
     """
     describe(cfg.model)
     frameworks.check(cfg)

@@ -111,6 +111,22 @@ class ClockController:
                 )
         self.check()
 
+    def unlock(self, timeout_s: Optional[float] = None) -> None:
+        """Request default clocks and wait until they are applied, for at most ``timeout_s``.
+
+        Raises:
+            GPUTimeoutError: the driver did not answer in time (``None``: the default bound).
+        """
+        from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
+
+        bound_s = RESTORE_TIMEOUT_S if timeout_s is None else timeout_s
+
+        def unlock() -> None:
+            self.request(None)
+            self.flush(bound_s)
+
+        run_bounded(unlock, bound_s, "unlocking the SM clock")
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the thread (after it applied what is pending). Does not restore clocks."""
         if self._closed:

@@ -2,7 +2,10 @@
 
 The adapters call four hooks per rank: ``on_step_begin`` / ``on_step_end`` around a training
 iteration and ``on_instruction_begin(name)`` / ``on_instruction_end(name)`` around every
-forward and backward of one microbatch. For each instruction the optimizer asks its
+forward and backward of one microbatch; where an engine blocks in the middle of an instruction
+(Merak's recomputation, then the gradient receive), the optional ``on_wait_begin`` /
+``on_wait_end`` leave that wait out of the instruction's time and energy (see
+:class:`~perseus.runtime.types.WaitHooks`). For each instruction the optimizer asks its
 :class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to its device's
 :class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
 start and end (the emulated device uses that), and records times (and energy counter readings
@@ -31,8 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from perseus import process_exit
-from perseus.errors import GPUError, GPUNotSupportedError, PlanError, ScheduleMismatchError
+from perseus.errors import GPUError, GPUNotSupportedError
 from perseus.formats.trace_csv import TraceWriter, trace_path
+from perseus.runtime import hook_errors
 from perseus.runtime.device import RankDevice, build_device, open_device
 from perseus.runtime.sources import build_source
 from perseus.runtime.types import FrequencySource, InstructionRecord, RankInfo, StepRecord
@@ -117,8 +121,10 @@ class PerseusOptimizer:
         self._in_step = False
         self._position = 0
         self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
-        self._open: Optional[Tuple[int, str, int, Optional[int], Optional[float]]] = None
+        self._open: Optional[hook_errors.Opened] = None
         self._t_open = 0.0
+        # A wait inside the open instruction: (start time, energy counter or None).
+        self._wait: Optional[Tuple[float, Optional[float]]] = None
         self._raw: List[_Raw] = []
         self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
@@ -219,7 +225,10 @@ class PerseusOptimizer:
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
-        self._check_open()
+        opened = self._open
+        if self._in_step and opened is not None:
+            self._open = None  # report once; the next iteration starts clean
+            raise hook_errors.unended_at_step_begin(self._stage, opened)
         self._step += 1
         self.source.begin_step(self._step)
         # Re-read every iteration (cheap): a source may need per-instruction energy readings
@@ -227,6 +236,7 @@ class PerseusOptimizer:
         # every instruction costs driver calls.
         self._wants_energy = self._energy_ok and bool(getattr(self.source, "wants_energy", False))
         self._in_step = True
+        self._wait = None
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
@@ -241,14 +251,18 @@ class PerseusOptimizer:
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
         if not self._in_step or self._open is not None:
-            self._misuse(name)
+            raise hook_errors.bad_begin(
+                self._stage,
+                self._step,
+                name,
+                closed=self._closed,
+                in_step=self._in_step,
+                opened=self._open,
+            )
         counts = self._counts
         mb = counts.get(name)
         if mb is None:
-            raise ScheduleMismatchError(
-                f"on_instruction_begin({name!r}): the instruction must be 'forward' or "
-                "'backward'; fix the adapter's call"
-            )
+            raise hook_errors.unknown_instruction(name)
         counts[name] = mb + 1
         pos = self._position
         self._position = pos + 1
@@ -257,20 +271,47 @@ class PerseusOptimizer:
         if ctrl is not None:
             ctrl.request(freq)  # a repeat of the last request returns at once
         elif freq is not None:
-            self._no_controller(freq)
+            raise hook_errors.no_controller(self.source, freq)
         e0 = self.gpu.total_energy_mj() if self._wants_energy else None
         self._gpu_begin(self._stage, name)
         self._open = (pos, name, mb, freq, e0)
         self._t_open = self._now()
 
+    def on_wait_begin(self) -> None:
+        """The running instruction blocks on another stage (e.g. for its incoming gradient).
+
+        Until :meth:`on_wait_end` (or the instruction's end), time and energy are not the
+        instruction's: its record covers only its own work, as if it had started that much
+        later. The device is synchronized first, so the instruction's queued work (the
+        recomputation) counts as its own. Outside an instruction, or while already waiting,
+        nothing happens.
+        """
+        if self._open is None or self._wait is not None:
+            return
+        self._sync()
+        e0 = self.gpu.total_energy_mj() if self._open[4] is not None else None
+        self._wait = (self._now(), e0)
+
+    def on_wait_end(self) -> None:
+        """The wait begun by :meth:`on_wait_begin` is over; the instruction's work goes on.
+
+        The device is synchronized first: work queued during the wait (the receive) is the
+        wait's.
+        """
+        if self._wait is not None:
+            self._end_wait(sync=True)
+
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
+        ok = sys.exc_info()[0] is None  # no sync over the instruction's own error
+        if self._wait is not None:
+            self._end_wait(sync=ok)  # waited until the end: none of that was the instruction's
         opened = self._open
         if opened is None or opened[1] != name:
             self._unmatched_end(name)
             return
         self._gpu_end(name)
-        if sys.exc_info()[0] is None:  # not over the instruction's own error
+        if ok:
             self._sync()
         t_end = self._now()
         e1 = self.gpu.total_energy_mj() if self._wants_energy else None
@@ -281,7 +322,7 @@ class PerseusOptimizer:
             (opened[0], name, opened[2], opened[3], self._t_open, t_end, opened[4], e1)
         )
         ctrl = self._controller
-        if ctrl is not None and ctrl.error is not None and sys.exc_info()[0] is None:
+        if ctrl is not None and ctrl.error is not None and ok:
             ctrl.check()  # not over an exception the instruction itself raised
 
     def on_step_end(self) -> None:
@@ -359,11 +400,17 @@ class PerseusOptimizer:
         self.close()
 
     # -- helpers ------------------------------------------------------------------------------
-    def _no_controller(self, freq: int) -> None:
-        raise PlanError(
-            f"{type(self.source).__name__} asked for {freq} MHz but this optimizer does not "
-            "control clocks (its source declared changes_clocks=False)"
-        )
+    def _end_wait(self, *, sync: bool) -> None:
+        wait = self._wait
+        assert wait is not None
+        self._wait = None
+        if sync:
+            self._sync()
+        self._t_open += self._now() - wait[0]
+        opened = self._open
+        if opened is not None and wait[1] is not None and opened[4] is not None:
+            waited_mj = self.gpu.total_energy_mj() - wait[1]
+            self._open = (*opened[:4], opened[4] + waited_mj)
 
     def _reset_clocks(self) -> None:
         """Unlock the SM clock through the controller (keeps the controller's record true).
@@ -374,16 +421,8 @@ class PerseusOptimizer:
         ctrl = self._controller
         if ctrl is None or ctrl.error is not None or ctrl.requested_mhz is None:
             return
-        from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
-
         # Bounded like the guard's restore: a hung driver must not hang the close.
-        timeout_s = getattr(self.device.guard, "restore_timeout_s", RESTORE_TIMEOUT_S)
-
-        def unlock() -> None:
-            ctrl.request(None)
-            ctrl.flush(timeout_s or RESTORE_TIMEOUT_S)
-
-        run_bounded(unlock, timeout_s, f"unlocking the SM clock of GPU {self.gpu.index}")
+        ctrl.unlock(getattr(self.device.guard, "restore_timeout_s", None))
 
     def _energy_mj(self) -> Optional[float]:
         if not self._energy_ok:
@@ -397,31 +436,6 @@ class PerseusOptimizer:
             self._energy_ok = False
             return None
 
-    def _check_open(self) -> None:
-        opened = self._open
-        if self._in_step and opened is not None:
-            self._open = None  # report once; the next iteration starts clean
-            raise ScheduleMismatchError(
-                f"stage {self._stage}: a new iteration began while {opened[1]} of "
-                f"microbatch {opened[2]} had not ended; adapters must call "
-                "on_instruction_end in a finally block"
-            )
-
-    def _misuse(self, name: str) -> None:
-        if self._closed:
-            raise GPUError("on_instruction_begin on a closed PerseusOptimizer")
-        if not self._in_step:
-            raise ScheduleMismatchError(
-                f"stage {self._stage}: on_instruction_begin({name!r}) outside a training "
-                "iteration; call on_step_begin() first (adapters: wrap the training step)"
-            )
-        assert self._open is not None
-        raise ScheduleMismatchError(
-            f"stage {self._stage}, iteration {self._step}: {name} began while "
-            f"{self._open[1]} of microbatch {self._open[2]} was still running; instructions "
-            "must not nest (call on_instruction_end first)"
-        )
-
     def _unmatched_end(self, name: str) -> None:
         opened = self._open
         if opened is None:
@@ -431,7 +445,4 @@ class PerseusOptimizer:
             return
         self._open = None
         self._gpu_end(opened[1])
-        raise ScheduleMismatchError(
-            f"stage {self._stage}, iteration {self._step}: on_instruction_end({name!r}) but "
-            f"{opened[1]} of microbatch {opened[2]} was running"
-        )
+        raise hook_errors.unmatched_end(self._stage, self._step, name, opened)

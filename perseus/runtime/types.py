@@ -47,6 +47,23 @@ class Hooks(Protocol):
         """That instruction ended (adapters call this in ``finally``)."""
 
 
+class WaitHooks(Hooks, Protocol):
+    """Hooks that can also leave a wait inside an instruction out of its measurement.
+
+    Optional: an adapter calls these only between ``on_instruction_begin`` and
+    ``on_instruction_end``, where an engine blocks in the middle of an instruction (Merak's
+    ``RecomputeRecvGrad`` recomputes, then waits for the gradient), and only on hook objects
+    that have them. Like the other hooks, an implementation synchronizes the device before it
+    stamps the wait's begin and end (see ``docs/design.md``, "Hook contract").
+    """
+
+    def on_wait_begin(self) -> None:
+        """The running instruction blocks on another stage until :meth:`on_wait_end`."""
+
+    def on_wait_end(self) -> None:
+        """The wait is over; what follows is the instruction's work again."""
+
+
 @dataclass
 class InstructionRecord:
     """What happened to one instruction in one iteration.

@@ -2,9 +2,10 @@
 
 Each ``perseus/train/<framework>_job.py`` is a :class:`FrameworkJob`: it exposes ``check(cfg)``
 (made by the launcher before any rank starts, and again by every rank) and ``run(cfg)`` (one
-rank's training). The launcher's preflight, the worker and the configuration's
-:class:`~perseus.config.Framework` choices all go through :data:`REGISTRY`; a framework named
-in the configuration but not buildable here has an entry that explains why.
+rank's training), and may expose ``check_launch(cfg)``: checks of what the ranks will run in
+(e.g. probing another interpreter, ``train.python``), made by the launcher only. The launcher's
+preflight, the worker and the configuration's :class:`~perseus.config.Framework` choices all go
+through :data:`REGISTRY`.
 
 Adding a framework is one entry here (and its member of :class:`~perseus.config.Framework`).
 Job modules are imported on first use: they import their framework lazily too.
@@ -13,8 +14,7 @@ Job modules are imported on first use: they import their framework lazily too.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Dict, Optional, Protocol, cast
+from typing import Dict, Protocol, cast
 
 from perseus.config import Framework, PerseusConfig
 from perseus.errors import ConfigError
@@ -32,26 +32,15 @@ class FrameworkJob(Protocol):
     def run(self, cfg: PerseusConfig) -> int:
         """Train one rank until the loop stops; return the iterations run."""
 
-
-@dataclass(frozen=True)
-class Entry:
-    """Where a framework's job lives, or why ``perseus-train`` cannot build it."""
-
-    module: Optional[str] = None
-    unavailable: Optional[str] = None
+    # Optional: ``check_launch(cfg)``, the launcher's checks of the ranks' environment (may
+    # start the ranks' interpreter); not part of the protocol so that jobs may leave it out.
 
 
-MERAK_UNAVAILABLE = (
-    "framework=merak: perseus-train cannot build Merak jobs itself (Merak is not "
-    "pip-installable). Run your Merak training script with `import perseus.adapters.merak` "
-    "(README section 'Merak'), or pick framework=deepspeed, megatron or torch"
-)
-
-REGISTRY: Dict[Framework, Entry] = {
-    Framework.deepspeed: Entry("perseus.train.deepspeed_job"),
-    Framework.megatron: Entry("perseus.train.megatron_job"),
-    Framework.merak: Entry(unavailable=MERAK_UNAVAILABLE),
-    Framework.torch: Entry("perseus.train.torch_job"),
+REGISTRY: Dict[Framework, str] = {
+    Framework.deepspeed: "perseus.train.deepspeed_job",
+    Framework.megatron: "perseus.train.megatron_job",
+    Framework.merak: "perseus.train.merak_job",
+    Framework.torch: "perseus.train.torch_job",
 }
 
 
@@ -59,24 +48,26 @@ def job_for(name: str) -> FrameworkJob:
     """The job of framework ``name``.
 
     Raises:
-        ConfigError: an unknown name, or a framework perseus-train cannot build (with why).
+        ConfigError: an unknown name.
     """
     try:
-        entry = REGISTRY[Framework(name)]
+        module_name = REGISTRY[Framework(name)]
     except (ValueError, KeyError):
         choices = ", ".join(f.value for f in REGISTRY)
         raise ConfigError(f"framework={name!r}: choose one of {choices}") from None
-    if entry.module is None:
-        raise ConfigError(entry.unavailable or f"framework={name}: not available")
-    module = importlib.import_module(entry.module)
+    module = importlib.import_module(module_name)
     if not (callable(getattr(module, "check", None)) and callable(getattr(module, "run", None))):
-        raise TypeError(f"{entry.module} must define check(cfg) and run(cfg)")
+        raise TypeError(f"{module_name} must define check(cfg) and run(cfg)")
     return cast(FrameworkJob, module)
 
 
 def check(cfg: PerseusConfig) -> None:
-    """Run the configured framework's checks (see :attr:`FrameworkJob.check`)."""
-    job_for(cfg.framework.name).check(cfg)
+    """The launcher's checks before any rank starts (``check``, then ``check_launch`` if any)."""
+    job = job_for(cfg.framework.name)
+    job.check(cfg)
+    check_launch = getattr(job, "check_launch", None)
+    if check_launch is not None:
+        check_launch(cfg)
 
 
 def run(cfg: PerseusConfig) -> int:

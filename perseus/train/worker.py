@@ -18,6 +18,10 @@ from perseus.train import frameworks
 
 logger = logging.getLogger("perseus.train")
 
+RANK_STORE_PORT_ENV = "PERSEUS_RANK_STORE_PORT"
+"""Ranks in another interpreter (``train.python``) meet on their own torch store at this port,
+named by the launcher: the elastic agent's store may speak another torch version's protocol."""
+
 
 def run(cfg: PerseusConfig) -> int:
     """Train with the configured framework (checked first); returns iterations run."""

@@ -24,6 +24,7 @@ from typing import Iterator, List, Optional
 
 import pytest
 
+from tests import architecture as arch
 from tests.architecture import REPO, training_process_modules
 
 pytestmark = pytest.mark.e2e
@@ -122,6 +123,27 @@ def test_core_installs_no_more_and_imports_every_training_module(core_python: Pa
     assert out["absent"] == list(NOT_INSTALLED)
     assert "site-packages" in out["location"]  # the installed package, not the repository
     assert len(modules) > 30  # gpu, runtime, formats, wire, adapters ...
+
+
+def test_a_merak_ranks_modules_are_python39(core_python: Path) -> None:
+    # Everything a Merak rank imports compiles on 3.9 (the model zoo needs torch, absent here);
+    # the job and the worker import with the core alone.
+    graph = arch.graph()
+    files = sorted(str(arch.module_files()[m]) for m in arch.closure(arch.MERAK_RANK, graph))
+    code = textwrap.dedent(
+        f"""
+        import importlib
+        for path in {files!r}:
+            with open(path, encoding="utf-8") as fh:
+                compile(fh.read(), path, "exec")
+        for name in {arch.MERAK_RANK!r}:
+            importlib.import_module(name)
+        print(len({files!r}))
+        """
+    )
+    proc = _run(core_python, ["-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.strip().splitlines()[-1]) > 40
 
 
 def test_merak_adapter_runs_on_the_core(core_python: Path) -> None:

@@ -62,6 +62,34 @@ def test_training_process_needs_only_core_dependencies() -> None:
     )
 
 
+def test_merak_rank_needs_only_what_merak_env_installs() -> None:
+    graph = arch.graph()
+    reached = arch.closure(arch.MERAK_RANK, graph)
+    foreign = sorted(
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for module in reached
+        for imp in graph[module]
+        if (top := arch.third_party(imp.target)) is not None
+        and top not in arch.MERAK_RANK_IMPORTS
+        and top != "Merak"
+    )
+    assert foreign == []
+    listed = {
+        line.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
+        for line in arch.MERAK_REQUIREMENTS.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert set(arch.MERAK_RANK_IMPORTS.values()) <= listed
+    # A rank reaches the training process, the model zoo and the train package, nothing else.
+    above_runtime = sorted(
+        m
+        for m in reached
+        if (arch.layer_of(m) or 0) > 2
+        and not m.startswith(("perseus.adapters", "perseus.models", "perseus.train"))
+    )
+    assert above_runtime == []
+
+
 def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
     code = textwrap.dedent(
         """

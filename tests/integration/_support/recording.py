@@ -20,6 +20,7 @@ class RecordingHooks:
         self.events: List[Event] = []
         self.steps: List[List[str]] = []
         self._open: Optional[str] = None
+        self._waiting = False
         self._in_step = False
         self.errors: List[str] = []
 
@@ -49,6 +50,19 @@ class RecordingHooks:
         if self._open != name:
             self.errors.append(f"end {name} while {self._open} open")
         self._open = None
+        self._waiting = False
+
+    def on_wait_begin(self) -> None:
+        self.events.append(("wait_begin", self._open))
+        if self._open is None or self._waiting:
+            self.errors.append(f"wait_begin with open={self._open} waiting={self._waiting}")
+        self._waiting = True
+
+    def on_wait_end(self) -> None:
+        self.events.append(("wait_end", self._open))
+        if not self._waiting:
+            self.errors.append("wait_end without wait_begin")
+        self._waiting = False
 
 
 class HookLog:

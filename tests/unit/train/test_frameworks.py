@@ -12,23 +12,23 @@ from perseus.train import frameworks
 
 def test_every_configurable_framework_has_one_entry() -> None:
     assert set(frameworks.REGISTRY) == set(Framework)
-    for framework, entry in frameworks.REGISTRY.items():
-        assert (entry.module is None) != (entry.unavailable is None), framework
 
 
-@pytest.mark.parametrize("name", ["deepspeed", "megatron", "torch"])
+@pytest.mark.parametrize("name", [f.value for f in Framework])
 def test_job_modules_expose_check_and_run(name: str) -> None:
     job = frameworks.job_for(name)
     assert callable(job.check) and callable(job.run)
     assert job.__name__ == f"perseus.train.{name}_job"  # type: ignore[attr-defined]
 
 
-def test_merak_refuses_with_the_way_out_everywhere() -> None:
+def test_merak_is_one_entry_checked_in_launcher_and_rank() -> None:
     cfg = PerseusConfig()
     cfg.framework.name = Framework.merak
-    for call in (check_job, frameworks.run):
-        with pytest.raises(ConfigError, match=r"framework=merak: .*import perseus.adapters.merak"):
-            call(cfg)
+    # The launcher also checks the ranks' interpreter; a rank only fails where Merak is missing.
+    with pytest.raises(ConfigError, match=r"framework=merak runs its ranks in Merak's own"):
+        check_job(cfg)
+    with pytest.raises(ConfigError, match=r"this rank's Python cannot import Merak"):
+        frameworks.run(cfg)
 
 
 def test_unknown_framework_lists_the_choices() -> None:
