@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,12 +185,13 @@ def test_the_example_script_runs_on_the_emulated_gpu(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
+    # The example measures real time: which batch sizes follow the default depends on this
+    # machine's speed, so only the shape of its report is checked here.
     lines = out.stdout.strip().splitlines()
-    assert [line.split(",")[0] for line in lines] == [
-        "run 1: batch size 64",
-        "run 2: batch size 32",
-        "run 3: batch size 128",
-    ]
+    assert len(lines) == 3
+    assert lines[0].startswith("run 1: batch size 64,")
+    for i, line in enumerate(lines[1:], start=2):
+        assert re.match(rf"run {i}: batch size (16|32|128|256),", line), line
     assert (tmp_path / "example.db").exists()
     assert (tmp_path / "example.db.power_limits.json").exists()
 

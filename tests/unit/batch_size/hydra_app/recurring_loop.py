@@ -2,6 +2,8 @@
 
 The model takes 6, 4, 3 epochs to converge at batch sizes 32, 64, 128 (256 never does); every
 epoch runs ``2048 / batch_size`` steps of one forward and one backward pass on the device model.
+The device model runs on a virtual clock: costs, and so the sweeper's decisions, do not depend on
+how busy the machine is.
 """
 
 from __future__ import annotations
@@ -10,15 +12,24 @@ import hydra
 from omegaconf import DictConfig
 
 from perseus.batch_size import RecurringJob
-from perseus.config import EmulatedGPUConfig, GPUConfig, PowerLimitConfig
+from perseus.config import PowerLimitConfig
+from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.profiler.virtual_run import VirtualClock
 
 EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 
 
 @hydra.main(version_base=None, config_path=".", config_name="recurring_loop")
 def main(cfg: DictConfig) -> None:
-    emulated = EmulatedGPUConfig(time_scale=1e-2, energy_update_period_s=1e-4)
-    gpu = GPUConfig(backend="emulated", emulated=emulated)
+    clock = VirtualClock()
+    device = EmulatedGPU(
+        load_device_profile(default_device_profile_path()),
+        time_scale=1e-2,
+        blocking_power_w=80.0,
+        energy_update_period_s=1e-4,
+        clock=clock,
+        sleeper=clock.sleep,
+    )
     power_limit = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
     with RecurringJob(
         "ignored-under-the-sweeper",
@@ -26,7 +37,9 @@ def main(cfg: DictConfig) -> None:
         64,
         target_metric=1.0,
         power_limit=power_limit,
-        gpu=gpu,
+        gpus=[device],
+        clock=clock,
+        synchronize=lambda: None,
     ) as job:
         assert job.batch_size == cfg.batch_size  # the sweeper's choice, also as an override
         needed = EPOCHS[job.batch_size]
