@@ -27,7 +27,7 @@ class JobSetup:
     time_scale: float = 0.1
     blocking_power_w: float = 83.64
     energy_noise: float = 0.01
-    max_steps: int = 80
+    max_steps: int = 120
     out_dir: str = ""
     profiler: Dict[str, Any] = field(default_factory=dict)
     server: Dict[str, Any] = field(default_factory=dict)
@@ -142,6 +142,7 @@ def rank_main(
         "wall_s": time.monotonic() - t0,
         "phases": phases,
         "source_failed": source.failed,
+        "source_offline": source.offline,
         "locked_before_close": locked_before_close,
         "locked_after_close": gpu.locked_sm_clocks_mhz,
     }
