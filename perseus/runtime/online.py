@@ -21,6 +21,7 @@ default clocks for good. The optimizer restores the GPU when it closes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -113,7 +114,7 @@ class OnlineSource:
         self.order: List[Tuple[str, int]] = order[rank.stage]
         self.expected_sequence = encode_sequence(self.order)
         self._position_of = {item: i for i, item in enumerate(self.order)}
-        self._size = payloads.payload_size(len(self.order), job_spec.dp)
+        self.payload_size = payloads.payload_size(len(self.order), job_spec.dp)
         # State of the current iteration (the training thread's).
         self.phase: Optional[Phase] = None
         self.wants_energy = False
@@ -209,7 +210,7 @@ class OnlineSource:
                 next_schedule is not None and next_schedule.phase == Phase.failed
             )
         payload = payloads.pack(
-            self._size,
+            self.payload_size,
             scheduled=self._scheduled,
             step=record.step,
             iteration_time_s=max(0.0, record.iteration_time_s),
@@ -241,7 +242,10 @@ class OnlineSource:
             return None
         leader = everyone[0]
         if self.link is not None and self.link.failure is None:
-            self.link.report(self._combined_report(record, sequence, phase, everyone))
+            # Built on the link's thread: the training thread only hands it over.
+            self.link.report(
+                functools.partial(self._combined_report, record, sequence, phase, everyone)
+            )
         if payloads.stops(leader):
             self._stop(None)
             return None

@@ -20,7 +20,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, Optional
+from typing import Callable, Deque, Dict, Optional, Union
 
 from perseus.runtime.client import ServerClient, ServerRefused, ServerUnavailable
 from perseus.wire import (
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 # Answers that mean the server lost the job or the rank: register again.
 _FORGOTTEN = 404
+# A report, or what builds it (built on the link's thread, off the training thread).
+Report = Union[StepReport, Callable[[], StepReport]]
 
 
 class ServerLink:
@@ -79,7 +81,7 @@ class ServerLink:
         self._schedules: Dict[int, Optional[Schedule]] = {}
         self._want_from = 0
         self._want_through = -1
-        self._reports: Deque[StepReport] = collections.deque(maxlen=max(1, max_queued_reports))
+        self._reports: Deque[Report] = collections.deque(maxlen=max(1, max_queued_reports))
         self._registered = False
         self._closing = False
         self._pause_s = 0.0
@@ -102,8 +104,8 @@ class ServerLink:
                 del self._schedules[old]
             self._cond.notify_all()
 
-    def report(self, report: StepReport) -> None:
-        """Queue ``report`` for sending."""
+    def report(self, report: Report) -> None:
+        """Queue ``report`` (or a function building it on the link's thread) for sending."""
         with self._cond:
             if self.failure is None:
                 self._reports.append(report)
@@ -212,8 +214,9 @@ class ServerLink:
             report = self._reports[0] if self._reports else None
         if report is None:
             return
+        body = to_json(report if isinstance(report, StepReport) else report())
         try:
-            self.client.post(Route.STEPS.format(job_id=self.job_id), to_json(report))
+            self.client.post(Route.STEPS.format(job_id=self.job_id), body)
         except ServerRefused as exc:
             if exc.status == _FORGOTTEN:
                 raise

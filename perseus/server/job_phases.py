@@ -375,7 +375,7 @@ class Job:
         ):
             self._start_profiling()
         if self.phase == Phase.profiling and self.profiling.started:
-            if any(not self.ranks.live(s) for s in range(self.spec.num_stages)):
+            if any(self.ranks.stage_lost(s) for s in range(self.spec.num_stages)):
                 self._fail("a pipeline stage has no live rank left; profiling cannot finish")
                 return
             if self.profiling.num_steps >= prof.max_iterations:

@@ -154,6 +154,12 @@ class RankRegistry:
             out |= ranks
         return out
 
+    def stage_lost(self, stage: int) -> bool:
+        """No rank of ``stage`` is alive and some died (not: all of them finished)."""
+        if self._live.get(stage):
+            return False
+        return any(r.status == RankStatus.dead for r in self._ranks.values() if r.stage == stage)
+
     def live_stages(self) -> List[int]:
         """Stages that have a live rank."""
         return [s for s, ranks in self._live.items() if ranks]
