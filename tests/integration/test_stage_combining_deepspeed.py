@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
