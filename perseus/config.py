@@ -261,6 +261,27 @@ class ServerConfig:
     start_timeout_s: float = 60.0
     # Job id all ranks of one job share; None = PERSEUS_JOB_ID, else derived from the launch.
     job_id: Optional[str] = None
+    # Ranks: schedules fetched this many iterations ahead (never waited for).
+    prefetch_steps: int = 2
+    # Ranks: a stage's ranks combine their measurements through the job's process groups and
+    # only the stage's leader talks to the server.
+    combine_stage: bool = True
+    # Server: largest request body (streamed bodies included), jobs held at once, and memory
+    # budgets of one job's state and of all jobs' state (estimated at registration).
+    max_body_mb: float = 16.0
+    max_jobs: int = 1024
+    max_job_state_mb: float = 256.0
+    max_state_mb: float = 1024.0
+    # Server: worker processes estimating profiles and planning (0: a thread of the server),
+    # and BLAS threads per process.
+    profiler_workers: int = 1
+    planner_workers: int = 1
+    blas_threads: int = 1
+    # Server: keep every job in <dump_dir>/state.sqlite; a restarted server goes on with them.
+    persist: bool = True
+    # Server: a measured plan slower than its policy allows by more than this fraction (or the
+    # measured noise, if larger) falls back to max speed.
+    plan_slowdown_tolerance: float = 0.03
 
 
 @dataclass
@@ -366,8 +387,33 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
         problems.append(f"planner.time_unit_s={cfg.planner.time_unit_s}: must be > 0 seconds")
     if not (0 < cfg.server.port < 65536):
         problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
+    problems += _server_problems(cfg.server)
     if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
         problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    return problems
+
+
+def _server_problems(server: ServerConfig) -> List[str]:
+    """Ranges of the server's own keys (workers, budgets, prefetching)."""
+    problems = []
+    for key, low in (
+        ("prefetch_steps", 1),
+        ("max_jobs", 1),
+        ("profiler_workers", 0),
+        ("planner_workers", 0),
+        ("blas_threads", 1),
+    ):
+        if getattr(server, key) < low:
+            problems.append(f"server.{key}={getattr(server, key)}: must be an integer >= {low}")
+    for key in ("max_body_mb", "max_job_state_mb", "max_state_mb"):
+        value = getattr(server, key)
+        if not 0 < value < float("inf"):
+            problems.append(f"server.{key}={value}: must be a positive number of MB")
+    if not 0 <= server.plan_slowdown_tolerance <= 1:
+        problems.append(
+            f"server.plan_slowdown_tolerance={server.plan_slowdown_tolerance}: must be a "
+            "fraction in [0, 1]"
+        )
     return problems
 
 

@@ -19,7 +19,7 @@ def _compose(*overrides: str, name: str = "perseus_train"):
         return compose(name, overrides=list(overrides))
 
 
-@pytest.mark.parametrize("name", ["perseus_train", "perseus_plan", "perseus_server"])
+@pytest.mark.parametrize("name", ["perseus_train", "perseus_plan"])
 def test_primary_configs_compose_to_schema(name: str) -> None:
     cfg = to_object(_compose(name=name))
     assert isinstance(cfg, PerseusConfig)
