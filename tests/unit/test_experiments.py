@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from perseus.config import register_configs, to_object
+from perseus.apps.common import register_configs
+from perseus.config import to_object
 from perseus.models.partition import partition
 from perseus.models.zoo import describe
 
