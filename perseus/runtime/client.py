@@ -17,7 +17,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Optional
 
-from perseus.errors import ServerError
+from perseus.errors import NonFiniteError, ServerError
+from perseus.formats.strict_json import dumps
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,13 @@ class ServerClient:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        data = None if body is None else json.dumps(body).encode()
+        try:
+            data = None if body is None else dumps(body, what=f"{method} {path}", default=None)
+        except NonFiniteError as exc:
+            raise ServerError(f"{exc}; the request was not sent") from None
+        payload = None if data is None else data.encode()
         headers = {"Accept": "application/json"}
-        if data is not None:
+        if payload is not None:
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = "Bearer " + self.token
@@ -79,7 +84,7 @@ class ServerClient:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            req = urllib.request.Request(url, data=data, headers=headers, method=method)
+            req = urllib.request.Request(url, data=payload, headers=headers, method=method)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     raw = resp.read()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, List, Optional, Union
 
 from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
+from perseus.numbers import finite_or_none
 from perseus.runtime.client import ServerClient
 from perseus.runtime.types import RankInfo, StepRecord
 from perseus.wire import (
@@ -141,16 +142,17 @@ class OnlineSource:
 
     def end_step(self, record: StepRecord) -> None:
         """Queue the iteration's report for the background sender."""
-        if self.failed:
-            return
+        time_s, energy_j = finite_or_none(record.iteration_time_s), finite_or_none(record.energy_j)
+        if self.failed or time_s is None:
+            return  # nothing to report (a time that is not a number is never sent)
         body = StepReport(
             rank=self.rank.rank,
             step=record.step,
-            iteration_time_s=max(0.0, record.iteration_time_s),
+            iteration_time_s=max(0.0, time_s),
             compute_time_s=max(0.0, record.instructions[-1].end_s - record.start_s)
             if record.instructions
             else None,
-            energy_j=None if record.energy_j is None else max(0.0, record.energy_j),
+            energy_j=None if energy_j is None else max(0.0, energy_j),
             instructions=[InstructionReport(**asdict(i)) for i in record.instructions],
         )
         while True:

@@ -9,7 +9,6 @@ best one; its table goes to ``power_limit.json`` (the report's ``power_limit`` s
 
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Callable
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.formats.atomic_file import write_json_atomic
 from perseus.runtime.types import RankInfo
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def run(cfg: PerseusConfig) -> int:
         if plo is not None:
             if rank == 0 and cfg.output_dir:
                 path = Path(cfg.output_dir) / "power_limit.json"
-                path.write_text(json.dumps(plo.report(), indent=1))
+                write_json_atomic(path, plo.report())
             plo.close()
     if cfg.output_dir:
         write_rank_steps(Path(cfg.output_dir), rank)
