@@ -224,7 +224,7 @@ ENERGY = Range(ge=0.0, le=1e12, unit="J")
 
 def _column_index(header: List[str], where: str) -> Dict[str, int]:
     """Where each column is; the header found and the one expected when it does not fit."""
-    found = ",".join(header)
+    found = _short(",".join(header))
     twice = sorted({name for name in header if name in COLUMNS and header.count(name) > 1})
     if twice:
         raise ProfileError(f"{where}: column(s) {twice} appear more than once in {found!r}")
@@ -240,6 +240,9 @@ def _column_index(header: List[str], where: str) -> Dict[str, int]:
         if any(name.strip() != name.strip().lower() for name in header):
             fixes.append("write the column names in lower case")
         fix = " and ".join(fixes)
+    elif len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
+        sep = next(sep for sep in ";\t|" if sep in header[0])
+        fix = f"separate the columns with commas, not {sep!r}"
     elif header and _number(header[0]):
         fix = f"the first row must be the header {_HEADER}"
     else:
@@ -251,8 +254,9 @@ def _column_index(header: List[str], where: str) -> Dict[str, int]:
 
 
 def _width_problem(source: str, line: int, fields: List[str], header: List[str]) -> str:
-    found = ",".join(fields)
-    where = f"{source}, row {line}"
+    found = _short(",".join(fields))
+    expected = f"the header {_short(','.join(header))!r} has {len(header)}"
+    hint = "fill in every column"
     if len(fields) > len(header):
         extra = fields[len(header) :]
         hint = (
@@ -260,14 +264,11 @@ def _width_problem(source: str, line: int, fields: List[str], header: List[str])
             if not any(f.strip() for f in extra)
             else "name the extra column(s) in the header"
         )
-        return (
-            f"{where}: {len(fields)} fields ({found!r}) but the header {','.join(header)!r} has "
-            f"{len(header)}: {hint}"
-        )
-    return (
-        f"{where}: {len(fields)} fields ({found!r}) but the header {','.join(header)!r} has "
-        f"{len(header)}: fill in every column"
-    )
+    return f"{source}, row {line}: {len(fields)} fields ({found!r}) but {expected}: {hint}"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _number(text: str) -> bool:
@@ -283,7 +284,9 @@ def _check_row(row: Sequence[Any], source: str, row_no: int) -> Tuple[int, str, 
     stage, instruction, freq, time_s, energy_j = row
     stage_i = _checked(_as_int(stage, where, "stage"), STAGE, where, "stage")
     if instruction not in INSTRUCTIONS:
-        raise ProfileError(f"{where}: instruction {instruction!r} must be 'forward' or 'backward'")
+        raise ProfileError(
+            f"{where}: instruction {_short(repr(instruction))} must be 'forward' or 'backward'"
+        )
     freq_i = _checked(_as_int(freq, where, "frequency"), FREQUENCY, where, "frequency")
     t = _checked(_as_float(time_s, where, "time"), TIME, where, "time")
     e = _checked(_as_float(energy_j, where, "energy"), ENERGY, where, "energy")
@@ -305,9 +308,9 @@ def _as_float(value: Any, where: str, column: str) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ProfileError(f"{where}: {column} {value!r} is not a number") from None
+        raise ProfileError(f"{where}: {column} {_short(repr(value))} is not a number") from None
     if math.isnan(out) or math.isinf(out):
-        shown = value.strip() if isinstance(value, str) else repr(value)
+        shown = _short(value.strip()) if isinstance(value, str) else repr(value)
         raise ProfileError(f"{where}: {column} is {shown}; fill in a finite number")
     return out
 

@@ -1,20 +1,22 @@
 """Checks made before any rank starts, so a job that cannot run fails at once with the fix.
 
 Everything a rank would find out in its first seconds is found here first, each problem as one
-line naming the key and the fix, and nothing is started (no server, no rank):
+line naming the key and the fix, and nothing is started (no server, no rank). In order (the
+quick checks first):
 
-* the model description and the framework's own checks (:mod:`perseus.train.frameworks`:
-  parallelism limits, the partition, the framework importable, CUDA for Megatron-core);
+* the model description;
 * ``model.dataset``: there, a readable ``.npy`` array of integer token ids that fit the model;
+* ``runtime.mode=plan``: the plan file parses and fits the job (stages, microbatches, and the
+  schedule's order when ``runtime.strict``);
 * the GPU backend: every GPU this node's ranks will drive is opened the way a rank opens it
   (:func:`perseus.gpu.factory.build_gpu`, in dry-run mode: nothing is changed), so
   ``gpu=nvml`` without NVML, a GPU index that does not exist or a bad emulated device profile
   stop here;
-* ``runtime.mode=plan``: the plan file parses and fits the job (stages, microbatches, and the
-  schedule's order when ``runtime.strict``);
+* ``gpu.state_dir``: a writable directory;
 * ``runtime.mode=online``: the job spec the ranks will register is within the server's bounds,
   the solver exists, and a configured ``server.url`` answers (with the token accepted);
-* ``gpu.state_dir``: a writable directory.
+* the framework's own checks (:mod:`perseus.train.frameworks`: parallelism limits, the
+  partition, CUDA for Megatron-core, the framework importable).
 
 Every rank makes the framework's checks again (a rank can be started without the launcher).
 """
@@ -50,16 +52,16 @@ def check_job(cfg: PerseusConfig, num_local_ranks: Optional[int] = None) -> None
             naming the key and the fix.
     """
     description = describe(cfg.model)
-    frameworks.check(cfg)
     if cfg.model.dataset:
         check_dataset(cfg, description)
-    check_gpus(cfg, num_local_ranks or local_ranks(cfg))
     if cfg.runtime.mode == "plan":
         check_plan(cfg)
-    if cfg.runtime.mode == "online":
-        check_online(cfg)
+    check_gpus(cfg, num_local_ranks or local_ranks(cfg))
     if cfg.gpu.state_dir:
         check_state_dir(Path(cfg.gpu.state_dir).expanduser())
+    if cfg.runtime.mode == "online":
+        check_online(cfg)
+    frameworks.check(cfg)  # last: it imports the framework (seconds)
 
 
 def local_ranks(cfg: PerseusConfig) -> int:
