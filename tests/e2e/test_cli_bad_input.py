@@ -22,6 +22,7 @@ import pytest
 from perseus.formats.plan_json import Plan, PlanStep
 from perseus.launcher.ports import free_port
 from perseus.schedule import stage_order
+from tests.e2e._support.processes import processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -55,21 +56,6 @@ def run(prog: str, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = N
         assert not (run_dir / "server").exists(), "the coordination server was started"
         assert processes_mentioning(str(run_dir)) == []
     return err
-
-
-def processes_mentioning(text: str) -> List[str]:
-    """Live processes whose command line or environment contains ``text`` (Linux /proc)."""
-    found = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        for name in ("cmdline", "environ"):
-            try:
-                data = (proc_dir / name).read_bytes()
-            except OSError:
-                continue
-            if text.encode() in data:
-                found.append(proc_dir.name)
-                break
-    return found
 
 
 def write_plan(path: Path, schedule: str, num_stages: int, num_microbatches: int) -> str:

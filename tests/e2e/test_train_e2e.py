@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e._support.processes import processes_mentioning
+
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent / "perseus-train"
@@ -96,21 +98,6 @@ def test_failing_rank_ends_job_with_its_error_once(tmp_path: Path) -> None:
     # rank (PERSEUS_CONFIG in its environment points into the run dir).
     assert list((run_dir / "server").glob("perseus-server-*.log")), "the server was started"
     assert processes_mentioning(str(run_dir)) == []
-
-
-def processes_mentioning(text: str) -> list:
-    """Live processes whose command line or environment contains ``text`` (Linux /proc)."""
-    found = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        for name in ("cmdline", "environ"):
-            try:
-                data = (proc_dir / name).read_bytes()
-            except OSError:
-                continue
-            if text.encode() in data:
-                found.append(proc_dir.name)
-                break
-    return found
 
 
 def test_cfg_job_prints_config_from_any_directory(tmp_path: Path) -> None:
