@@ -22,6 +22,8 @@ from typing import (
     List,
     Literal,
     Optional,
+    Sequence,
+    Tuple,
     Type,
     TypeVar,
     Union,
@@ -32,6 +34,8 @@ from typing import (
 
 from perseus.config import (
     ETA_RANGE,
+    JOB_ID_PATTERN,
+    SOLVER_NAME_PATTERN,
     ConfigChoice,
     EnergyConfig,
     EnergyPolicy,
@@ -39,6 +43,7 @@ from perseus.config import (
     ProfilerConfig,
     ProfilerMode,
 )
+from perseus.wire_bounds import Bound, Checked
 
 
 class Route:
@@ -80,39 +85,15 @@ class Phase(ConfigChoice):
         return self in (Phase.watching, Phase.failed)
 
 
-class Bound:
-    """Bounds of a field: ``Annotated[int, Bound(ge=1, le=512)]``.
-
-    Keys are those of pydantic-core's schemas: ``ge``/``gt``/``le``/``lt`` (numbers),
-    ``allow_inf_nan`` (floats), ``pattern`` (strings), ``min_length``/``max_length`` (lists).
-    The server's validation reads them through ``__get_pydantic_core_schema__``; the standard
-    library ignores them.
-    """
-
-    def __init__(self, **constraints: Any) -> None:
-        self.constraints = constraints
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.constraints.items())
-        return f"Bound({inner})"
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        """Add the bounds to the schema pydantic builds for the annotated type."""
-        schema = handler(source)
-        inner = schema
-        while inner.get("type") in ("nullable", "default"):
-            inner = inner["schema"]
-        inner.update(self.constraints)
-        return schema
-
-
-JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_STAGES = 512
 MAX_MICROBATCHES = 4096
 MAX_RANKS = 65536
 MAX_CLOCKS = 1024
 MAX_INSTRUCTIONS = 2 * MAX_MICROBATCHES * 8
 MAX_STEP = 10**12
+# A step sequence ("F0,F1,B0,..."): at most this many characters.
+MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
+SEQUENCE_PATTERN = r"^([FB][0-9]{1,6}(,[FB][0-9]{1,6})*)?$"
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
 Mhz = Annotated[int, Bound(gt=0, le=100_000)]
@@ -126,7 +107,7 @@ M = TypeVar("M")
 
 
 @dataclass(frozen=True)
-class EnergySettings:
+class EnergySettings(Checked):
     """The job's energy policy (``energy.*`` of the configuration, without the power limit)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -137,11 +118,18 @@ class EnergySettings:
     eta: Annotated[float, Bound(ge=ETA_RANGE[0], le=ETA_RANGE[1])] = 0.5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.policy == EnergyPolicy.power_limit:
             raise ValueError(
                 "energy=power_limit does not choose a pipeline plan; the coordination server "
                 "serves pipeline policies only"
             )
+        if self.policy == EnergyPolicy.slowdown and self.max_slowdown is None:
+            raise ValueError(
+                "energy=slowdown needs energy.max_slowdown (a fraction, e.g. 0.05 for 5 %)"
+            )
+        if self.policy == EnergyPolicy.deadline and self.iteration_time_s is None:
+            raise ValueError("energy=deadline needs energy.iteration_time_s (seconds > 0)")
 
     @classmethod
     def from_config(cls, energy: EnergyConfig) -> EnergySettings:
@@ -150,7 +138,7 @@ class EnergySettings:
 
 
 @dataclass(frozen=True)
-class ProfilerSettings:
+class ProfilerSettings(Checked):
     """Online profiler settings (``profiler.*`` of the configuration, same key names)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -174,7 +162,7 @@ class ProfilerSettings:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Checked):
     """``POST /jobs``: a job, as every one of its ranks registers it (identical is idempotent)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -187,7 +175,7 @@ class JobSpec:
     tp: Annotated[int, Bound(ge=1, le=MAX_RANKS)] = 1
     energy: EnergySettings = field(default_factory=EnergySettings)
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
-    solver: Annotated[str, Bound(pattern=r"^[a-z0-9_]{1,32}$")] = "lp"
+    solver: Annotated[str, Bound(pattern=SOLVER_NAME_PATTERN)] = "lp"
     # Blocking power used where the profiler could not measure it (W).
     p2p_power_w: Annotated[float, Bound(ge=0.0, le=10_000.0)] = 83.64
 
@@ -219,8 +207,25 @@ class JobCreated:
 
 
 @dataclass(frozen=True)
-class RankRegistration:
-    """``POST /jobs/{job_id}/ranks``: one training process joining its job."""
+class PeerRank(Checked):
+    """A rank of the registering rank's stage that talks to the server only through it."""
+
+    __pydantic_config__ = _FORBID_EXTRA
+
+    rank: RankId
+    dp_rank: RankId = 0
+    tp_rank: RankId = 0
+
+
+@dataclass(frozen=True)
+class RankRegistration(Checked):
+    """``POST /jobs/{job_id}/ranks``: one training process joining its job.
+
+    A stage leader (the lowest global rank of its stage, when the stage's ranks combine their
+    measurements through the job's process groups) also registers its ``peers``: they share
+    its stage and ``supported_clocks_mhz`` (the clocks every rank of the stage supports), and
+    the leader speaks for them (see :class:`StepReport`).
+    """
 
     __pydantic_config__ = _FORBID_EXTRA
 
@@ -230,19 +235,34 @@ class RankRegistration:
     dp_rank: RankId = 0
     tp_rank: RankId = 0
     energy_update_period_s: Optional[Annotated[float, Bound(gt=0.0, le=10.0)]] = None
+    peers: Annotated[List[PeerRank], Bound(max_length=MAX_RANKS)] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReplicaSchedule:
+    """Clocks for some data-parallel replicas of a stage that differ from the stage's default."""
+
+    dp_ranks: List[int]
+    frequencies_mhz: List[Optional[int]]
 
 
 @dataclass(frozen=True)
 class Schedule:
     """Answer to ``GET /jobs/{job_id}/schedule?rank=R&step=N``: one stage's clocks of one step.
 
-    ``frequencies_mhz[i]`` is the clock of the stage's ``i``-th instruction (``None``: default
-    clocks).
+    ``frequencies_mhz[i]`` is the clock of the ``i``-th ``(instruction, microbatch)`` of the
+    stage's order (:func:`perseus.schedule.stage_order` of the job's schedule; ``None``:
+    default clocks); clients hand clocks out by ``(instruction, microbatch)``, never by bare
+    position. ``overrides`` (only for a rank that registered peers) lists replicas of the stage
+    that run other clocks (a straggler's replica keeps the faster plan). ``message`` is the
+    job's latest notice for the user (why it failed, or fell back to max speed).
     """
 
     step: int
     phase: Phase
     frequencies_mhz: List[Optional[int]]
+    overrides: List[ReplicaSchedule] = field(default_factory=list)
+    message: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -262,8 +282,43 @@ class InstructionReport:
 
 
 @dataclass(frozen=True)
+class ReplicaTime:
+    """A data-parallel replica's compute time in one stage (its slowest rank's)."""
+
+    __pydantic_config__ = _FORBID_EXTRA
+
+    dp_rank: RankId
+    compute_time_s: Seconds
+
+
+@dataclass(frozen=True)
+class SequenceMismatch:
+    """A peer ran another ``(instruction, microbatch)`` sequence than the job's schedule.
+
+    ``position`` is the first differing position; ``got`` what the peer ran there (``"end"``:
+    its iteration ended early).
+    """
+
+    __pydantic_config__ = _FORBID_EXTRA
+
+    rank: RankId
+    position: Annotated[int, Bound(ge=0, le=MAX_INSTRUCTIONS)]
+    got: Annotated[str, Bound(pattern=r"^([FB][0-9]{1,6}|end)$")]
+
+
+@dataclass(frozen=True)
 class StepReport:
-    """``POST /jobs/{job_id}/steps``: what one rank measured in one iteration."""
+    """``POST /jobs/{job_id}/steps``: what one rank (or one stage) measured in one iteration.
+
+    A stage leader's report combines its stage's ranks (``peers``: the other ranks it speaks
+    for): ``iteration_time_s`` and ``compute_time_s`` are the slowest rank's, ``energy_j`` the
+    sum over the ranks, ``replicas`` each data-parallel replica's compute time, and
+    ``instructions`` the leader's own records (its GPU stands for the stage's). ``scheduled``
+    is false for an iteration that ran without the server's schedule (none had arrived in
+    time): its measurements are not used. ``sequence`` is the reporting rank's
+    ``(instruction, microbatch)`` sequence (:func:`encode_sequence`); peers that ran another
+    one are listed in ``mismatches``.
+    """
 
     __pydantic_config__ = _FORBID_EXTRA
 
@@ -277,10 +332,21 @@ class StepReport:
     instructions: Annotated[List[InstructionReport], Bound(max_length=MAX_INSTRUCTIONS)] = field(
         default_factory=list
     )
+    scheduled: bool = True
+    peers: Annotated[List[RankId], Bound(max_length=MAX_RANKS)] = field(default_factory=list)
+    replicas: Annotated[List[ReplicaTime], Bound(max_length=MAX_RANKS)] = field(
+        default_factory=list
+    )
+    sequence: Optional[
+        Annotated[str, Bound(pattern=SEQUENCE_PATTERN, max_length=MAX_SEQUENCE_CHARS)]
+    ] = None
+    mismatches: Annotated[List[SequenceMismatch], Bound(max_length=MAX_RANKS)] = field(
+        default_factory=list
+    )
 
 
 @dataclass(frozen=True)
-class IterationTime:
+class IterationTime(Checked):
     """``PUT /jobs/{job_id}/iteration_time``: a time imposed from outside (a straggler)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -294,6 +360,34 @@ class Ack:
 
     ok: bool = True
     detail: Dict[str, str] = field(default_factory=dict)
+
+
+def encode_sequence(pairs: Sequence[Tuple[str, int]]) -> str:
+    """``[("forward", 0), ("backward", 0)]`` -> ``"F0,B0"`` (the wire form of a sequence)."""
+    return ",".join(("F" if name == "forward" else "B") + str(int(mb)) for name, mb in pairs)
+
+
+def first_difference(expected: str, got: str) -> Optional[Tuple[int, str, str]]:
+    """The first position where two encoded sequences differ: ``(position, expected, got)``.
+
+    ``"end"`` stands for a sequence that ended there. ``None`` when they are equal.
+    """
+    if expected == got:
+        return None
+    a, b = expected.split(",") if expected else [], got.split(",") if got else []
+    for position in range(max(len(a), len(b))):
+        want = a[position] if position < len(a) else "end"
+        have = b[position] if position < len(b) else "end"
+        if want != have:
+            return position, want, have
+    return None  # pragma: no cover - unequal strings differ somewhere
+
+
+def describe_item(item: str) -> str:
+    """``"F3"`` -> ``"forward of microbatch 3"`` (``"end"``: the end of the iteration)."""
+    if item == "end":
+        return "the end of the iteration"
+    return f"{'forward' if item[0] == 'F' else 'backward'} of microbatch {item[1:]}"
 
 
 def to_json(message: Any) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ instruction).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from perseus.profiler.stop import EnergyRiseStop
 
@@ -107,6 +107,8 @@ class StageSweep:
         self.assigned: Dict[int, List[int]] = {}
         self.warmup: Dict[int, List[int]] = {}
         self._pending: set = set()
+        # Assignments whose step was lost (it ran without them): given to the next steps.
+        self._retry: List[List[int]] = []
 
     # -- assignment -----------------------------------------------------------------------------
     @property
@@ -116,6 +118,8 @@ class StageSweep:
         Every kind stopped or reached the lowest clock, and no re-measurement is due (budget
         spent, ``max_steps`` unset, or :meth:`finish` called).
         """
+        if self._retry and not self._finished:
+            return False
         if not all(self._kind_finished(kind) for kind in KINDS):
             return False
         if self.mode != "fast" or self.max_steps is None or self._finished:
@@ -133,11 +137,32 @@ class StageSweep:
     def frequencies_for_step(self, step: int) -> List[int]:
         """Frequencies of every position of ``step`` (computed once, then repeated)."""
         if step not in self.assigned:
-            freqs = self._assign_fast() if self.mode == "fast" else self._assign_sweep()
+            if self._retry:
+                freqs = self._retry.pop(0)
+            else:
+                freqs = self._assign_fast() if self.mode == "fast" else self._assign_sweep()
             self.assigned[step] = freqs
             self.warmup[step] = self._warmup_positions(freqs)
             self._pending.add(step)
         return self.assigned[step]
+
+    def lost(self, step: int) -> bool:
+        """``step`` did not run its assignment (no schedule in time, a restart): retry it.
+
+        The step's clocks go to the next step assigned; the lost step no longer counts
+        (late reports of it are ignored). Returns whether ``step`` was a pending assignment.
+        """
+        if step not in self._pending:
+            return False
+        self._pending.discard(step)
+        self._retry.append(self.assigned.pop(step))
+        self.warmup.pop(step, None)
+        return True
+
+    @property
+    def retrying(self) -> bool:
+        """Lost assignments wait to be given again."""
+        return bool(self._retry)
 
     def _next_clock(self, kinds: Sequence[str]) -> int:
         index = max(self._cursor[k] for k in kinds)
@@ -187,23 +212,13 @@ class StageSweep:
             )
         return [clock[instruction] for instruction, _ in self.order]
 
-    def _warmup_positions(self, freqs: List[int]) -> List[int]:
-        """Per kind, the first ``warmup_instructions`` of the step and after each change."""
-        out: List[int] = []
-        seen: Dict[str, int] = {}
-        last: Dict[str, int] = {}
-        for pos, ((instruction, _), freq) in enumerate(zip(self.order, freqs)):
-            if last.get(instruction) != freq:
-                seen[instruction] = 0
-                last[instruction] = freq
-            if seen[instruction] < self.warmup_instructions:
-                out.append(pos)
-            seen[instruction] += 1
-        return out
+    def _warmup_positions(self, freqs: Sequence[Optional[int]]) -> List[int]:
+        return warmup_positions(self.order, freqs, self.warmup_instructions)
 
     def finish(self) -> None:
         """Assign no further clocks; pending steps still count when reported."""
         self._finished = True
+        self._retry = []
         for kind in KINDS:
             if not self._kind_finished(kind):
                 self._cursor[kind] = len(self.clocks_mhz)
@@ -243,10 +258,77 @@ class StageSweep:
         """No clock left to try and every assigned step reported."""
         return self.exhausted and not self._pending
 
+    # -- persistence ----------------------------------------------------------------------------
+    def to_state(self) -> Dict[str, Any]:
+        """Everything that changes while sweeping, as JSON-ready data (see :meth:`from_state`)."""
+        return {
+            "clocks_mhz": list(self.clocks_mhz),
+            "mode": self.mode,
+            "warmup_instructions": self.warmup_instructions,
+            "patience": self._stop["forward"].patience,
+            "max_steps": self.max_steps,
+            "min_window_s": self.min_window_s,
+            "blocks": [list(b) for b in self._blocks],
+            "stopped_at": dict(self.stopped_at),
+            "cursor": dict(self._cursor),
+            "finished": self._finished,
+            "refine": list(self._refine),
+            "refine_priority": self.refine_priority,
+            "lag_clock": self._lag_clock,
+            "assigned": {str(k): v for k, v in self.assigned.items()},
+            "pending": sorted(self._pending),
+            "retry": list(self._retry),
+        }
+
+    @classmethod
+    def from_state(cls, order: Sequence[Tuple[str, int]], state: Dict[str, Any]) -> StageSweep:
+        """The sweep :meth:`to_state` described (``order``: the stage's instruction order)."""
+        sweep = cls(
+            order,
+            state["clocks_mhz"],
+            mode=state["mode"],
+            patience=int(state["patience"]),
+            warmup_instructions=int(state["warmup_instructions"]),
+            max_steps=state["max_steps"],
+        )
+        sweep.min_window_s = float(state["min_window_s"])
+        sweep._blocks = [(int(a), int(b)) for a, b in state["blocks"]]
+        sweep.stopped_at = {
+            k: (None if v is None else int(v)) for k, v in state["stopped_at"].items()
+        }
+        sweep._cursor = {k: int(v) for k, v in state["cursor"].items()}
+        sweep._finished = bool(state["finished"])
+        sweep._refine = [int(c) for c in state["refine"]]
+        priority = state["refine_priority"]
+        sweep.refine_priority = None if priority is None else [int(c) for c in priority]
+        sweep._lag_clock = int(state["lag_clock"])
+        sweep.assigned = {int(k): [int(f) for f in v] for k, v in state["assigned"].items()}
+        sweep.warmup = {k: sweep._warmup_positions(v) for k, v in sweep.assigned.items()}
+        sweep._pending = {int(s) for s in state["pending"]}
+        sweep._retry = [[int(f) for f in v] for v in state["retry"]]
+        return sweep
+
     @property
     def num_steps(self) -> int:
         """Steps this stage has been given a profiling schedule for."""
         return len(self.assigned)
+
+
+def warmup_positions(
+    order: Sequence[Tuple[str, int]], freqs: Sequence[Optional[int]], warmup_instructions: int
+) -> List[int]:
+    """Per kind, the first ``warmup_instructions`` of the step and after each clock change."""
+    out: List[int] = []
+    seen: Dict[str, int] = {}
+    last: Dict[str, Optional[int]] = {}
+    for pos, ((instruction, _), freq) in enumerate(zip(order, freqs)):
+        if instruction not in last or last[instruction] != freq:
+            seen[instruction] = 0
+            last[instruction] = freq
+        if seen[instruction] < warmup_instructions:
+            out.append(pos)
+        seen[instruction] += 1
+    return out
 
 
 def refine_order(clocks_mhz: Sequence[int], stride: int = 3) -> List[int]:

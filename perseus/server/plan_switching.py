@@ -14,7 +14,7 @@ that do not straggle while some do).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AbstractSet, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, AbstractSet, Any, Dict, List, Optional, Set
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import Frontier, FrontierPoint
@@ -39,6 +39,24 @@ class DriftWatcher:
         self.target_s: Optional[float] = None
         self._slow_runs: Dict[int, int] = {}
         self._ok_runs = 0
+
+    def to_json(self) -> Dict[str, Any]:
+        """The watcher's state as JSON-ready data."""
+        return {
+            "reference_s": self.reference_s,
+            "stragglers": sorted(self.stragglers),
+            "target_s": self.target_s,
+            "slow_runs": {str(k): v for k, v in self._slow_runs.items()},
+            "ok_runs": self._ok_runs,
+        }
+
+    def restore(self, data: Dict[str, Any]) -> None:
+        """Take back the state :meth:`to_json` described."""
+        self.reference_s = data["reference_s"]
+        self.stragglers = {int(dp) for dp in data["stragglers"]}
+        self.target_s = data["target_s"]
+        self._slow_runs = {int(k): int(v) for k, v in data["slow_runs"].items()}
+        self._ok_runs = int(data["ok_runs"])
 
     def update(self, replica_time_s: Dict[int, float]) -> bool:
         """Feed one iteration; returns True when the straggler set changed."""
@@ -102,6 +120,13 @@ class PlanEpochs:
         self.epochs.append(epoch)
         del self.epochs[1:-MAX_EPOCHS]
 
+    def epoch_for(self, step: int) -> Optional[PlanEpoch]:
+        """The epoch in force at ``step`` (``None`` before any plan)."""
+        for epoch in reversed(self.epochs):
+            if epoch.start_step <= step:
+                return epoch
+        return None
+
     def point_for(self, dp_rank: int, step: int) -> Optional[FrontierPoint]:
         """The plan replica ``dp_rank`` runs at ``step`` (``None`` before any plan)."""
         for epoch in reversed(self.epochs):
@@ -109,19 +134,47 @@ class PlanEpochs:
                 return epoch.overrides.get(dp_rank, epoch.default)
         return None
 
-    def measuring(self, step: int, settle_steps: int, measure_steps: int) -> Optional[str]:
+    def measuring(self, step: int, settle_steps: int) -> Optional[str]:
         """``baseline`` or ``plan`` for the iterations that measure the chosen plan's saving.
 
-        After ``settle_steps`` under the plan, ``2 * measure_steps`` iterations alternate
-        between max speed (even ones) and the plan (odd ones).
+        After ``settle_steps`` under the plan, iterations alternate between max speed (even
+        ones) and the plan (odd ones) until the job has measured enough clean pairs (the job
+        stops asking then).
         """
         first = self.first_step
         if first is None:
             return None
         offset = step - first - settle_steps
-        if not 0 <= offset < 2 * measure_steps:
+        if offset < 0:
             return None
         return "plan" if offset % 2 else "baseline"
+
+    def to_json(self) -> List[Dict[str, object]]:
+        """The epochs as JSON-ready data (plans by ``plan_id``)."""
+        return [
+            {
+                "start_step": e.start_step,
+                "default": e.default.plan_id,
+                "overrides": {str(k): v.plan_id for k, v in e.overrides.items()},
+                "reason": e.reason,
+            }
+            for e in self.epochs
+        ]
+
+    @classmethod
+    def from_json(cls, data: List[Dict[str, Any]], points: Dict[int, FrontierPoint]) -> PlanEpochs:
+        """The inverse of :meth:`to_json` (``points``: the frontier's plans by ``plan_id``)."""
+        out = cls()
+        for e in data:
+            out.epochs.append(
+                PlanEpoch(
+                    int(e["start_step"]),
+                    points[int(e["default"])],
+                    {int(k): points[int(v)] for k, v in e["overrides"].items()},
+                    str(e["reason"]),
+                )
+            )
+        return out
 
 
 def switched_epoch(

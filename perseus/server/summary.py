@@ -15,7 +15,17 @@ from perseus.server.planning import PlanResult
 from perseus.server.steps import typical_step
 
 # Keys of the summary that ``GET /jobs/{job_id}`` answers (the job's status).
-STATUS_KEYS = ("job_id", "phase", "failure", "degraded", "ranks", "current", "profiling")
+STATUS_KEYS = (
+    "job_id",
+    "phase",
+    "failure",
+    "message",
+    "fallback",
+    "degraded",
+    "ranks",
+    "current",
+    "profiling",
+)
 
 
 def job_summary(job: Job) -> Dict[str, Any]:
@@ -42,6 +52,8 @@ def _summary(job: Job) -> Dict[str, Any]:
         "job_id": job.job_id,
         "phase": str(job.phase),
         "failure": job.failure,
+        "message": job.message,
+        "fallback": job.fallback,
         "degraded": job.degraded,
         "ranks": job.ranks.statuses(),
         "baseline": _baseline(job),
@@ -72,13 +84,15 @@ def _profiling(job: Job) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "mode": job.spec.profiler.mode,
         "baseline_iterations": job.profile_start,
-        "iterations": None if job.profiler is None else job.profiler.num_steps,
+        "iterations": None,
         "first_step": first,
         "last_step": last,
     }
-    if job.profiler is not None:
-        out["stopped_at_mhz"] = [dict(s.stopped_at) for s in job.profiler.sweeps]
-        out["clocks_swept"] = [len(s.clocks_mhz) for s in job.profiler.sweeps]
+    done = job.profiling_summary
+    if job.profiling.started:
+        out.update(job.profiling.summary())
+    elif done is not None:
+        out.update(done)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from perseus.profiler.virtual_run import run_step, virtual_gpu
 from perseus.schedule import stage_order
@@ -30,6 +30,9 @@ class VirtualRanks:
         self.rng = random.Random(0)
         self.step = 0
         self.extra_s: Dict[int, float] = {}  # dp_rank -> extra seconds per iteration
+        # (step, phase, clocks) -> extra seconds of that iteration (e.g. a plan slower than
+        # predicted).
+        self.delay: Optional[Callable[[int, str, List[Any]], float]] = None
         spec = {
             "job_id": job_id,
             "num_stages": pp,
@@ -71,7 +74,10 @@ class VirtualRanks:
         records = run_step(
             gpu, clock, stage, self.orders[stage], answer["frequencies_mhz"], self.rng, 0.002
         )
-        clock.sleep(self.extra_s.get(dp_rank, 0.0))
+        extra_s = self.extra_s.get(dp_rank, 0.0)
+        if self.delay is not None:
+            extra_s += self.delay(self.step, answer["phase"], answer["frequencies_mhz"])
+        clock.sleep(extra_s)
         report = {
             "rank": rank,
             "step": self.step,

@@ -16,12 +16,13 @@ from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
 from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+from tests.unit.server.stage_ranks import wait_prefetched
 
 ORDER = ["forward", "forward", "backward", "backward"]
 
 
 class _Server(BaseHTTPRequestHandler):
-    """Profiles steps 0-1, then runs a plan; records every request."""
+    """Profiles steps 0-2, then runs a plan; records every request."""
 
     seen: List[str] = []
 
@@ -35,7 +36,7 @@ class _Server(BaseHTTPRequestHandler):
             answer = JobCreated(job_id="j", created=True)
         if url.path.endswith("/schedule"):
             step = int(parse_qs(url.query)["step"][0])
-            phase = Phase.profiling if step < 2 else Phase.running
+            phase = Phase.profiling if step < 3 else Phase.running
             answer = Schedule(step, phase, [1410] * len(ORDER))
         data = json.dumps(to_json(answer)).encode()
         self.send_response(200)
@@ -79,17 +80,20 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
         source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
         opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, source, synchronous_clocks=True)
         reads_per_step = []
-        for _ in range(4):
+        for step in range(5):
             before = gpu.reads
             opt.on_step_begin()
             for name in ORDER:
                 opt.on_instruction_begin(name)
                 opt.on_instruction_end(name)
+            wait_prefetched(source, step + 1)  # the test's pace, not the training's
             opt.on_step_end()
             reads_per_step.append(gpu.reads - before)
-        # Profiling: two reads per instruction plus the step's two; running: the step's only.
-        assert reads_per_step == [2 * len(ORDER) + 2] * 2 + [2] * 2
+        # Step 0 has no schedule yet (nothing waits for one); profiling: two reads per
+        # instruction plus the step's two; running: the step's only.
+        assert reads_per_step == [2] + [2 * len(ORDER) + 2] * 2 + [2] * 2
         assert [s.instructions[0].energy_begin_mj is None for s in opt.steps] == [
+            True,
             False,
             False,
             True,
