@@ -374,9 +374,11 @@ def _report(
     failed = [c for c in calls if c[3] is None or c[3] >= 400]
     duration = max(c[0] for c in calls) - min(c[0] for c in calls) if calls else 1.0
     rate = len(calls) / duration
+    steady = sum(c[1] in ("GET schedule", "POST steps") for c in calls) / duration
     print(
-        f"requests: {len(calls)} ({rate:.0f}/s, {rate * opts.iteration_s / opts.jobs:.1f} per "
-        f"job iteration for {opts.pp} stages), failed: {len(failed)}"
+        f"requests: {len(calls)} ({rate:.0f}/s; schedules and reports {steady:.0f}/s = "
+        f"{steady * opts.iteration_s / opts.jobs:.1f} per job iteration for {opts.pp} stages), "
+        f"failed: {len(failed)}"
     )
     print(
         "| endpoint | requests | p50 ms | p99 ms | p50 planning / outside "
