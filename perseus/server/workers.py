@@ -45,8 +45,18 @@ def limit_blas_threads(threads: int) -> None:
         os.environ[name] = str(max(1, int(threads)))
 
 
-def _init_worker(threads: int, nice: int) -> None:
+def _exit_when_orphaned(parent_pid: int, period_s: float = 1.0) -> None:
+    """End this worker once the server that started it is gone (also after its kill -9)."""
+    while os.getppid() == parent_pid:
+        threading.Event().wait(period_s)
+    os._exit(0)
+
+
+def _init_worker(threads: int, nice: int, server_pid: int) -> None:
     limit_blas_threads(threads)
+    threading.Thread(
+        target=_exit_when_orphaned, args=(server_pid,), daemon=True, name="perseus-orphan"
+    ).start()
     if nice:
         try:
             os.nice(nice)
@@ -92,8 +102,8 @@ def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ..
     raise ValueError(f"unknown estimator command {command!r}")
 
 
-def _worker_main(conn: Any, threads: int, nice: int) -> None:
-    _init_worker(threads, nice)
+def _worker_main(conn: Any, threads: int, nice: int, server_pid: int) -> None:
+    _init_worker(threads, nice, server_pid)
     jobs: Dict[str, Any] = {}
     while True:
         try:
@@ -120,7 +130,7 @@ class _ProcessWorker:
         self.parent, child = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child, threads, WORKER_NICE),
+            args=(child, threads, WORKER_NICE, os.getpid()),
             name=f"perseus-estimator-{index}",
             daemon=True,
         )
@@ -284,7 +294,7 @@ class PlannerPool:
                 max_workers=num_workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(blas_threads, WORKER_NICE),
+                initargs=(blas_threads, WORKER_NICE, os.getpid()),
             )
         else:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-plan")
@@ -305,5 +315,11 @@ class PlannerPool:
         return [int(pid) for pid in processes]
 
     def close(self) -> None:
-        """Stop the workers (a plan being computed is abandoned)."""
+        """Stop the workers (a plan being computed is abandoned: its worker is terminated)."""
+        processes = list((getattr(self._executor, "_processes", None) or {}).values())
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(5)

@@ -77,8 +77,10 @@ def test_kill_9_mid_profiling_and_restart_loses_nothing(tmp_path: Path) -> None:
             time.sleep(0.05)
         handle.process.kill()
         handle.process.wait(30)
+        killed = time.monotonic()
         killed_at = max(launch.completed_steps())
         second = start_server_process(ServerConfig(), dump, port=port)
+        restart_s = time.monotonic() - killed
         try:
             client = ServerClient(second.url)
             done = wait_for(client, "restart", lambda s: s["phase"] in ("watching", "failed"), 300)
@@ -105,8 +107,17 @@ def test_kill_9_mid_profiling_and_restart_loses_nothing(tmp_path: Path) -> None:
     assert restored["profiling_iterations"] + len(restored["lost_steps"]) >= kept
     assert done["profiling"]["first_step"] == before["profiling"]["first_step"]
     assert done["profiling"]["iterations"] <= 30  # the budget: nothing profiled twice beyond it
+    # How long the ranks ran at default clocks (no schedule) from the kill on.
+    unscheduled = []
+    for result in results.values():
+        steps = sum(p is None for p in result["phases"][killed_at:])
+        unscheduled.append((steps, steps * result["wall_s"] / max(1, len(result["phases"]))))
     print(
-        f"\nkilled at step {killed_at} with {before['profiling']['iterations']} profiling "
+        f"\nserver back {restart_s:.1f} s after the kill; ranks at default clocks for at most "
+        f"{max(unscheduled)[0]} iterations (~{max(unscheduled)[1]:.1f} s)"
+    )
+    print(
+        f"killed at step {killed_at} with {before['profiling']['iterations']} profiling "
         f"iterations ({kept} kept in the state file); restored {restored['profiling_iterations']}"
         f" (lost {restored['lost_steps']}); profiling ended after {done['profiling']['iterations']}"
         f" iterations; plan since step {done['current']['since_step']}"
