@@ -324,6 +324,7 @@ def main() -> None:
     summaries = {job: monitor.get(f"/jobs/{job}/summary") for job in jobs}
     server.stop()
     _report(opts, procs, phases, samples, workers_rss, sum(workers_cpu.values()), summaries, t0)
+    print(f"the server's state and job files (events, plans): {dump}")
 
 
 def _report(
