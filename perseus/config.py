@@ -274,6 +274,9 @@ class ServerConfig:
     # Server: a measured plan slower than its policy allows by more than this fraction (or the
     # measured noise, if larger) falls back to max speed.
     plan_slowdown_tolerance: float = 0.03
+    # Server: false keeps a plan whose measurement fails that check (the verdict is still
+    # recorded in the job's summary and events).
+    plan_check: bool = True
 
 
 @dataclass

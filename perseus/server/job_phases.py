@@ -76,6 +76,7 @@ class Job:
         drift_threshold: See :class:`~perseus.server.plan_switching.DriftWatcher`.
         drift_patience: See :class:`~perseus.server.plan_switching.DriftWatcher`.
         plan_slowdown_tolerance: See :func:`~perseus.server.plan_check.judge_plan`.
+        plan_check: False keeps a plan that fails the check (the verdict is only recorded).
         on_plan_measured: Called (lock held) once the chosen plan's saving is measured.
         clock: Monotonic clock (tests may pass another).
     """
@@ -93,6 +94,7 @@ class Job:
         drift_threshold: float = 0.05,
         drift_patience: int = 3,
         plan_slowdown_tolerance: float = 0.03,
+        plan_check: bool = True,
         on_plan_measured: Optional[Callable[[Job], None]] = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +108,7 @@ class Job:
         self._on_plan_measured = on_plan_measured
         self.rank_timeout_s = rank_timeout_s
         self.plan_slowdown_tolerance = plan_slowdown_tolerance
+        self.plan_check = plan_check
         self.orders = stage_order(spec.schedule, spec.num_stages, spec.num_microbatches)
         self._sequences: Dict[int, str] = {}
         self.phase = Phase.baseline
@@ -427,7 +430,9 @@ class Job:
             predicted_saving=1.0 - chosen.energy_j / allmax.energy_j,
             slowdown_tolerance=self.plan_slowdown_tolerance,
         )
-        if not verdict.ok and not chosen.is_allmax:
+        if not verdict.ok and not chosen.is_allmax and not self.plan_check:
+            self.events.write("plan_check_ignored", **verdict.to_json())
+        elif not verdict.ok and not chosen.is_allmax:
             self.fallback = verdict.to_json()
             self.message = (
                 f"the chosen plan {verdict.reason}; job {self.job_id} falls back to max speed"

@@ -125,6 +125,7 @@ class JobRegistry:
             drift_threshold=self.cfg.drift_threshold,
             drift_patience=self.cfg.drift_patience,
             plan_slowdown_tolerance=self.cfg.plan_slowdown_tolerance,
+            plan_check=self.cfg.plan_check,
             on_plan_measured=write_summary,
         )
 

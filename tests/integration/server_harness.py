@@ -32,7 +32,8 @@ class JobSetup:
     profiler: Dict[str, Any] = field(default_factory=dict)
     server: Dict[str, Any] = field(default_factory=dict)
     energy_policy: str = "no_slowdown"
-    # dp_rank -> (first step, last step, extra seconds per iteration): a straggling replica.
+    # dp_rank -> (first step, last step, extra seconds per iteration) counted from the step the
+    # rank first runs with its plan watched: a replica that straggles once the plan runs.
     straggle: Dict[int, List[float]] = field(default_factory=dict)
     # rank -> step at which the process kills itself (os._exit) mid-iteration.
     die_at: Dict[int, int] = field(default_factory=dict)
@@ -117,6 +118,7 @@ def rank_main(
     bwd_out = queues.get(f"b{dp_rank}-{stage}")
     phases: List[Optional[str]] = []
     completed = 0
+    watching_from: Optional[int] = None  # the first step this rank ran with the plan watched
     t0 = time.monotonic()
     try:
         for step in range(setup.max_steps):
@@ -124,8 +126,11 @@ def rank_main(
                 break
             opt.on_step_begin()
             phases.append(source.phase)
+            if watching_from is None and source.phase == "watching":
+                watching_from = step
             window = setup.straggle.get(dp_rank)
-            if window and window[0] <= step <= window[1]:
+            after = None if watching_from is None else step - watching_from
+            if window and after is not None and window[0] <= after <= window[1]:
                 time.sleep(window[2])  # a slow replica: its compute starts late
             for instruction, mb in order:
                 if instruction == "forward" and fwd_in is not None and stage > 0:

@@ -92,7 +92,9 @@ def test_dead_rank_is_marked_and_other_jobs_are_served(tmp_path: Path) -> None:
 
 
 def test_imposed_iteration_time_slows_the_job_and_clears(tmp_path: Path) -> None:
-    handle = start_local_server(ServerConfig(), tmp_path / "dump")
+    # The plan check is not under test here: on a busy machine it may judge the plan too slow
+    # and fall back to max speed, after which an imposed time is refused (409).
+    handle = start_local_server(ServerConfig(plan_check=False), tmp_path / "dump")
     try:
         setup = JobSetup(
             url=handle.url,
@@ -140,7 +142,8 @@ def _recent_after(summary: dict, step: int) -> bool:
 
 
 def test_straggling_replica_is_detected_and_cleared(tmp_path: Path) -> None:
-    handle = start_local_server(ServerConfig(drift_patience=3), tmp_path / "dump")
+    # The plan check is not under test here (a plan that fell back is not watched for drift).
+    handle = start_local_server(ServerConfig(drift_patience=3, plan_check=False), tmp_path / "dump")
     try:
         setup = JobSetup(
             url=handle.url,
@@ -152,12 +155,11 @@ def test_straggling_replica_is_detected_and_cleared(tmp_path: Path) -> None:
             max_steps=400,
             out_dir=str(tmp_path),
             profiler={"measure_steps": 3},
-            straggle={1: [70, 90, 0.04]},
+            straggle={1: [5, 25, 0.04]},  # steps after the plan is being watched
         )
         launch = Launch(setup)
         client = ServerClient(handle.url)
         s = wait_for(client, "drift", lambda s: s["phase"] == "watching", 150)
-        assert s["current"]["since_step"] < 65, "profiling took too long for this test"
         chosen = s["predicted"]["plan_id"]
         drift = wait_for(client, "drift", lambda s: s["current"]["reason"] == "drift", 60)
         assert drift["current"]["straggler_dp_ranks"] == [1]

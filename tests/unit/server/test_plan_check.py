@@ -102,3 +102,24 @@ def test_a_job_whose_plan_runs_slow_falls_back_to_max_speed(tmp_path: Path) -> N
     assert "plan_fallback" in events
     saved = json.loads((tmp_path / "slow" / "summary.json").read_text())
     assert saved["fallback"]["reason"] == summary["fallback"]["reason"]
+
+
+def test_with_the_check_off_a_slow_plan_is_kept_and_the_verdict_recorded(tmp_path: Path) -> None:
+    cfg = ServerConfig(profiler_workers=0, planner_workers=0, plan_check=False)
+    with TestClient(create_app(cfg, tmp_path)) as client:
+        ranks = VirtualRanks(client, "kept", pp=2, profiler={"max_iterations": 12})
+        ranks.run_until("running")
+        plan_step = ranks.summary()["current"]["since_step"]
+
+        def slow_plan(step: int, phase: str, freqs: list) -> float:
+            offset = step - plan_step - 1
+            return 0.2 if phase == "running" and offset >= 0 and offset % 2 else 0.0
+
+        ranks.delay = slow_plan
+        ranks.run_until("watching")
+        summary = ranks.summary()
+    assert summary["fallback"] is None
+    assert summary["current"]["reason"] != "fallback"
+    events = [json.loads(x) for x in (tmp_path / "kept" / "events.jsonl").open()]
+    ignored = [e for e in events if e["event"] == "plan_check_ignored"]
+    assert len(ignored) == 1 and ignored[0]["measured_slowdown"] > 0.1
