@@ -12,11 +12,10 @@ import importlib
 import sys
 
 import deepspeed
+import perseus.adapters.deepspeed  # noqa: F401  (the one import)
 import torch
 import torch.distributed as dist
 from deepspeed.pipe import LayerSpec, PipelineModule
-
-import perseus.adapters.deepspeed  # noqa: F401  (the one import)
 
 WIDTH = 16
 MICRO_BATCH = 2

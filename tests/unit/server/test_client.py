@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from perseus.errors import ConfigError, ServerError
+from perseus.errors import ServerError
 from perseus.runtime.client import ServerClient, ServerUnavailable
 from perseus.runtime.online import OnlineSource, build_online_source
 from perseus.runtime.rendezvous import RendezvousError, new_job_id
