@@ -275,6 +275,7 @@ def _rank0_endpoint(
         return Endpoint(url, token, job_id, f"server {url} (configured)")
     from perseus.runtime.server_spawn import start_server_process
 
+    url_host: Optional[str] = None
     if single_node(rank.world_size):
         host, reach = "127.0.0.1", "loopback, this node only"
     else:
@@ -287,6 +288,11 @@ def _rank0_endpoint(
             )
         host = address_towards(master)
         reach = f"on {host} for the other nodes, token required"
+        if _is_loopback(host):
+            # MASTER_ADDR names this machine, resolved to loopback here: listen on every
+            # interface (with the token) and hand out the name the other nodes know it by.
+            host, url_host = "0.0.0.0", master
+            reach = f"on all interfaces as {master} for the other nodes, token required"
     explicit_dump = cfg.server.dump_dir
     base = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
     dump_dir = Path(explicit_dump) if explicit_dump else base / RUNS_DIR
@@ -311,8 +317,9 @@ def _rank0_endpoint(
         ) from None
     _state.timings["server_start_s"] = time.perf_counter() - t0
     _state.handle = handle
-    where = f"server {handle.url} started by global rank 0 ({reach}); files in {dump_dir / job_id}"
-    return Endpoint(handle.url, handle.token, job_id, where, str(dump_dir / job_id))
+    url = handle.url if url_host is None else f"http://{url_host}:{handle.port}"
+    where = f"server {url} started by global rank 0 ({reach}); files in {dump_dir / job_id}"
+    return Endpoint(url, handle.token, job_id, where, str(dump_dir / job_id))
 
 
 def _publish(store: Optional[Any], answer: Dict[str, Any]) -> None:

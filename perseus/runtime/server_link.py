@@ -235,7 +235,7 @@ class ServerLink:
         self._registered = True
 
     def _went_offline(self, exc: BaseException) -> None:
-        if not self.offline:
+        if not self.offline and not self._closing:
             self.warned = True
             logger.warning(
                 "Perseus server at %s unreachable (%s); rank %d runs at default GPU clocks until "

@@ -81,8 +81,8 @@ def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ..
         return ("priority", estimates.least_certain_clocks(stage, swept))
     if command == "profile":
         source, fallback_w = args
-        profile = estimates.profile(source)
-        return profile, estimates.blocking_power_w(fallback_w), estimates.energy_models()
+        profile, note = estimates.honest_profile(source)
+        return profile, estimates.blocking_power_w(fallback_w), estimates.energy_models(), note
     if command == "forget":
         estimates.forget_rank(*args)
         return None

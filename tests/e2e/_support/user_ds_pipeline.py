@@ -52,6 +52,7 @@ def main() -> None:
         loss = engine.train_batch(iter(list(batches(micro_batches, seed=step))))
         if dist.get_rank() == 0:
             print(f"step {step} loss {float(loss)!r}", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
