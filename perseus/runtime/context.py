@@ -217,11 +217,12 @@ class DisabledHooks:
 def _disabled(rank: RankInfo, exc: Exception) -> DisabledHooks:
     """One warning (on rank 0 when every rank has the problem), then hooks that do nothing."""
     shared = bool(getattr(exc, "shared", False)) or isinstance(exc, job_shape.JobShapeError)
+    reason = str(exc) or type(exc).__name__
     if rank.rank == 0 or not shared:
         announce.warn_once(
-            f"Perseus is off for this run: {exc}. Training goes on unchanged at default GPU "
+            f"Perseus is off for this run: {reason}. Training goes on unchanged at default GPU "
             "clocks. Fix the problem above; settings go in a YAML file named by "
             f"{CONFIG_ENV} (only the keys to change) — see the README, 'Your own training "
             "script'."
         )
-    return DisabledHooks(rank, str(exc))
+    return DisabledHooks(rank, reason)

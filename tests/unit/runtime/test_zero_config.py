@@ -75,12 +75,21 @@ def _run_steps(hooks: Any, steps: int = 2) -> None:
         hooks.on_step_end()
 
 
-def test_partial_yaml_that_disagrees_is_one_warning_and_default_clocks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
+@pytest.fixture
+def eight_microbatches(
+    clean_context: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A partial YAML in PERSEUS_CONFIG that sets 8 microbatches (the engines here run 4)."""
     path = tmp_path / "perseus.yaml"
     path.write_text("parallelism:\n  num_microbatches: 8\n")
     monkeypatch.setenv(context.CONFIG_ENV, str(path))
+    return path
+
+
+def test_partial_yaml_that_disagrees_is_one_warning_and_default_clocks(
+    eight_microbatches: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = eight_microbatches
     rank0 = RankInfo(num_stages=2, world_size=1, num_microbatches=4)
     hooks = context.optimizer_for(rank0, key="engine")
     assert isinstance(hooks, context.DisabledHooks)
@@ -93,12 +102,8 @@ def test_partial_yaml_that_disagrees_is_one_warning_and_default_clocks(
     assert "runs 4 microbatches" in lines[0] and "default GPU clocks" in lines[0]
 
 
-def test_a_shared_problem_is_said_by_rank_0_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    path = tmp_path / "perseus.yaml"
-    path.write_text("parallelism:\n  num_microbatches: 8\n")
-    monkeypatch.setenv(context.CONFIG_ENV, str(path))
+@pytest.mark.usefixtures("eight_microbatches")
+def test_a_shared_problem_is_said_by_rank_0_only(capsys: pytest.CaptureFixture) -> None:
     hooks = context.optimizer_for(RankInfo(rank=1, world_size=1, num_microbatches=4))
     assert isinstance(hooks, context.DisabledHooks)
     assert capsys.readouterr().err == ""
