@@ -28,9 +28,12 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.errors",
             "perseus.config",
             "perseus.config_enums",
+            "perseus.config_validation",
+            "perseus.numbers",
             "perseus.schedule",
             "perseus.process_exit",
             "perseus.wire",
+            "perseus.wire_bounds",
             "perseus.formats",
             "perseus.profile",  # import alias of perseus.formats.profile_csv
             "perseus.plan",  # import alias of perseus.formats.plan_json

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
+from perseus.numbers import finite_or_none
 from perseus.runtime import announce, rendezvous
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
@@ -223,7 +224,13 @@ class OnlineSource:
             return
         sequence = encode_sequence([(i.instruction, i.microbatch) for i in record.instructions])
         diff = first_difference(self.expected_sequence, sequence)
-        compute_s = record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
+        compute_s = finite_or_none(
+            record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
+        )
+        # A time or energy that is not a finite number is never sent as one: the iteration
+        # counts as unmeasured (unscheduled), an energy as unknown.
+        time_s, energy_j = finite_or_none(record.iteration_time_s), finite_or_none(record.energy_j)
+        measured = time_s is not None and compute_s is not None
         next_schedule = None
         stop = False
         if self.link is not None:
@@ -233,11 +240,11 @@ class OnlineSource:
             )
         payload = payloads.pack(
             self.payload_size,
-            scheduled=self._scheduled,
+            scheduled=self._scheduled and measured,
             step=record.step,
-            iteration_time_s=max(0.0, record.iteration_time_s),
-            compute_time_s=max(0.0, compute_s),
-            energy_j=None if record.energy_j is None else max(0.0, record.energy_j),
+            iteration_time_s=max(0.0, time_s or 0.0),
+            compute_time_s=max(0.0, compute_s or 0.0),
+            energy_j=None if energy_j is None else max(0.0, energy_j),
             mismatch=None if diff is None else (diff[0], diff[2]),
             num_positions=len(self.order),
             next_schedule=next_schedule,
@@ -385,8 +392,12 @@ class OnlineSource:
         announce.say(announce.summary_line(summary))
 
 
-def job_spec_from_config(cfg: PerseusConfig, rank: RankInfo, job_id: str) -> JobSpec:
+def job_spec_from_config(
+    cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
+) -> JobSpec:
     """The ``POST /jobs`` body of this job (its shape as the engine runs it, see ``job_shape``).
+
+    ``job_id``: the launch's job (see :mod:`perseus.runtime.rendezvous`); ``None`` for checks.
 
     Raises:
         ConfigError: a schedule or energy policy the coordination server does not serve.
@@ -434,7 +445,7 @@ def build_online_source(
         ConfigError: an unsupported schedule.
         RendezvousError: no server for this launch, or a rank gave up (every rank falls back).
     """
-    job_spec_from_config(cfg, rank, "check")  # an unsupported schedule: before any server
+    job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
     if url and job_id:
         token = token or cfg.server.token or os.environ.get(TOKEN_ENV)
         found = Endpoint(url, token, job_id, f"server {url} (configured)")

@@ -209,6 +209,11 @@ def endpoint(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
         RendezvousError: no way to share a server or job id, or the server could not start;
             ``shared`` when every rank gets the same answer.
     """
+    url = cfg.server.url or os.environ.get(URL_ENV) or None
+    job_id = explicit_job_id(cfg)
+    if url and job_id:  # nothing to find or share
+        token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
+        return Endpoint(url, token, job_id, f"server {url} (configured)")
     with _lock:
         if _state.endpoint is not None:
             return _state.endpoint
@@ -230,8 +235,6 @@ def _find(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
     url = cfg.server.url or os.environ.get(URL_ENV) or None
     token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
     job_id = explicit_job_id(cfg)
-    if url and job_id:
-        return Endpoint(url, token, job_id, f"server {url} (configured)")
     store = job_store()
     if store is None and rank.world_size > 1:
         need = "server.job_id (or PERSEUS_JOB_ID)" if url else "server.url (or PERSEUS_SERVER_URL)"
