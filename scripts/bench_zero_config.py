@@ -34,7 +34,7 @@ SCRIPT = REPO / "tests" / "e2e" / "_support" / "user_ds_pipeline.py"
 IMPORT_LINE = "import perseus.adapters.deepspeed  # noqa: F401  (the one import)\n"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
-DRIVER = '''
+DRIVER = """
 import importlib.util, json, sys, time
 spec = importlib.util.spec_from_file_location("user_script", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
@@ -57,7 +57,7 @@ rank = int(__import__("os").environ["RANK"])
 with open(f"bench-rank{rank}.json", "w") as out:
     json.dump({"rank": rank, "steps": times,
                "timings": rendezvous.timings() if rendezvous else {}}, out)
-'''
+"""
 
 
 def spawn_times(count: int) -> List[float]:
