@@ -312,6 +312,7 @@ def _rank0_endpoint(
             port=0,
             token=secrets.token_urlsafe(24),
             log_path=dump_dir / f"{job_id}-server.log",
+            exit_with_parent=True,
         )
     except Exception as exc:
         raise RendezvousError(

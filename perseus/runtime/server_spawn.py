@@ -43,6 +43,9 @@ from perseus.config import ServerConfig
 from perseus.errors import ConfigError, ServerError
 
 TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
+# Set in the child's environment: the server exits when the process that started it is gone
+# (a training rank killed by its launcher never runs its exit closers).
+PARENT_PID_ENV = "PERSEUS_SERVER_PARENT_PID"
 SERVER_MODULE = "perseus.server.process"
 # Import names the server process needs beyond the core (the ``server`` extra).
 SERVER_IMPORTS = ("fastapi", "uvicorn", "pydantic", "numpy", "scipy", "networkx", "lowtime")
@@ -161,6 +164,7 @@ def start_server_process(
     token: Optional[str] = None,
     log_path: Optional[Path] = None,
     timeout_s: Optional[float] = None,
+    exit_with_parent: bool = False,
 ) -> ServerHandle:
     """Start a server process on this machine; returns once it serves.
 
@@ -173,6 +177,8 @@ def start_server_process(
             never on the command line.
         log_path: The child's output (default ``<dump_dir>/perseus-server-output.log``, appended).
         timeout_s: Longest wait for the ready handshake (default ``cfg.start_timeout_s``).
+        exit_with_parent: The server exits by itself once this process is gone, also when this
+            process is killed before it can stop it.
 
     Raises:
         ConfigError: the configuration would expose the server without a token.
@@ -194,6 +200,9 @@ def start_server_process(
     log_path = Path(log_path) if log_path else dump_dir / "perseus-server-output.log"
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
+    env.pop(PARENT_PID_ENV, None)
+    if exit_with_parent:
+        env[PARENT_PID_ENV] = str(os.getpid())
     if token:
         env[TOKEN_ENV] = token
     read_fd, write_fd = os.pipe()
