@@ -19,9 +19,11 @@ engine's: the adapters read it into the :class:`~perseus.runtime.types.RankInfo`
 set to other values.
 
 Never break the user's training: in the user's own script, whatever stops Perseus from
-starting (a shape mismatch, no server, a broken configuration or GPU) becomes one warning and
-hooks that do nothing (default clocks). Under ``perseus-train`` (``configure(cfg,
-managed=True)``) the same problems are errors before step 1. Global rank 0 prints a line
+starting (a shape mismatch, no server, a broken configuration or GPU driver) becomes one
+warning and hooks that do nothing (default clocks). Under ``perseus-train`` (``configure(cfg,
+managed=True)``) the same problems are errors before step 1. The GPU's start-up check keeps
+its own switch (``gpu.on_unsupported``: ``error`` stops before step 1 with every problem and the
+fix, ``measure_only`` trains on, measuring). Global rank 0 prints a line
 saying that Perseus is active and how (:mod:`perseus.runtime.announce`).
 
 Optimizers built here share one :class:`~perseus.runtime.device.RankDevice` (GPU, guard, clock
@@ -40,7 +42,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, GPUPreflightError
 from perseus.runtime import announce, job_shape, rendezvous
 from perseus.runtime.device import DeviceTable
 from perseus.runtime.types import Hooks, RankInfo
@@ -183,7 +185,9 @@ def _build(rank: RankInfo) -> Hooks:
         hooks = PerseusOptimizer.from_config(cfg, rank, device=_devices.get(cfg, rank))
     except Exception as exc:
         rendezvous.give_up(rank, str(exc))
-        if _managed:
+        # The GPU's start-up check has its own switch: gpu.on_unsupported=error (the default)
+        # stops before step 1 with every problem and the fix, measure_only trains on.
+        if _managed or isinstance(exc, GPUPreflightError):
             raise
         return _disabled(rank, exc)
     if rank.rank == 0:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from perseus.errors import ServerError
+from perseus.formats.strict_json import dumps
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
@@ -330,7 +331,7 @@ def _publish(store: Optional[Any], answer: Dict[str, Any]) -> None:
         if store is None or _state.answered:
             return
         _state.answered = True
-    store.set(ENDPOINT_KEY, json.dumps(answer))
+    store.set(ENDPOINT_KEY, dumps(answer, what="the rendezvous endpoint"))
 
 
 def _wait_json(store: Any, key: str, what: str) -> Dict[str, Any]:

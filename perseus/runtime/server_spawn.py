@@ -210,7 +210,7 @@ def start_server_process(
         sys.executable,
         "-m",
         SERVER_MODULE,
-        json.dumps(dataclasses.asdict(child_cfg)),
+        json.dumps(dataclasses.asdict(child_cfg), allow_nan=False),
         str(dump_dir),
         str(write_fd),
     ]
