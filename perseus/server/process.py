@@ -16,11 +16,10 @@ import json
 import os
 import socket
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from perseus import process_exit
 from perseus.config import ServerConfig
 from perseus.errors import ConfigError, ServerError
 from perseus.runtime.server_spawn import (
@@ -165,24 +164,13 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():
-        _exit_with(int(parent))
+        process_exit.exit_with_parent(int(parent))
     try:
         serve(cfg, Path(args[1]), on_ready=lambda url: tell({"url": url}))
     except ConfigError as exc:
         sys.stderr.write(f"perseus-server: error: {exc}\n")
         tell({"error": str(exc)})
         raise SystemExit(2) from None
-
-
-def _exit_with(parent_pid: int, period_s: float = 1.0) -> None:
-    """Exit this process (at once, from a daemon thread) once ``parent_pid`` is gone."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(period_s)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="perseus-parent-watch").start()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import zlib
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from perseus import process_exit
+
 logger = logging.getLogger(__name__)
 
 Reply = Callable[[Any, Optional[BaseException]], None]
@@ -46,6 +48,8 @@ def limit_blas_threads(threads: int) -> None:
 
 
 def _init_worker(threads: int, nice: int) -> None:
+    # A worker never outlives the server (a pool's shutdown does not always reach it).
+    process_exit.exit_with_parent()
     limit_blas_threads(threads)
     if nice:
         try:

@@ -1,4 +1,4 @@
-"""A server started by a training rank does not outlive it, even when the rank is killed."""
+"""Neither a server started by a training rank nor its workers outlive their parent process."""
 
 from __future__ import annotations
 
@@ -60,3 +60,37 @@ def test_server_exits_when_the_rank_that_started_it_is_killed(tmp_path: Path) ->
             rank.wait(30)
         if server_pid and _alive(server_pid):  # never leave it running
             os.kill(server_pid, signal.SIGKILL)
+
+
+POOL = textwrap.dedent(
+    """
+    import os, time
+    from perseus.server.workers import PlannerPool
+
+    pool = PlannerPool(1)
+    pool.submit(os.getpid, reply=lambda result, error: print(result, flush=True))
+    time.sleep(600)
+    """
+)
+
+
+def test_a_planner_worker_exits_when_the_server_is_killed() -> None:
+    # A process pool's workers only stop when told to: the server's SIGKILL tells them nothing.
+    server = subprocess.Popen([sys.executable, "-c", POOL], stdout=subprocess.PIPE, text=True)
+    worker = 0
+    try:
+        assert server.stdout is not None
+        worker = int(server.stdout.readline())  # the pool's worker answered with its pid
+        assert worker != server.pid and _alive(worker)
+        server.send_signal(signal.SIGKILL)
+        server.wait(30)
+        deadline = time.monotonic() + 60  # a hang guard, not a timing requirement
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(worker)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(30)
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
