@@ -10,9 +10,11 @@ nothing) and can be undone. The registry below does the same by name::
 
 Where the optimizer's configuration comes from (first match wins; details in
 :mod:`perseus.runtime.context`): an explicit ``perseus.runtime.context.configure(cfg)`` call in
-the training script; under ``perseus-train``, the resolved config the launcher points every rank
-to with the environment variable ``PERSEUS_CONFIG``; otherwise the defaults of
-:class:`perseus.config.PerseusConfig`.
+the training script; a YAML file (only the keys to change) named by the environment variable
+``PERSEUS_CONFIG`` (``perseus-train`` points its ranks at the resolved configuration this way);
+otherwise the defaults of :class:`perseus.config.PerseusConfig`: online mode with a coordination
+server the job starts itself (:mod:`perseus.runtime.rendezvous`). The job's shape is always read
+from the engine.
 
 Nothing here imports a framework until an adapter is asked for.
 """

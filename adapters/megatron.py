@@ -74,8 +74,21 @@ def current_model_chunk() -> int:
     return _state.chunk
 
 
-def rank_info() -> RankInfo:
-    """Where this process sits in the job, from ``megatron.core.parallel_state``."""
+# The schedule each forward-backward function runs.
+SCHEDULE_OF = {
+    "forward_backward_no_pipelining": "1f1b",  # one stage: forward, backward per microbatch
+    "forward_backward_pipelining_without_interleaving": "1f1b",
+    "forward_backward_pipelining_with_interleaving": "interleaved_1f1b",
+}
+
+
+def rank_info(num_microbatches: Optional[int] = None, schedule: Optional[str] = None) -> RankInfo:
+    """Where this process sits in the job, from ``megatron.core.parallel_state``.
+
+    Args:
+        num_microbatches: The ``num_microbatches=`` the schedule was called with.
+        schedule: The schedule of the called forward-backward function (:data:`SCHEDULE_OF`).
+    """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -98,7 +111,16 @@ def rank_info() -> RankInfo:
         world_size=int(dist.get_world_size()) if initialized else 1,
         local_gpu_index=local_gpu,
         num_model_chunks=int(num_chunks),
+        num_microbatches=num_microbatches,
+        dp=int(ps.get_data_parallel_world_size()),
+        tp=int(ps.get_tensor_model_parallel_world_size()),
+        schedule=schedule,
     )
+
+
+def _num_microbatches(kwargs: Dict[str, Any]) -> Optional[int]:
+    value = kwargs.get("num_microbatches")
+    return value if isinstance(value, int) and value >= 1 else None
 
 
 def _model_key(model: Any) -> object:
@@ -108,6 +130,8 @@ def _model_key(model: Any) -> object:
 
 
 def _wrap_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    schedule = SCHEDULE_OF.get(getattr(original, "__name__", ""))
+
     def forward_backward(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("forward_only", False) or _state.hooks is not None:
             _state.evaluating += 1
@@ -117,7 +141,8 @@ def _wrap_step(original: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 _state.hooks = saved
                 _state.evaluating -= 1
-        hooks = hooks_for(rank_info(), _model_key(kwargs.get("model")))
+        info = rank_info(_num_microbatches(kwargs), schedule)
+        hooks = hooks_for(info, _model_key(kwargs.get("model")))
         hooks.on_step_begin()
         _state.hooks = hooks
         try:

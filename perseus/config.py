@@ -231,7 +231,8 @@ class PlannerConfig:
 class ServerConfig:
     """Coordination server (config group ``server``)."""
 
-    # URL of a running server; None = start one automatically.
+    # URL of a running server (or PERSEUS_SERVER_URL); None = the job starts its own
+    # (perseus-train on its node; in an own script, global rank 0).
     url: Optional[str] = None
     host: str = "127.0.0.1"
     port: int = 7787
@@ -251,7 +252,8 @@ class ServerConfig:
     drift_patience: int = 3
     # Seconds to wait for a locally started server to answer /healthz.
     start_timeout_s: float = 60.0
-    # Job id all ranks of one job share; None = PERSEUS_JOB_ID, else derived from the launch.
+    # Job id all ranks of one job share; None = PERSEUS_JOB_ID, else a fresh one per launch
+    # (perseus-train's, or global rank 0's shared through torch.distributed's store).
     job_id: Optional[str] = None
     # Ranks: schedules fetched this many iterations ahead (never waited for).
     prefetch_steps: int = 2

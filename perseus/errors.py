@@ -75,6 +75,10 @@ class AdapterError(PerseusError, RuntimeError):
     """A framework adapter cannot patch the installed framework (missing or changed names)."""
 
 
+class JobShapeError(ConfigError):
+    """A configured job shape (stages, microbatches, ...) disagrees with the training engine."""
+
+
 class ServerError(PerseusError, RuntimeError):
     """The coordination server rejected a request or could not be reached."""
 

@@ -29,7 +29,8 @@ import logging
 import os
 import signal
 import threading
-from typing import Any, Callable, Dict, List, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,27 @@ def _run(closer: Closer) -> None:
 
 def _remove(closer: Closer) -> None:
     _closers[:] = [(c, sig) for c, sig in _closers if c != closer]
+
+
+def exit_with_parent(parent_pid: Optional[int] = None, period_s: float = 1.0) -> None:
+    """End this process (at once, from a daemon thread) once its parent process is gone.
+
+    For helper processes (a server started by a training rank, the server's workers) whose
+    parent may die without stopping them (SIGKILL, or a shutdown that does not reach them):
+    they never outlive it as orphans.
+
+    Args:
+        parent_pid: The parent to watch (default: the current parent).
+        period_s: How often to look.
+    """
+    parent = os.getppid() if parent_pid is None else parent_pid
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="perseus-parent-watch").start()
 
 
 def _install_signal_handlers() -> None:

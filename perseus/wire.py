@@ -180,7 +180,7 @@ class JobSpec(Checked):
     p2p_power_w: Annotated[float, Bound(ge=0.0, le=10_000.0)] = 83.64
 
     @classmethod
-    def from_config(cls, cfg: PerseusConfig, num_stages: int, job_id: str) -> JobSpec:
+    def from_config(cls, cfg: PerseusConfig, num_stages: int, job_id: Optional[str]) -> JobSpec:
         """The spec of the job ``cfg`` describes (``planner.p2p_power_w``: the mean if a list)."""
         par, p2p = cfg.parallelism, cfg.planner.p2p_power_w
         p2p_w = float(p2p) if isinstance(p2p, (int, float)) else sum(p2p) / max(1, len(p2p))

@@ -36,6 +36,8 @@ class GPU(abc.ABC):
     # every few tens of ms) or "sampled power" (instant power integrated over time, for
     # devices without a counter). Sampled energy moves at every read: no update to wait for.
     energy_source: str = "counter"
+    # True for the emulated device: its times and energies come from a profile, not hardware.
+    emulated: bool = False
 
     def ownership_key(self) -> str:
         """A file-name-safe key naming the physical device, for the one-owner lock.

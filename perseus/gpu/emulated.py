@@ -121,6 +121,7 @@ class EmulatedGPU(GPU):
     """
 
     fast_clock_changes = True
+    emulated = True
     power_source = "averaged over the last counter update"
 
     def __init__(

@@ -163,6 +163,28 @@ class StageEstimator:
                 out[key] = (lower_quartile(values), len(values))
         return out
 
+    def time_noise_s(self) -> Dict[TypeKey, float]:
+        """Noise of each :meth:`times_s` value: a robust standard error of the samples.
+
+        ``1.58 * IQR / sqrt(n)`` (the notch half-width of a box plot), over the same samples
+        as :meth:`times_s`; the range stands in for the IQR below four samples.
+        """
+        out: Dict[TypeKey, float] = {}
+        for key in set(self._durations) | set(self._warm_durations):
+            values = self._durations.get(key, [])
+            if len(values) < MIN_TIMED:
+                values = values + self._warm_durations.get(key, [])
+            if not values:
+                continue
+            ordered = sorted(values)
+            n = len(ordered)
+            if n >= 4:
+                spread = ordered[(3 * (n - 1)) // 4] - ordered[(n - 1) // 4]
+            else:
+                spread = ordered[-1] - ordered[0]
+            out[key] = 1.58 * spread / math.sqrt(n)
+        return out
+
     def estimate(self) -> Tuple[Dict[TypeKey, TypeEstimate], Optional[float]]:
         """Solve for the power of every type seen so far.
 

@@ -17,6 +17,7 @@ import statistics
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Profile
+from perseus.profiler import inversions
 from perseus.profiler.estimate import StageEstimator, TypeEstimate
 from perseus.runtime.types import InstructionRecord
 
@@ -122,6 +123,24 @@ class JobEstimates:
                 if est.time_s > 0 and est.energy_j > 0 and est.num_samples > 0:
                     rows.append((stage, instruction, freq, est.time_s, est.energy_j))
         return Profile.from_rows(rows, source)
+
+    def honest_profile(self, source: str = "online profiler") -> Tuple[Profile, Optional[str]]:
+        """:meth:`profile` with inverted points repaired, and what was found (or ``None``).
+
+        A point where a lower clock ran faster than a higher one beyond the measured noise
+        (:mod:`perseus.profiler.inversions`) is planned as no faster than that higher clock.
+        """
+        profile = self.profile(source)
+        noise: Dict[Tuple[int, str, int], float] = {}
+        for stage in range(self.num_stages):
+            for est in self._estimators[stage].values():
+                for (instruction, freq), value in est.time_noise_s().items():
+                    key = (stage, instruction, freq)
+                    noise[key] = max(noise.get(key, 0.0), value)
+        found = inversions.find_inversions(profile.rows(), noise)
+        if not found:
+            return profile, None
+        return inversions.repair(profile, found), inversions.describe(found)
 
     def complete_estimates(self) -> List[Dict[Key, TypeEstimate]]:
         """Per stage, :meth:`stage_estimates` plus borrowed powers for timed keys without one."""

@@ -17,23 +17,31 @@ server fails the job (default clocks, one warning) when the framework runs anoth
 Fail-safe: an unreachable server means default clocks until it answers again (the link keeps
 trying in the background and registers again if the server lost the job); a refused job means
 default clocks for good. The optimizer restores the GPU when it closes.
+
+Where the server is and which job this launch is come from :mod:`perseus.runtime.rendezvous`
+(configured, or found through the job's own ``torch.distributed`` store, the server started by
+global rank 0). Global rank 0 prints a line per phase and, when it closes, the job's measured
+saving (:mod:`perseus.runtime.announce`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import threading
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
 from perseus.numbers import finite_or_none
+from perseus.runtime import announce, rendezvous
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
+from perseus.runtime.rendezvous import JOB_ID_ENV, TOKEN_ENV, URL_ENV, Endpoint
 from perseus.runtime.server_link import ServerLink
 from perseus.runtime.stage_exchange import (
     Member,
@@ -64,9 +72,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-JOB_ID_ENV = "PERSEUS_JOB_ID"
-URL_ENV = "PERSEUS_SERVER_URL"
-TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
+__all__ = ["JOB_ID_ENV", "TOKEN_ENV", "URL_ENV", "OnlineSource", "build_online_source"]
+
+# Global rank 0 waits at most this long, when it closes, for the other ranks to finish before
+# the server it started stops.
+FINISH_WAIT_S = 15.0
 
 
 class OnlineSource:
@@ -82,6 +92,8 @@ class OnlineSource:
         prefetch_steps: Schedules fetched ahead of the current iteration
             (``server.prefetch_steps``).
         max_queued_reports: Reports waiting to be sent beyond this are dropped (oldest first).
+        endpoint: Where the job is served (global rank 0 announces phases and the summary,
+            and waits for the others before a server it started stops).
     """
 
     changes_clocks = True
@@ -97,8 +109,13 @@ class OnlineSource:
         exchange: Optional[StageExchange] = None,
         prefetch_steps: int = 2,
         max_queued_reports: int = 64,
+        endpoint: Optional[Endpoint] = None,
     ) -> None:
         self.rank = rank
+        self.endpoint = endpoint
+        self.announces = endpoint is not None and rank.rank == 0
+        self._announced: Optional[Phase] = None
+        self._steps_run = 0
         self.spec = job_spec
         self.job_id = job_spec.job_id or ""
         self.exchange: StageExchange = exchange or SoloExchange(
@@ -187,6 +204,10 @@ class OnlineSource:
                 self.phase = nxt.phase
                 # Only the leader's per-instruction records reach the server.
                 self.wants_energy = self.is_leader and nxt.phase.wants_energy
+                if self.announces and nxt.phase != self._announced:
+                    self._announced = nxt.phase
+                    words = announce.PHASE_WORDS.get(str(nxt.phase), str(nxt.phase))
+                    announce.say(f"step {step}: {words}")
         if self.link is not None:
             self.link.want(step + 1)
 
@@ -198,6 +219,7 @@ class OnlineSource:
 
     def end_step(self, record: StepRecord) -> None:
         """Start the stage's exchange of this iteration's measurements (and the next schedule)."""
+        self._steps_run += 1
         if self.stopped:
             return
         sequence = encode_sequence([(i.instruction, i.microbatch) for i in record.instructions])
@@ -327,33 +349,55 @@ class OnlineSource:
         if link is None:
             return
         link.close(timeout_s)
-        if link.registered and link.failure is None and not link.offline:
+        reachable = link.registered and link.failure is None and not link.offline
+        if not link.registered and link.failure is None and not link.warned:
+            link.warned = True
+            logger.warning(
+                "Perseus: the server at %s never answered during this run (%d iteration(s) ran "
+                "at default GPU clocks on rank %d); check that it runs and that %s / "
+                "server.url point at it, or unset them to let the job start its own",
+                link.client.url,
+                self._steps_run,
+                self.rank.rank,
+                URL_ENV,
+            )
+        if reachable:
             for member in self.exchange.members:
                 try:
                     link.client.post(Route.RANK_FINISH.format(job_id=link.job_id, rank=member.rank))
                 except ServerError as exc:
                     logger.info("could not tell the server rank %d finished: %s", member.rank, exc)
                     break
+        if self.announces and reachable:
+            self._announce_summary(link)
 
-
-def job_id_from_env(cfg_job_id: Optional[str] = None) -> str:
-    """The job id every rank of one launch agrees on.
-
-    ``server.job_id``, else ``PERSEUS_JOB_ID``, else a hash of the launch's rendezvous
-    (``TORCHELASTIC_RUN_ID``, ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``).
-    """
-    explicit = cfg_job_id or os.environ.get(JOB_ID_ENV)
-    if explicit:
-        return explicit
-    keys = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
-    seed = "|".join(os.environ.get(k, "") for k in keys)
-    return "job-" + hashlib.sha256(seed.encode()).hexdigest()[:16]
+    def _announce_summary(self, link: ServerLink) -> None:
+        """Rank 0: wait (bounded) for the other ranks to finish, then print the job's summary."""
+        client = ServerClient(
+            link.client.url, token=link.client.token, timeout_s=3.0, max_retries=0
+        )
+        path = Route.JOB.format(job_id=link.job_id)
+        deadline = time.monotonic() + FINISH_WAIT_S
+        try:
+            while True:
+                status = client.get(path)
+                alive = [r for r, s in (status.get("ranks") or {}).items() if s == "alive"]
+                if not alive or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+            summary = client.get(Route.SUMMARY.format(job_id=link.job_id))
+        except ServerError as exc:
+            logger.info("no job summary from the Perseus server: %s", exc)
+            return
+        announce.say(announce.summary_line(summary))
 
 
 def job_spec_from_config(
     cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
 ) -> JobSpec:
-    """The ``POST /jobs`` body of this job.
+    """The ``POST /jobs`` body of this job (its shape as the engine runs it, see ``job_shape``).
+
+    ``job_id``: the launch's job (see :mod:`perseus.runtime.rendezvous`); ``None`` for checks.
 
     Raises:
         ConfigError: a schedule or energy policy the coordination server does not serve.
@@ -365,9 +409,7 @@ def job_spec_from_config(
             f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
         )
     try:
-        return JobSpec.from_config(
-            cfg, rank.num_stages, job_id or job_id_from_env(cfg.server.job_id)
-        )
+        return JobSpec.from_config(cfg, rank.num_stages, job_id)
     except ValueError as exc:
         raise ConfigError(f"runtime.mode=online: {exc}") from None
 
@@ -392,21 +434,34 @@ def build_online_source(
         cfg: The configuration.
         rank: This rank's place in the job.
         gpu: This rank's GPU (its supported clocks and counter period are registered).
-        url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL`` (e.g. from the job's own
-            rendezvous).
+        url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL``.
         token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
         job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
 
+    Without a URL, the launch's own server is found (or, on global rank 0, started) through
+    the job's ``torch.distributed`` store (:mod:`perseus.runtime.rendezvous`).
+
     Raises:
-        ConfigError: no server URL, or an unsupported schedule.
+        ConfigError: an unsupported schedule.
+        RendezvousError: no server for this launch, or a rank gave up (every rank falls back).
     """
-    url = url or cfg.server.url or os.environ.get(URL_ENV)
-    if not url:
-        raise ConfigError(
-            "runtime.mode=online needs a coordination server: set server.url=http://HOST:PORT "
-            f"(or {URL_ENV}); perseus-train starts one automatically"
-        )
-    spec = job_spec_from_config(cfg, rank, job_id)
+    job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
+    if url and job_id:
+        token = token or cfg.server.token or os.environ.get(TOKEN_ENV)
+        found = Endpoint(url, token, job_id, f"server {url} (configured)")
+    else:
+        if url or token or job_id:
+            server = dataclasses.replace(
+                cfg.server,
+                url=url or cfg.server.url,
+                token=token or cfg.server.token,
+                job_id=job_id or cfg.server.job_id,
+            )
+            cfg = dataclasses.replace(cfg, server=server)
+        found = rendezvous.endpoint(cfg, rank)
+    spec = job_spec_from_config(cfg, rank, found.job_id)
+    # Every rank decides alike whether the job runs online (the exchange below is collective).
+    rendezvous.agree(rank)
     clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
     period = getattr(gpu, "energy_update_period_s", None)
     period_s = float(period) if period else None
@@ -424,8 +479,8 @@ def build_online_source(
     client = None
     if exchange is None or exchange.index == 0:
         client = ServerClient(
-            url,
-            token=token or cfg.server.token or os.environ.get(TOKEN_ENV),
+            found.url,
+            token=found.token,
             timeout_s=cfg.server.request_timeout_s,
             max_retries=cfg.server.max_retries,
             backoff_s=cfg.server.retry_backoff_s,
@@ -438,4 +493,5 @@ def build_online_source(
         energy_update_period_s=period_s,
         exchange=exchange,
         prefetch_steps=cfg.server.prefetch_steps,
+        endpoint=found,
     )

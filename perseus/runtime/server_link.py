@@ -76,6 +76,8 @@ class ServerLink:
         self.failure: Optional[str] = None
         self.offline = False
         self.reconnects = 0
+        # A warning about this link reached the user (the source warns at close otherwise).
+        self.warned = False
         self._on_message = on_message
         self._message: Optional[str] = None
         self._cond = threading.Condition()
@@ -238,10 +240,14 @@ class ServerLink:
         self._registered = True
 
     def _went_offline(self, exc: BaseException) -> None:
-        if not self.offline:
+        if not self.offline and not self._closing:
+            self.warned = True
             logger.warning(
-                "Perseus server unreachable (%s); rank %d runs at default GPU clocks until it "
-                "answers again (retrying in the background)",
+                "Perseus server at %s unreachable (%s); rank %d runs at default GPU clocks until "
+                "it answers again (retrying in the background). Check that the server runs and "
+                "that server.url / PERSEUS_SERVER_URL point at it, or unset them to let the job "
+                "start its own",
+                self.client.url,
                 exc,
                 self.registration.rank,
             )
@@ -269,6 +275,7 @@ class ServerLink:
         with self._cond:
             self.failure = str(exc)
             self._cond.notify_all()
+        self.warned = True
         logger.warning(
             "Perseus server refused job %s (%s); rank %d continues at default GPU clocks "
             "without energy optimization",

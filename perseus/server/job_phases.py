@@ -36,7 +36,7 @@ from perseus.runtime.types import InstructionRecord
 from perseus.schedule import stage_order
 from perseus.server import job_state
 from perseus.server.job_profiling import JobProfiling, make_sweeps
-from perseus.server.plan_check import judge_plan
+from perseus.server.plan_check import faster_than_allmax, judge_plan
 from perseus.server.plan_switching import DriftWatcher, PlanEpoch, PlanEpochs, switched_epoch
 from perseus.server.planning import EventLog, PlanResult, plan_and_write, result_to_json
 from perseus.server.ranks import RankRegistry
@@ -489,7 +489,11 @@ class Job:
         if error is not None:
             self._fail(f"the measured profile is unusable: {error}")
             return
-        profile, blocking, models = result
+        profile, blocking, models, note = result
+        if note:
+            # Said to the ranks (rank 0 prints it) and kept in the job's events.
+            self.message = note
+            self.events.write("profile_inversions", message=note)
         self.events.write(
             "profiling_done",
             iterations=(self.profiling_summary or {}).get("iterations"),
@@ -516,6 +520,12 @@ class Job:
         result, files = answer
         self.result = result
         self.files.update(files)
+        too_fast = faster_than_allmax(
+            result.chosen, result.frontier.allmax, self.plan_slowdown_tolerance
+        )
+        if too_fast:
+            self.message = too_fast
+            self.events.write("plan_faster_than_allmax", message=too_fast)
         start = self.max_requested + 1
         self.plans.add(PlanEpoch(start, result.chosen))
         self.phase = Phase.running

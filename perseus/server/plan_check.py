@@ -7,17 +7,24 @@ tolerance (``server.plan_slowdown_tolerance``, or the measured noise where that 
 runtime's own costs and the host's delays are not the plan's fault), or when it saves far less
 than predicted (less than half the predicted saving, beyond the noise). Noise: three standard
 errors of the paired differences (robust), at least :data:`MIN_TOLERANCE`.
+
+Before it is measured, a plan predicted faster than all-max clocks beyond the tolerance
+(:func:`faster_than_allmax`) is announced as suspect: lower clocks cannot make a pipeline
+faster, so the profile was distorted (see :mod:`perseus.profiler.inversions`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from perseus.config_enums import EnergyPolicy
 from perseus.server.steps import JobStep, robust_sigma, typical_step
 from perseus.wire import EnergySettings
+
+if TYPE_CHECKING:
+    from perseus.planner.frontier import FrontierPoint
 
 MIN_TOLERANCE = 0.01
 SIGMAS = 3.0
@@ -113,4 +120,26 @@ def judge_plan(
         predicted_saving=predicted_saving,
         saving_tolerance=saving_tol,
         reason=reason,
+    )
+
+
+def faster_than_allmax(
+    chosen: FrontierPoint, allmax: FrontierPoint, tolerance: float
+) -> Optional[str]:
+    """Why the chosen plan is suspect (predicted faster than all-max clocks), or ``None``.
+
+    Args:
+        chosen: The plan the policy chose.
+        allmax: Every instruction at the highest clock.
+        tolerance: Relative difference tolerated (``server.plan_slowdown_tolerance``).
+    """
+    if chosen.is_allmax or allmax.iteration_time_s <= 0:
+        return None
+    faster = 1.0 - chosen.iteration_time_s / allmax.iteration_time_s
+    if faster <= max(tolerance, MIN_TOLERANCE):
+        return None
+    return (
+        f"the chosen plan {chosen.plan_id} is predicted {100 * faster:.1f} % faster than all-max "
+        "clocks, which lower clocks cannot achieve: the profile is distorted (a busy host?). "
+        "The plan is measured against max speed and replaced by it if it does not hold"
     )

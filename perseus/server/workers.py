@@ -25,6 +25,8 @@ import zlib
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from perseus import process_exit
+
 logger = logging.getLogger(__name__)
 
 Reply = Callable[[Any, Optional[BaseException]], None]
@@ -45,18 +47,11 @@ def limit_blas_threads(threads: int) -> None:
         os.environ[name] = str(max(1, int(threads)))
 
 
-def _exit_when_orphaned(parent_pid: int, period_s: float = 1.0) -> None:
-    """End this worker once the server that started it is gone (also after its kill -9)."""
-    while os.getppid() == parent_pid:
-        threading.Event().wait(period_s)
-    os._exit(0)
-
-
 def _init_worker(threads: int, nice: int, server_pid: int) -> None:
+    # A worker never outlives the server (a pool's shutdown does not always reach it, and a
+    # server killed with SIGKILL runs no shutdown at all).
+    process_exit.exit_with_parent(server_pid)
     limit_blas_threads(threads)
-    threading.Thread(
-        target=_exit_when_orphaned, args=(server_pid,), daemon=True, name="perseus-orphan"
-    ).start()
     if nice:
         try:
             os.nice(nice)
@@ -91,8 +86,8 @@ def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ..
         return ("priority", estimates.least_certain_clocks(stage, swept))
     if command == "profile":
         source, fallback_w = args
-        profile = estimates.profile(source)
-        return profile, estimates.blocking_power_w(fallback_w), estimates.energy_models()
+        profile, note = estimates.honest_profile(source)
+        return profile, estimates.blocking_power_w(fallback_w), estimates.energy_models(), note
     if command == "forget":
         estimates.forget_rank(*args)
         return None

@@ -50,6 +50,7 @@ def main() -> None:
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from perseus.runtime import context
     from perseus.runtime.context import CONFIG_ENV, load_config_file
 
     @record
@@ -61,6 +62,9 @@ def main() -> None:
                 "writes the resolved configuration and points every rank at it"
             )
         cfg = load_config_file(Path(path))
+        # The launcher built the job from this configuration: it is authoritative, and a
+        # problem starting Perseus is an error before step 1.
+        context.configure(cfg, managed=True)
         _setup_logging(cfg)
         try:
             run(cfg)

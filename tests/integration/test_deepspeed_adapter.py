@@ -52,6 +52,10 @@ def test_rank_info_comes_from_the_engine(ranks: List[Dict[str, Any]]) -> None:
         (0, 2, 0, 0, 0, 2),
         (1, 2, 0, 0, 1, 2),
     ]
+    # The job's shape from the engine: the first step ran NUM_MICROBATCHES[0] microbatches.
+    assert {(i.num_microbatches, i.dp, i.tp, i.schedule) for i in infos} == {
+        (NUM_MICROBATCHES[0], 1, 1, "1f1b")
+    }
 
 
 @pytest.mark.integration

@@ -63,6 +63,10 @@ def test_interleaved_order_and_model_chunks(ranks: List[Dict[str, Any]]) -> None
     for r in ranks:
         info = r["interleaved_rank_info"]
         assert info.num_model_chunks == 2
+        assert (info.schedule, info.num_microbatches) == (
+            "interleaved_1f1b",
+            INTERLEAVED_MICROBATCHES[0],
+        )
         assert r["interleaved_errors"] == []
         expected = [
             [
@@ -85,6 +89,7 @@ def test_no_pipelining_schedule_is_reported(ranks: List[Dict[str, Any]]) -> None
         (0, 1, 0, 0),
         (0, 1, 1, 1),
     ]
+    assert {(i.schedule, i.dp) for i in infos} == {("1f1b", 2)}
     for r in ranks:
         assert r["no_pipelining_fb_name"] == "forward_backward_no_pipelining"
         assert r["no_pipelining_errors"] == []
@@ -101,6 +106,10 @@ def test_rank_info_comes_from_parallel_state(ranks: List[Dict[str, Any]]) -> Non
         (i.stage, i.num_stages, i.dp_rank, i.tp_rank, i.rank, i.world_size, i.num_model_chunks)
         for i in infos
     ] == [(0, 2, 0, 0, 0, 2, 1), (1, 2, 0, 0, 1, 2, 1)]
+    # The job's shape as the schedule runs it (the first call: its num_microbatches=).
+    assert {(i.num_microbatches, i.dp, i.tp, i.schedule) for i in infos} == {
+        (NUM_MICROBATCHES[0], 1, 1, "1f1b")
+    }
 
 
 @pytest.mark.integration

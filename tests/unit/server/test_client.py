@@ -10,9 +10,10 @@ from typing import List
 
 import pytest
 
-from perseus.errors import ConfigError, ServerError
+from perseus.errors import ServerError
 from perseus.runtime.client import ServerClient, ServerUnavailable
-from perseus.runtime.online import OnlineSource, build_online_source, job_id_from_env
+from perseus.runtime.online import OnlineSource, build_online_source
+from perseus.runtime.rendezvous import RendezvousError, new_job_id
 from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import free_port
 from perseus.wire import JobSpec
@@ -201,22 +202,31 @@ def test_online_source_without_server_runs_at_default_clocks(caplog) -> None:
     assert len(warnings) == 1
 
 
-def test_job_id_is_shared_by_a_launch(monkeypatch) -> None:
-    monkeypatch.delenv("PERSEUS_JOB_ID", raising=False)
-    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    a = job_id_from_env()
-    assert a == job_id_from_env() and a.startswith("job-")
-    monkeypatch.setenv("MASTER_PORT", "29501")
-    assert job_id_from_env() != a
-    monkeypatch.setenv("PERSEUS_JOB_ID", "mine")
-    assert job_id_from_env() == "mine"
-    assert job_id_from_env("cfg") == "cfg"
+def test_every_launch_gets_a_fresh_job_id(monkeypatch) -> None:
+    # torchrun sets TORCHELASTIC_RUN_ID=none unless told otherwise: never a job id.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    a, b = new_job_id(), new_job_id()
+    assert a != b and a.startswith("job-")
+    # A meaningful run id names the job, still with a fresh part per launch.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "nightly/bert 7")
+    c, d = new_job_id(), new_job_id()
+    assert c.startswith("nightly-bert-7-") and c != d
+    assert all(len(x) <= 64 and x.replace("-", "").replace("_", "").isalnum() for x in (c, d))
 
 
-def test_build_online_source_needs_a_url(monkeypatch) -> None:
+def test_build_online_source_without_a_way_to_share_a_server(monkeypatch) -> None:
     from perseus.config import PerseusConfig
+    from perseus.runtime import rendezvous
 
     monkeypatch.delenv("PERSEUS_SERVER_URL", raising=False)
-    with pytest.raises(ConfigError, match="server.url"):
-        build_online_source(PerseusConfig(), RankInfo(), object())  # type: ignore[arg-type]
+    rendezvous.reset()
+    # Two ranks, no torch.distributed: no store to share a server through.
+    with pytest.raises(RendezvousError, match="init_process_group") as info:
+        build_online_source(PerseusConfig(), RankInfo(world_size=2), _OneClockGPU())
+    assert "server.url" in str(info.value) and info.value.shared
+    rendezvous.reset()
+
+
+class _OneClockGPU:
+    def supported_sm_clocks_mhz(self) -> list:
+        return [1410]

@@ -1,0 +1,105 @@
+"""What a user's job says about Perseus, on standard error, without any logging set up.
+
+Global rank 0 prints one line when Perseus starts (mode, where the server is, the GPU backend:
+plainly when it is emulated), one line per phase of an online job, and a summary at the end.
+A problem that stops Perseus (never the training) is one warning: on rank 0 when every rank
+has it (a shape mismatch, no server for the job), on its own rank otherwise. Every line starts
+with ``[perseus]`` so it can be found in a framework's output.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from perseus.gpu.base import GPU
+
+PREFIX = "[perseus]"
+
+_lock = threading.Lock()
+_warned = False
+
+# What each online phase means, for the phase lines.
+PHASE_WORDS: Dict[str, str] = {
+    "baseline": "measuring the baseline at the highest GPU clock",
+    "profiling": "profiling: sweeping GPU clocks per stage",
+    "planning": "planning: computing the time/energy frontier (highest clock meanwhile)",
+    "running": "running the chosen plan, measured against interleaved max-speed iterations",
+    "watching": "plan measured; running it (and watching for stragglers)",
+    "failed": "stopped: default GPU clocks from here on",
+}
+
+
+def say(message: str) -> None:
+    """Print one line to standard error (flushed)."""
+    try:
+        sys.stderr.write(f"{PREFIX} {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed stderr must not break training
+        pass
+
+
+def warn_once(message: str) -> bool:
+    """Print ``message`` as the process's one Perseus warning; False if one was printed."""
+    global _warned
+    with _lock:
+        if _warned:
+            return False
+        _warned = True
+    say(f"WARNING: {message}")
+    return True
+
+
+def reset() -> None:
+    """Forget that a warning was printed (tests)."""
+    global _warned
+    with _lock:
+        _warned = False
+
+
+def gpu_words(gpu: GPU) -> str:
+    """The GPU backend in words; says plainly when the GPU is emulated."""
+    if getattr(gpu, "emulated", False):
+        return "emulated GPU — energy figures are synthetic (no usable NVIDIA GPU here)"
+    name = getattr(gpu, "name", "") or type(gpu).__name__
+    dry = " (dry run: clock changes are only logged)" if getattr(gpu, "dry_run", False) else ""
+    return f"NVML GPU {getattr(gpu, 'index', 0)} {name}{dry}"
+
+
+def start_line(mode: str, gpu: GPU, server: Optional[str] = None) -> str:
+    """The line rank 0 prints when its optimizer is built."""
+    what = {
+        "online": "online (baseline -> profiling -> planning -> plan)",
+        "plan": "plan (a precomputed plan)",
+        "max_speed": "max_speed (every instruction at the highest clock)",
+        "measure": "measure (clocks untouched)",
+    }.get(mode, mode)
+    parts = [f"Perseus active: mode {what}"]
+    if server:
+        parts.append(server)
+    parts.append(gpu_words(gpu))
+    return "; ".join(parts)
+
+
+def summary_line(summary: Dict[str, Any]) -> str:
+    """Rank 0's last line: the measured saving and slowdown against this run's baseline."""
+    phase = summary.get("phase")
+    savings = summary.get("savings")
+    if summary.get("failure"):
+        return f"Perseus summary: job stopped ({summary['failure']}); default GPU clocks"
+    if savings:
+        energy, slowdown = savings.get("energy_fraction"), savings.get("slowdown_fraction")
+        line = (
+            f"Perseus summary: measured energy saving {100 * float(energy):.1f} % at "
+            f"{100 * float(slowdown):+.1f} % iteration time against this run's max-speed "
+            "baseline"
+        )
+        if summary.get("fallback"):
+            line += "; the plan did not hold and the job fell back to max speed"
+        return line
+    return (
+        f"Perseus summary: the job ended in phase {phase} before a plan was measured; run "
+        "more iterations (or shorten the profiler.* phases) to get a measured saving"
+    )

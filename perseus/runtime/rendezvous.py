@@ -1,0 +1,413 @@
+"""How the ranks of one launch find their coordination server and agree on one job.
+
+Zero configuration: a user's script with only ``import perseus.adapters.<framework>``, started
+by ``torchrun`` or the ``deepspeed`` launcher, gets an online job without any URL. The job's
+own rendezvous carries what the ranks must share: ``torch.distributed``'s default store (there
+once the script's ``init_process_group`` ran, which DeepSpeed, Megatron and Merak do before
+the first step), under the ``perseus/`` prefix. Everything here runs once per process, at the
+first training step, when the optimizers are built.
+
+* **Job id.** ``server.job_id`` / ``PERSEUS_JOB_ID`` when set (every rank has it). Otherwise
+  global rank 0 makes a fresh one for this launch — the launcher's run id
+  (``TORCHELASTIC_RUN_ID``) when it is meaningful (torchrun sets ``none`` unless asked), plus a
+  random part, so that a second launch of the same command never reuses the first one's job —
+  and shares it through the store.
+* **Server.** ``server.url`` / ``PERSEUS_SERVER_URL`` when set. Otherwise global rank 0 starts
+  the server as a child process (:mod:`perseus.runtime.server_spawn`; nothing of the server is
+  imported here) with a random token: on loopback when every rank runs on its node, else on
+  its address towards ``MASTER_ADDR`` (where the other nodes reach it), never without the
+  token. The URL and token travel through the store; the server stops when rank 0 exits.
+* **Agreement.** The online source's stage exchange is collective, so every rank must decide
+  the same way whether Perseus runs. Each rank reports in (:func:`agree`); a rank that could
+  not set Perseus up (:func:`give_up`) makes every rank fall back to default clocks. Rank 0
+  always publishes an answer (the endpoint, or why there is none), so no rank waits longer than
+  rank 0's server start (``server.start_timeout_s``) beyond reaching its first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from perseus.errors import ServerError
+from perseus.formats.strict_json import dumps
+
+if TYPE_CHECKING:
+    from perseus.config import PerseusConfig
+    from perseus.runtime.server_spawn import ServerHandle
+    from perseus.runtime.types import RankInfo
+
+JOB_ID_ENV = "PERSEUS_JOB_ID"
+URL_ENV = "PERSEUS_SERVER_URL"
+TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+STORE_PREFIX = "perseus/"
+ENDPOINT_KEY = "endpoint"
+ARRIVED_KEY = "arrived"
+FAILED_KEY = "failed"
+VERDICT_KEY = "verdict"
+RUNS_DIR = "perseus-runs"
+# Longest wait for the other ranks' answers through the store (rank 0 reaching its first step,
+# then starting the server): as long as the job's own first collective would wait.
+STORE_WAIT_S = 1800.0
+
+
+class RendezvousError(ServerError):
+    """Perseus cannot run online for this launch; every rank falls back to default clocks.
+
+    Attributes:
+        shared: Every rank has this problem (rank 0 reports it; the others stay quiet).
+    """
+
+    def __init__(self, message: str, shared: bool = False) -> None:
+        super().__init__(message)
+        self.shared = shared
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where this launch's job is served.
+
+    Attributes:
+        url: The server's base URL.
+        token: The token ranks send (``None``: none).
+        job_id: The job all ranks of this launch register.
+        where: The server's location in words (rank 0's start line).
+        dump_dir: Where a server this launch started writes the job's files.
+    """
+
+    url: str
+    token: Optional[str]
+    job_id: str
+    where: str
+    dump_dir: Optional[str] = None
+
+
+@dataclass
+class _State:
+    endpoint: Optional[Endpoint] = None
+    failure: Optional[RendezvousError] = None
+    answered: bool = False  # rank 0 published the endpoint (or why there is none)
+    arrived: bool = False  # this rank reported in
+    verdict: Optional[str] = None
+    handle: Optional[ServerHandle] = None
+    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+_lock = threading.RLock()
+_state = _State()
+
+
+def timings() -> Dict[str, float]:
+    """Seconds this process spent setting up the launch's job.
+
+    ``endpoint_s``: finding the server (on rank 0 including ``server_start_s``, starting it);
+    ``agree_s``: the ranks' agreement.
+    """
+    return dict(_state.timings)
+
+
+def reset() -> None:
+    """Forget this process's rendezvous (tests); a server started here is stopped."""
+    global _state
+    with _lock:
+        handle = _state.handle
+        _state = _State()
+    if handle is not None:
+        handle.stop()
+
+
+def job_store() -> Optional[Any]:
+    """``torch.distributed``'s default store under the ``perseus/`` prefix, or ``None``.
+
+    ``None`` when the process has no initialized ``torch.distributed`` (Perseus never imports
+    torch itself: the framework did, or there is nothing to find).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    c10d = getattr(dist, "distributed_c10d", None)
+    get_store = getattr(c10d, "_get_default_store", None)
+    if get_store is None:  # pragma: no cover - every supported torch has it
+        return None
+    try:
+        return dist.PrefixStore(STORE_PREFIX, get_store())
+    except (RuntimeError, ValueError):
+        return None
+
+
+def explicit_job_id(cfg: PerseusConfig) -> Optional[str]:
+    """``server.job_id``, else ``PERSEUS_JOB_ID``, else ``None``."""
+    return cfg.server.job_id or os.environ.get(JOB_ID_ENV) or None
+
+
+def new_job_id() -> str:
+    """A fresh job id for this launch: the launcher's run id when meaningful, plus a random part.
+
+    Matches the server's ``[A-Za-z0-9_-]{1,64}``.
+    """
+    run_id = os.environ.get(RUN_ID_ENV, "")
+    base = "job"
+    if run_id and run_id.lower() != "none":
+        cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", run_id).strip("-")[:40]
+        base = cleaned or base
+    return f"{base}-{secrets.token_hex(4)}"
+
+
+def single_node(world_size: int) -> bool:
+    """Whether every rank of the launch runs on this machine (from the launchers' variables)."""
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun, the deepspeed launcher
+        local = os.environ.get(key)
+        if local and local.isdigit():
+            return int(local) >= world_size
+    cross = os.environ.get("CROSS_SIZE")
+    if cross and cross.isdigit():
+        return int(cross) <= 1
+    return _is_loopback(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        addresses = [str(info[4][0]) for info in socket.getaddrinfo(host, None)]
+    except OSError:
+        return False
+    return all(a.startswith("127.") or a == "::1" for a in addresses)
+
+
+def address_towards(host: str) -> str:
+    """The address of this machine's interface that routes to ``host`` (no packet is sent)."""
+    try:
+        family = socket.getaddrinfo(host, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, 9))
+            return str(sock.getsockname()[0])
+    except OSError as exc:
+        raise RendezvousError(
+            f"cannot tell which address of this machine the other nodes reach (towards "
+            f"MASTER_ADDR={host}: {exc}); start `perseus-server` yourself and set "
+            f"{URL_ENV} (and {TOKEN_ENV}) on every node",
+            shared=True,
+        ) from None
+
+
+def endpoint(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
+    """The server and job id of this launch (once per process; see the module docstring).
+
+    Raises:
+        RendezvousError: no way to share a server or job id, or the server could not start;
+            ``shared`` when every rank gets the same answer.
+    """
+    url = cfg.server.url or os.environ.get(URL_ENV) or None
+    job_id = explicit_job_id(cfg)
+    if url and job_id:  # nothing to find or share
+        token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
+        return Endpoint(url, token, job_id, f"server {url} (configured)")
+    with _lock:
+        if _state.endpoint is not None:
+            return _state.endpoint
+        if _state.failure is not None:
+            raise _state.failure
+        t0 = time.perf_counter()
+        try:
+            found = _find(cfg, rank)
+        except RendezvousError as exc:
+            _state.failure = exc
+            raise
+        finally:
+            _state.timings["endpoint_s"] = time.perf_counter() - t0
+        _state.endpoint = found
+        return found
+
+
+def _find(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
+    url = cfg.server.url or os.environ.get(URL_ENV) or None
+    token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
+    job_id = explicit_job_id(cfg)
+    store = job_store()
+    if store is None and rank.world_size > 1:
+        need = "server.job_id (or PERSEUS_JOB_ID)" if url else "server.url (or PERSEUS_SERVER_URL)"
+        raise RendezvousError(
+            f"the {rank.world_size} ranks of this job cannot find one coordination server: "
+            "torch.distributed is not initialized at the first training step. Call "
+            "torch.distributed.init_process_group (deepspeed.init_distributed) before "
+            f"training, or set {need} on every rank",
+            shared=True,
+        )
+    if rank.rank != 0 and store is not None:
+        answer = _wait_json(store, ENDPOINT_KEY, "global rank 0's server address")
+        if "error" in answer:
+            raise RendezvousError(str(answer["error"]), shared=True)
+        return Endpoint(
+            str(answer["url"]), answer.get("token"), str(answer["job_id"]), str(answer["where"])
+        )
+    try:
+        found = _rank0_endpoint(cfg, rank, url, token, job_id)
+    except RendezvousError as exc:
+        _publish(store, {"error": str(exc)})
+        raise
+    except Exception as exc:  # anything else rank 0 hits is every rank's problem too
+        failure = RendezvousError(f"global rank 0 could not start Perseus: {exc}", shared=True)
+        _publish(store, {"error": str(failure)})
+        raise failure from exc
+    _publish(store, dataclasses.asdict(found))
+    return found
+
+
+def _rank0_endpoint(
+    cfg: PerseusConfig,
+    rank: RankInfo,
+    url: Optional[str],
+    token: Optional[str],
+    job_id: Optional[str],
+) -> Endpoint:
+    job_id = job_id or new_job_id()
+    if url:
+        return Endpoint(url, token, job_id, f"server {url} (configured)")
+    from perseus.runtime.server_spawn import start_server_process
+
+    url_host: Optional[str] = None
+    if single_node(rank.world_size):
+        host, reach = "127.0.0.1", "loopback, this node only"
+    else:
+        master = os.environ.get("MASTER_ADDR", "")
+        if not master:
+            raise RendezvousError(
+                "several nodes but no MASTER_ADDR to find the address the other nodes reach; "
+                f"start `perseus-server` yourself and set {URL_ENV} (and {TOKEN_ENV})",
+                shared=True,
+            )
+        host = address_towards(master)
+        reach = f"on {host} for the other nodes, token required"
+        if _is_loopback(host):
+            # MASTER_ADDR names this machine, resolved to loopback here: listen on every
+            # interface (with the token) and hand out the name the other nodes know it by.
+            host, url_host = "0.0.0.0", master
+            reach = f"on all interfaces as {master} for the other nodes, token required"
+    explicit_dump = cfg.server.dump_dir
+    base = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
+    dump_dir = Path(explicit_dump) if explicit_dump else base / RUNS_DIR
+    server_cfg = dataclasses.replace(
+        cfg.server,
+        host=host,
+        # A server of its own per launch: nothing to restore on a restart.
+        persist=cfg.server.persist if explicit_dump else False,
+    )
+    t0 = time.perf_counter()
+    try:
+        handle = start_server_process(
+            server_cfg,
+            dump_dir,
+            port=0,
+            token=secrets.token_urlsafe(24),
+            log_path=dump_dir / f"{job_id}-server.log",
+            exit_with_parent=True,
+        )
+    except Exception as exc:
+        raise RendezvousError(
+            f"global rank 0 could not start the coordination server: {exc}", shared=True
+        ) from None
+    _state.timings["server_start_s"] = time.perf_counter() - t0
+    _state.handle = handle
+    url = handle.url if url_host is None else f"http://{url_host}:{handle.port}"
+    where = f"server {url} started by global rank 0 ({reach}); files in {dump_dir / job_id}"
+    return Endpoint(url, handle.token, job_id, where, str(dump_dir / job_id))
+
+
+def _publish(store: Optional[Any], answer: Dict[str, Any]) -> None:
+    with _lock:
+        if store is None or _state.answered:
+            return
+        _state.answered = True
+    store.set(ENDPOINT_KEY, dumps(answer, what="the rendezvous endpoint"))
+
+
+def _wait_json(store: Any, key: str, what: str) -> Dict[str, Any]:
+    try:
+        store.wait([key], datetime.timedelta(seconds=STORE_WAIT_S))
+        value = store.get(key)
+    except RuntimeError as exc:  # a timeout, or the store went away
+        raise RendezvousError(
+            f"no answer for {what} through torch.distributed's store: {exc}"
+        ) from None
+    data = json.loads(value.decode() if isinstance(value, bytes) else value)
+    if not isinstance(data, dict):
+        raise RendezvousError(f"{what}: unexpected answer {data!r} in the store")
+    return data
+
+
+def agree(rank: RankInfo) -> None:
+    """Report in as ready; returns once every rank did, if none gave up.
+
+    Nothing to agree on without a store (a single process).
+
+    Raises:
+        RendezvousError: a rank gave up (``shared``: every rank raises it).
+    """
+    _report(rank, ok=True, why=None)
+
+
+def give_up(rank: RankInfo, why: str) -> None:
+    """Report that this rank cannot run Perseus: every rank will fall back (never raises).
+
+    Rank 0 also answers the ranks waiting for the server's address.
+    """
+    try:
+        store = job_store()
+        if rank.rank == 0:
+            _publish(store, {"error": f"global rank 0 could not start Perseus: {why}"})
+        _report(rank, ok=False, why=why)
+    except Exception:  # giving up must never fail the training step
+        return
+
+
+def _report(rank: RankInfo, ok: bool, why: Optional[str]) -> None:
+    with _lock:
+        verdict = _state.verdict if _state.arrived else None
+    store = job_store()
+    if store is None or rank.world_size <= 1:
+        return
+    if verdict is None:
+        t0 = time.perf_counter()
+        with _lock:
+            first = not _state.arrived
+            _state.arrived = True
+        if first:
+            if not ok:
+                store.add(FAILED_KEY, 1)
+            if int(store.add(ARRIVED_KEY, 1)) == rank.world_size:
+                failed = int(store.add(FAILED_KEY, 0))
+                store.set(VERDICT_KEY, "ok" if failed == 0 else f"{failed} rank(s) gave up")
+        if not ok:
+            return
+        answer = _wait_json_raw(store, VERDICT_KEY)
+        with _lock:
+            _state.verdict = verdict = answer
+            _state.timings["agree_s"] = time.perf_counter() - t0
+    if verdict != "ok":
+        raise RendezvousError(
+            f"{verdict} while setting Perseus up (see the warning on those ranks); every rank "
+            "runs at default GPU clocks",
+            shared=True,
+        )
+
+
+def _wait_json_raw(store: Any, key: str) -> str:
+    try:
+        store.wait([key], datetime.timedelta(seconds=STORE_WAIT_S))
+        value = store.get(key)
+    except RuntimeError as exc:
+        raise RendezvousError(f"the ranks could not agree through the store: {exc}") from None
+    return str(value.decode() if isinstance(value, bytes) else value)
