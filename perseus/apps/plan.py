@@ -27,25 +27,46 @@ import inspect
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from perseus.apps.common import hydra_app
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perseus.planner.problem import PlanningProblem
+    from perseus.profile import Profile
 
 logger = logging.getLogger("perseus.plan")
 
 PROGRESS_PERIOD_S = 2.0
 
 
-def load_problem(cfg: PerseusConfig) -> Any:
-    """Build the PlanningProblem of ``cfg.planner`` and ``cfg.parallelism``.
+@dataclass
+class PlannedProfile:
+    """The profile perseus-plan plans with.
+
+    Attributes:
+        profile: Restricted to ``planner.min_frequency_mhz``, stages selected and renumbered.
+        stages: The source profile's stages, in pipeline order.
+        p2p_power_w: ``planner.p2p_power_w`` for those stages.
+    """
+
+    profile: Profile
+    stages: List[int]
+    p2p_power_w: Any
+
+
+def planned_profile(cfg: PerseusConfig) -> PlannedProfile:
+    """Load ``planner.profile`` and keep the stages to plan (see ``planner.stages``).
 
     Raises:
-        ConfigError: ``planner.profile`` not set. ProfileError: a bad profile CSV.
+        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
+            bad profile CSV.
     """
-    from perseus.planner.problem import PlanningProblem
+    from perseus.planner.derived import planned_stages, select_stages
     from perseus.profile import load_profile
 
     if not cfg.planner.profile:
@@ -56,19 +77,77 @@ def load_problem(cfg: PerseusConfig) -> Any:
     profile = load_profile(Path(cfg.planner.profile).expanduser())
     if cfg.planner.min_frequency_mhz is not None:
         profile = profile.restrict(cfg.planner.min_frequency_mhz)
-    if profile.num_stages != cfg.parallelism.pp:
+    num_profile = profile.num_stages
+    pp = cfg.parallelism.pp
+    stages = planned_stages(num_profile, pp, cfg.planner.stages)
+    if stages != list(range(num_profile)):
+        how = "planner.stages" if cfg.planner.stages is not None else f"parallelism.pp={pp}"
         logger.info(
-            "planning for the profile's %d stages (parallelism.pp=%d is not used by perseus-plan)",
-            profile.num_stages,
-            cfg.parallelism.pp,
+            "planning %d of the profile's %d stages: %s (%s)", len(stages), num_profile, stages, how
         )
+        profile = select_stages(profile, stages)
+    elif num_profile != pp:
+        logger.info("planning the profile's %d stages (parallelism.pp=%d)", num_profile, pp)
+    p2p = cfg.planner.p2p_power_w
+    # One value per profile stage: keep the planned stages' values.
+    if isinstance(p2p, Sequence) and not isinstance(p2p, str) and len(p2p) == num_profile:
+        p2p = [p2p[s] for s in stages]
+    return PlannedProfile(profile, stages, p2p)
+
+
+def load_problem(cfg: PerseusConfig) -> PlanningProblem:
+    """Build the PlanningProblem of ``cfg.planner`` and ``cfg.parallelism``.
+
+    Raises:
+        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
+            bad profile CSV.
+    """
+    return build_problem(cfg, planned_profile(cfg))
+
+
+def build_problem(cfg: PerseusConfig, planned: PlannedProfile) -> PlanningProblem:
+    """The PlanningProblem of a planned profile and ``cfg.parallelism``."""
+    from perseus.planner.problem import PlanningProblem
+
     return PlanningProblem(
-        profile,
+        planned.profile,
         cfg.parallelism.num_microbatches,
-        cfg.planner.p2p_power_w,
+        planned.p2p_power_w,
         schedule=cfg.parallelism.schedule,
         num_model_chunks=cfg.parallelism.num_model_chunks,
     )
+
+
+def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
+    """``frontier`` or ``policy`` for ``planner.scope`` and what this machine can do.
+
+    Raises:
+        ConfigError: the work is estimated to exceed ``planner.max_solve_s`` or the free
+            memory (the message gives the estimate and what to change).
+    """
+    from perseus.planner.limits import choose_scope, estimate
+
+    if cfg.planner.solver != "lp":
+        return "frontier" if cfg.planner.scope != "policy" else "policy"
+    par = cfg.parallelism
+    shape = (num_stages, par.num_microbatches, par.schedule, par.num_model_chunks)
+    frontier = estimate(*shape, scope="frontier")
+    policy = estimate(*shape, scope="policy")
+    scope = choose_scope(cfg.planner.scope, frontier, policy, cfg.planner.max_solve_s)
+    if scope == "policy" and cfg.planner.scope == "auto":
+        logger.info(
+            "the full frontier of %d instructions would need %s (planner.max_solve_s=%g); "
+            "planning only the energy policy's plan (%s); planner.scope=frontier forces it",
+            frontier.num_nodes,
+            frontier.describe(),
+            cfg.planner.max_solve_s,
+            policy.describe(),
+        )
+    else:
+        logger.info(
+            "estimated %s for %s", (frontier if scope == "frontier" else policy).describe(), scope
+        )
+    return scope
 
 
 def solver_options(name: str, cfg: PerseusConfig) -> Dict[str, Any]:
@@ -116,33 +195,46 @@ def run_plan(
     Raises:
         ConfigError, ProfileError, SolverError: with what to fix.
     """
-    from perseus.planner import plan_frontier
+    from perseus.planner import plan_frontier, plan_policy
     from perseus.planner.policies import choose
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    problem = load_problem(cfg)
+    log = progress or ProgressLog()
+    planned = planned_profile(cfg)
+    scope = plan_scope(cfg, planned.profile.num_stages)
     name = cfg.planner.solver
     options = solver_options(name, cfg)
+    log("building the problem", 0.0)
+    problem = build_problem(cfg, planned)
     logger.info(
-        "planning %d stages x %d microbatches (%s) with solver %r %s",
+        "planning %d stages x %d microbatches (%s, %d instructions) with solver %r %s: %s",
         problem.num_stages,
         problem.num_microbatches,
         problem.schedule,
+        problem.num_nodes,
         name,
         options or "",
+        "every Pareto-optimal plan" if scope == "frontier" else "the energy policy's plan",
     )
     start_s = time.perf_counter()
-    frontier = plan_frontier(problem, name, progress or ProgressLog(), **options)
+    if scope == "frontier":
+        frontier = plan_frontier(problem, name, log, **options)
+    else:
+        frontier = plan_policy(problem, cfg.energy, name, log, **options)
     solve_time_s = time.perf_counter() - start_s
     chosen = choose(frontier, cfg.energy)
     note = None
     if chosen.is_allmax and cfg.energy.policy == "no_slowdown":
         note = _hint_nearest_saving(frontier, name, options.get("time_unit_s"))
+    log(f"writing {len(frontier)} plans", 1.0)
     files = write_plans(frontier, chosen, cfg, out_dir)
     if cfg.planner.plots:
+        log("drawing plots", 1.0)
         files.update(write_plots(problem, frontier, chosen, out_dir))
     summary = make_summary(cfg, frontier, chosen, name, solve_time_s, files)
+    summary["scope"] = scope
+    summary["profile_stages"] = planned.stages
     if note:
         summary["note"] = note
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -8,8 +8,8 @@ sorted by iteration time; ``plan_id`` is the position (the fastest plan is 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 # Plans closer than this (relative) in both time and energy are the same point.
 _REL_TOL = 1e-9
+#: Largest allowed relative iteration-time step between neighbouring frontier plans.
+MAX_GAP_REL = 0.005
+
+Gap = Tuple["FrontierPoint", "FrontierPoint"]
 
 
 @dataclass
@@ -35,6 +39,7 @@ class FrontierPoint:
         energy_j: Re-simulated energy.
         freqs: Per stage, one frequency (MHz) per instruction in execution order.
         is_allmax: This is the all-max-frequency plan.
+        choices: The same plan as option indices per node (``problem.node_group`` order).
     """
 
     plan_id: int
@@ -42,6 +47,7 @@ class FrontierPoint:
     energy_j: float
     freqs: Freqs
     is_allmax: bool = False
+    choices: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
 
 class Frontier:
@@ -86,6 +92,12 @@ class Frontier:
             predicted_energy_j=point.energy_j,
             extra={"plan_id": point.plan_id},
         )
+
+    def choices(self, point: FrontierPoint) -> np.ndarray:
+        """The point's plan as option indices per node."""
+        if point.choices is not None:
+            return point.choices
+        return self.problem.freqs_to_choices(point.freqs)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per point: plan_id, iteration_time_s, energy_j, saving, is_allmax, ..."""
@@ -132,6 +144,7 @@ def build_frontier(
             energy_j=float(energies[r]),
             freqs=problem.choices_to_freqs(choices[r]),
             is_allmax=r == allmax_row,
+            choices=choices[r],
         )
         for i, r in enumerate(keep)
     ]
@@ -148,3 +161,28 @@ def pareto_rows(times: np.ndarray, energies: np.ndarray) -> List[int]:
             keep.append(r)
             best = energies[r]
     return keep
+
+
+def density_gaps(frontier: Frontier, max_gap_rel: float = MAX_GAP_REL) -> List[Gap]:
+    """Neighbouring plans between the fastest and the least-energy plan too far apart.
+
+    Args:
+        frontier: A frontier.
+        max_gap_rel: Largest allowed ``T_next / T - 1``.
+
+    Returns:
+        ``(faster, slower)`` pairs whose iteration times differ by more than ``max_gap_rel``.
+    """
+    t_least = min(frontier.points, key=lambda p: p.energy_j).iteration_time_s
+    inside = [p for p in frontier.points if p.iteration_time_s <= t_least * (1 + 1e-9)]
+    return [
+        (a, b)
+        for a, b in zip(inside, inside[1:])
+        if b.iteration_time_s / a.iteration_time_s - 1 > max_gap_rel
+    ]
+
+
+def max_gap_rel(frontier: Frontier) -> float:
+    """Largest relative iteration-time step between neighbouring plans (fastest..least energy)."""
+    gaps = density_gaps(frontier, 0.0)
+    return max((b.iteration_time_s / a.iteration_time_s - 1 for a, b in gaps), default=0.0)
