@@ -36,12 +36,15 @@ from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:
+    from perseus.planner.frontier import Frontier, FrontierPoint
     from perseus.planner.problem import PlanningProblem
     from perseus.profile import Profile
 
 logger = logging.getLogger("perseus.plan")
 
 PROGRESS_PERIOD_S = 2.0
+#: Larger plans get no timeline.png (drawing 20,000 boxes takes about 20 s).
+MAX_TIMELINE_NODES = 20_000
 
 
 @dataclass
@@ -255,7 +258,7 @@ def run_plan(
 
 
 def _hint_nearest_saving(
-    frontier: Any, solver: str = "lp", time_unit_s: Optional[float] = None
+    frontier: Frontier, solver: str = "lp", time_unit_s: Optional[float] = None
 ) -> Optional[str]:
     """When no plan saves energy without slowdown, say why and what the next plan would give.
 
@@ -289,7 +292,9 @@ def _hint_nearest_saving(
     return note
 
 
-def write_plans(frontier: Any, chosen: Any, cfg: PerseusConfig, out_dir: Path) -> Dict[str, str]:
+def write_plans(
+    frontier: Frontier, chosen: FrontierPoint, cfg: PerseusConfig, out_dir: Path
+) -> Dict[str, str]:
     """frontier.csv, plans/<plan_id>.json, plan.json and (optionally) the reference .py files."""
     extra = {"policy": cfg.energy.policy, "solver": cfg.planner.solver}
     plans_dir = out_dir / "plans"
@@ -316,16 +321,27 @@ def write_plans(frontier: Any, chosen: Any, cfg: PerseusConfig, out_dir: Path) -
     return files
 
 
-def write_plots(problem: Any, frontier: Any, chosen: Any, out_dir: Path) -> Dict[str, str]:
-    """frontier.png and timeline.png (of the chosen plan)."""
+def write_plots(
+    problem: PlanningProblem, frontier: Frontier, chosen: FrontierPoint, out_dir: Path
+) -> Dict[str, str]:
+    """frontier.png and (up to ``MAX_TIMELINE_NODES`` instructions) timeline.png."""
     from perseus.planner.plots import plot_frontier, plot_timeline
 
     plot_frontier(frontier, out_dir / "frontier.png", chosen=chosen)
+    files = {"frontier_plot": "frontier.png"}
+    if problem.num_nodes > MAX_TIMELINE_NODES:
+        logger.info(
+            "no timeline.png: %d instructions are too many boxes to draw (at most %d)",
+            problem.num_nodes,
+            MAX_TIMELINE_NODES,
+        )
+        return files
     plot_timeline(problem, chosen.freqs, out_dir / "timeline.png")
-    return {"frontier_plot": "frontier.png", "timeline_plot": "timeline.png"}
+    files["timeline_plot"] = "timeline.png"
+    return files
 
 
-def _point(frontier: Any, point: Any) -> Dict[str, Any]:
+def _point(frontier: Frontier, point: FrontierPoint) -> Dict[str, Any]:
     allmax = frontier.allmax
     return {
         "plan_id": point.plan_id,
@@ -339,8 +355,8 @@ def _point(frontier: Any, point: Any) -> Dict[str, Any]:
 
 def make_summary(
     cfg: PerseusConfig,
-    frontier: Any,
-    chosen: Any,
+    frontier: Frontier,
+    chosen: FrontierPoint,
     solver: str,
     solve_time_s: float,
     files: Dict[str, str],

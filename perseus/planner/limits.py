@@ -86,7 +86,7 @@ def estimate(
     nodes = 2 * num_stages * num_microbatches * num_model_chunks
     periodic = schedule == "1f1b" and num_model_chunks == 1
     if periodic:
-        margin = max(4, num_stages)
+        margin = max(4, 2 * num_stages)
         explicit = min(nodes, num_stages * (2 * (num_stages - 1) + 4 * margin))
         lp_solve_s = LP_S_PER_NODE * explicit
     else:

@@ -1,10 +1,12 @@
 """Proven lower bounds on the least energy of any plan meeting a deadline.
 
-* :func:`lp_bound`: the convex-hull relaxation with the iteration time as a variable
-  (``tau <= T``, blocking energy ``sum(P_block) * tau``): every plan with iteration time
+* :func:`lp_bound`: the LP relaxation of the MILP (:mod:`.milp`): every instruction on the
+  convex hull of its options that fit its time window, the iteration time a variable
+  (``tau <= T``, blocking energy ``sum(P_block) * tau``). Every plan with iteration time
   ``<= T`` is a feasible point, so the optimum bounds them all. Seconds.
 * :func:`milp_bound`: the mixed-integer program (:mod:`.milp`) with every instruction's
-  discrete options, or only those of some stages (the others on their hulls: a relaxation
+  discrete options, or only those of some stages (the others on the hulls of the options that
+  fit their windows: a relaxation
   that is smaller and often nearly as tight). HiGHS' dual bound is valid whenever the search
   stops, so a time budget gives a bound; a closed gap gives the optimum itself.
 
@@ -22,7 +24,6 @@ import numpy as np
 
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
-from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.milp import solve_milp_result
 
 
@@ -52,11 +53,8 @@ class Bound:
 def lp_bound(problem: PlanningProblem, deadline_s: float) -> Bound:
     """The convex-hull relaxation's optimum (see the module docstring)."""
     began = time.perf_counter()
-    nodes = np.arange(problem.num_nodes)
-    result = solve_milp_result(
-        problem, deadline_s, hull_nodes=nodes, hulls=group_hulls(problem), time_limit_s=3600.0
-    )
-    return Bound(deadline_s, result.energy_j, "lp", time.perf_counter() - began)
+    result = solve_milp_result(problem, deadline_s, time_limit_s=3600.0, relax=True)
+    return Bound(deadline_s, result.bound_j, "lp", time.perf_counter() - began)
 
 
 def milp_bound(
@@ -91,7 +89,6 @@ def milp_bound(
         problem,
         deadline_s,
         hull_nodes=hull_nodes,
-        hulls=group_hulls(problem) if hull_nodes is not None else None,
         time_limit_s=time_limit_s,
         mip_rel_gap=mip_rel_gap,
         start=start,

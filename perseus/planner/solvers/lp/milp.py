@@ -4,18 +4,22 @@ Variables: a start time ``x_v >= 0`` per instruction, the iteration time ``tau <
 
 * per *discrete* instruction, a binary ``z_vk`` per allowed option ``k`` (``sum_k z_vk = 1``);
   an instruction with a single allowed option is a constant;
-* per *hull* instruction (optional), continuous segment variables of its group's lower convex
-  hull as in the LP (:mod:`.model`): a relaxation of that instruction's choice.
+* per *hull* instruction (optional), continuous segment variables of the lower convex hull of
+  its allowed options as in the LP (:mod:`.model`): a relaxation of that instruction's choice.
 
 Rows: ``x_v - x_u - dur_u >= 0`` per dependency and ``x_s + dur_s <= tau`` per sink.
+
 Objective: effective energy ``sum (e_vk - P_block t_vk) z_vk`` (plus the hulls' effective
 energy) plus ``sum(P_block) * tau`` -- the plan's energy (blocking included), since at the
 optimum ``tau`` is the plan's iteration time. With every instruction discrete, the optimum is
 the least-energy plan with iteration time <= T; with some on hulls it is a lower bound on it,
 and so is HiGHS' dual bound whenever the search stops early.
 
-Exact for tiny problems (the ``exact`` solver); with most instructions fixed it improves
-plans of large ones (:mod:`.polish`, :mod:`.gaps`); with hulls it proves bounds
+Time windows (:mod:`.windows`) tighten it without losing any plan: options too long for an
+instruction's window are dropped and start times are bounded.
+
+Exact for tiny problems (the ``exact`` solver); restricted to a few options per instruction
+it fills frontier gaps (:mod:`.gaps`); relaxed, or stopped early, it proves bounds
 (:mod:`.bounds`).
 """
 
@@ -27,8 +31,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
-from perseus.planner.solvers.lp.hull import GroupHull
 from perseus.planner.solvers.lp.model import ranges
+from perseus.planner.solvers.lp.windows import option_hulls, time_windows, windowed
 
 if TYPE_CHECKING:
     from highspy import Highs
@@ -60,12 +64,13 @@ def solve_milp_result(
     deadline_s: float,
     allowed: Optional[Sequence[np.ndarray]] = None,
     hull_nodes: Optional[np.ndarray] = None,
-    hulls: Optional[List[GroupHull]] = None,
     time_limit_s: float = 60.0,
     mip_rel_gap: float = 1e-6,
     start: Optional[np.ndarray] = None,
     max_nodes: Optional[int] = None,
     log: bool = False,
+    relax: bool = False,
+    tau_lower_s: float = 0.0,
 ) -> MILPResult:
     """Least-energy plan with iteration time <= ``deadline_s`` (see the module docstring).
 
@@ -73,9 +78,8 @@ def solve_milp_result(
         problem: The planning problem.
         deadline_s: Iteration-time budget (s).
         allowed: Per node, the option indices it may use (default: its group's candidates).
-        hull_nodes: Nodes relaxed to their group's hull (``hulls`` needed); the result is
-            then a lower bound, not a plan.
-        hulls: The groups' hulls (:func:`.hull.group_hulls`).
+        hull_nodes: Nodes relaxed to the hull of their allowed options; the result is then a
+            lower bound, not a plan.
         time_limit_s: HiGHS time limit; the best solution found so far is returned.
         mip_rel_gap: Relative optimality gap at which HiGHS stops.
         start: A plan (option index per node) meeting the deadline, handed to HiGHS as the
@@ -83,10 +87,17 @@ def solve_milp_result(
         max_nodes: Stop after this many branch-and-bound nodes (a limit on work that, unlike
             the time limit, gives the same plan on a busy machine).
         log: Let HiGHS print its log.
+        relax: Solve the LP relaxation (every binary continuous in [0, 1]): a lower bound,
+            with each instruction on the convex hull of its options that fit its window.
+        tau_lower_s: Lower bound of ``tau``: a plan faster than this is charged blocking
+            energy as if it took ``tau_lower_s``, so the optimum bounds the energy of every
+            plan with iteration time in ``[tau_lower_s, deadline_s]`` (used to prove a
+            frontier gap empty).
     """
     import highspy
 
-    model = _Model(problem, deadline_s, allowed, hull_nodes, hulls)
+    model = _Model(problem, deadline_s, windowed(problem, deadline_s, allowed), hull_nodes)
+    model.lp.col_lower_[problem.num_nodes] = float(tau_lower_s)
     h: Highs = highspy.Highs()
     h.setOptionValue("output_flag", bool(log))
     h.setOptionValue("threads", 1)
@@ -94,8 +105,10 @@ def solve_milp_result(
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     if max_nodes is not None:
         h.setOptionValue("mip_max_nodes", int(max_nodes))
+    if relax:
+        model.lp.integrality_ = [highspy.HighsVarType.kContinuous] * model.num_cols
     h.passModel(model.lp)
-    if start is not None and not len(model.hull_nodes):
+    if start is not None and not relax and not len(model.hull_nodes):
         solution = highspy.HighsSolution()
         solution.col_value = model.start_vector(start).tolist()
         solution.value_valid = True
@@ -103,7 +116,13 @@ def solve_milp_result(
     h.run()
     info = h.getInfo()
     optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    bound_j = float(info.mip_dual_bound) + model.constant_j
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return MILPResult(None, None, None, float("inf"), float("inf"), True)
+    # Without binaries HiGHS solves an LP and keeps no MIP dual bound.
+    as_lp = relax or model.num_binaries == 0
+    dual = info.objective_function_value if as_lp else info.mip_dual_bound
+    bound_j = float(dual) + model.constant_j
     result = h.getSolution()
     if not result.value_valid:
         return MILPResult(None, None, None, float("inf"), bound_j, optimal)
@@ -140,7 +159,6 @@ class _Model:
         deadline_s: float,
         allowed: Optional[Sequence[np.ndarray]],
         hull_nodes: Optional[np.ndarray],
-        hulls: Optional[List[GroupHull]],
     ) -> None:
         import highspy
         from scipy.sparse import coo_matrix
@@ -162,15 +180,12 @@ class _Model:
         opt_single = np.array([int(a[0]) for a in allowed])
         self.const_option = np.where(single, opt_single, -1)
         self.is_hull = is_hull
-        # Hull nodes: segment columns of their group's hull.
-        if len(self.hull_nodes) and hulls is None:
-            raise ValueError("hull_nodes needs hulls")
-        hull_list = hulls or []
+        # Hull nodes: segment columns of the hull of their allowed options.
+        node_hulls = option_hulls(problem, self.hull_nodes, allowed)
         nseg = np.zeros(num_nodes, dtype=np.int64)
         t0 = np.zeros(num_nodes)
         c0 = np.zeros(num_nodes)
-        for v in self.hull_nodes.tolist():
-            hull = hull_list[int(groups[v])]
+        for v, hull in node_hulls.items():
             nseg[v], t0[v], c0[v] = len(hull.lengths_s), hull.time_s[0], hull.cost_j[0]
         # Columns: x (num_nodes), tau, z (per discrete node), segments (per hull node).
         tau = num_nodes
@@ -194,7 +209,7 @@ class _Model:
         seg_slope = np.zeros(num_s)
         rank = np.arange(num_s) - (s_start[seg_node] - s_start[0])
         for k, v in enumerate(seg_node.tolist()):
-            hull = hull_list[int(groups[v])]
+            hull = node_hulls[v]
             seg_len[k], seg_slope[k] = hull.lengths_s[rank[k]], hull.slopes[rank[k]]
         self.seg_len = seg_len
         # Constant part of each node's duration (fixed option, or hull start).
@@ -259,10 +274,14 @@ class _Model:
         power = float(sum(problem.p2p_power_w))
         self.cost = np.concatenate([np.zeros(num_nodes), [power], z_cost, seg_slope])
         lp.col_cost_ = self.cost
-        lp.col_lower_ = np.zeros(num_cols)
-        lp.col_upper_ = np.concatenate(
-            [np.full(num_nodes, inf), [float(deadline_s)], np.ones(num_z), seg_len]
+        # Start times within their windows (see the module docstring).
+        earliest, latest = time_windows(problem, deadline_s)
+        fastest = np.array([problem.opt_time[g, c[0]] for g, c in enumerate(problem.candidates)])
+        latest_start = np.maximum(earliest, latest - fastest[groups]) * (1 + 1e-9) + 1e-12
+        lp.col_lower_ = np.concatenate(
+            [np.maximum(earliest * (1 - 1e-9) - 1e-12, 0.0), np.zeros(1 + num_z + num_s)]
         )
+        lp.col_upper_ = np.concatenate([latest_start, [float(deadline_s)], np.ones(num_z), seg_len])
         lp.row_lower_ = np.concatenate([const_t[edge_u], np.full(num_k, -inf), np.ones(len(multi))])
         lp.row_upper_ = np.concatenate([np.full(num_e, inf), -const_t[sinks], np.ones(len(multi))])
         lp.integrality_ = (
@@ -276,6 +295,7 @@ class _Model:
         lp.a_matrix_.value_ = matrix.data
         self.lp = lp
         self.num_cols = num_cols
+        self.num_binaries = num_z
 
     def durations(self, values: np.ndarray) -> np.ndarray:
         """Every node's duration in a solution vector."""

@@ -18,8 +18,9 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
 4. Refine (``refine_deadlines``, by default only the no-slowdown deadline ``T_allmax``):
    instructions the LP put inside a long hull segment are re-modelled and decided one by one
    (:mod:`.refine`), then rounded among their own hull's vertices.
-5. Polish (``polish_nodes``, :mod:`.polish`) the plans at the refine deadlines with small
-   mixed-integer programs over windows of the schedule.
+5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
+   mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
+   instructions).
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
    ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
 
@@ -41,19 +42,24 @@ import numpy as np
 
 from perseus.planner.frontier import build_frontier
 from perseus.planner.problem import PlanningProblem
-from perseus.planner.simulate import iteration_time
+from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
+from perseus.planner.solvers.lp.bounds import lp_bound
 from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps
 from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.layout import default_layout
 from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
-from perseus.planner.solvers.lp.polish import polish
+from perseus.planner.solvers.lp.polish import best_within, polish
 from perseus.planner.solvers.lp.refine import JumpRefiner
 from perseus.planner.solvers.lp.rounding import Rounder
 
 #: Up to this many instructions the LP is exact (no shared clocks).
 MAX_EXACT_NODES = 2048
+#: Largest problem (instructions) polished by default.
+POLISH_MAX_NODES = 800
+#: Polish only plans this far (fraction of the all-max energy) above the LP bound.
+POLISH_GAP = 0.0015
 #: LP solutions rounded together (bounds the memory of one rounding batch).
 _ROUND_BATCH = 64
 
@@ -86,10 +92,15 @@ class LPSolver(ChoiceSolver):
             deadline) and going up; 0 turns both off.
         refine_trials: Pin-and-re-solve trials of one refinement round.
         polish_nodes: Branch-and-bound nodes of each polishing MILP (0 turns it off).
+        polish_max_size: Polish only problems of at most this many instructions (about
+            10 s per 200 instructions on one core).
+        polish_gap: Polish only when the best plan's energy is more than this fraction of the
+            all-max energy above the LP bound with time windows (otherwise it gains little).
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
         gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
-            still run).
+            still run). Only for problems solved with the exact LP (MILPs over tens of
+            thousands of instructions take minutes each).
         max_exact_nodes: Largest problem (instructions) solved with the exact LP; larger
             1F1B problems share clocks in the steady state (:mod:`.layout`).
         deadlines_s: Solve only at these deadlines (e.g. the one an energy policy asks for)
@@ -105,7 +116,9 @@ class LPSolver(ChoiceSolver):
         dive_rounds: int = 1,
         refine_deadlines: int = 1,
         refine_trials: int = 400,
-        polish_nodes: int = 0,
+        polish_nodes: int = 10,
+        polish_max_size: int = POLISH_MAX_NODES,
+        polish_gap: float = POLISH_GAP,
         max_gap_rel: float = MAX_GAP_REL,
         gap_milps: int = 40,
         max_exact_nodes: int = MAX_EXACT_NODES,
@@ -119,6 +132,8 @@ class LPSolver(ChoiceSolver):
         self.refine_deadlines = refine_deadlines
         self.refine_trials = refine_trials
         self.polish_nodes = polish_nodes
+        self.polish_max_size = polish_max_size
+        self.polish_gap = polish_gap
         self.max_gap_rel = max_gap_rel
         self.gap_milps = gap_milps
         self.max_exact_nodes = max_exact_nodes
@@ -173,7 +188,7 @@ class LPSolver(ChoiceSolver):
                 model.solve,
                 lambda solution: list(rounder.from_solutions([solution])),
                 max_gap_rel=self.max_gap_rel,
-                max_milps=self.gap_milps,
+                max_milps=self.gap_milps if layout.is_identity else 0,
                 progress=progress,
             )
         self.elapsed_s = time.perf_counter() - began
@@ -213,10 +228,24 @@ class LPSolver(ChoiceSolver):
         plans = list(rounder.from_solutions([solution]))
         for refined, node_hull in refiner.refine(model, solution):
             plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
-        if self.polish_nodes > 0:
-            report(progress, f"polishing T <= {deadline:.4f} s", 1.0)
+        small = problem.num_nodes <= self.polish_max_size
+        if self.polish_nodes > 0 and small and self._worth_polishing(problem, plans, deadline):
             plans += polish(problem, plans, deadline, self.polish_nodes, progress=progress)
         return plans
+
+    def _worth_polishing(
+        self, problem: PlanningProblem, plans: List[np.ndarray], deadline_s: float
+    ) -> bool:
+        """Whether the best plan is over ``polish_gap`` (of the all-max energy) above the bound.
+
+        The bound is the LP relaxation with time windows (:func:`.bounds.lp_bound`).
+        """
+        best = best_within(problem, plans, deadline_s)
+        if best is None:
+            return False
+        energies = simulate_choices(problem, np.vstack([best, problem.allmax_choices()]))[1]
+        bound_j = lp_bound(problem, deadline_s).energy_j
+        return bool((energies[0] - bound_j) / energies[1] > self.polish_gap)
 
     def _deadlines(self, problem: PlanningProblem) -> Tuple[List[float], List[float]]:
         """The deadlines to solve and the ones to refine (see ``refine_deadlines``)."""
