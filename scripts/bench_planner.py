@@ -14,16 +14,18 @@ the energy saved at no slowdown (T <= all-max), the paper's figure (Table 6), th
 lower bound on the least energy at no slowdown expressed as the largest saving any plan can
 reach, the gap between the two, the largest iteration-time step between neighbouring
 frontier plans, and how the bound was proven. A bound is the LP relaxation with time windows
-(computed here) or, when higher, the MILP bound recorded offline in
+(computed here) or, when tighter, the MILP bound recorded offline in
 ``scripts/data/planner_bounds.json`` by ``scripts/prove_planner_bounds.py`` (method and time
-budget in the JSON). A step over 0.5 % is marked unless proven empty (none is).
+budget in the JSON). The step column leaves out steps proven to hold no Pareto-optimal plan
+(listed below the case with how they were proven: an LP or MILP lower bound on the energy of
+every plan inside the step is at least the faster neighbour's energy).
 
 Then, with ``--sharing``, what sharing clock patterns in the 1F1B steady state costs: the LP
 optimum and the final no-slowdown saving with the exact LP against the periodic one.
 
     python scripts/bench_planner.py                       # everything (about 15 min)
     python scripts/bench_planner.py --cases published     # the 16 cases only
-    python scripts/bench_planner.py --cases large --sharing
+    python scripts/bench_planner.py --cases none --sharing  # what shared clocks cost
 
 Targets: saving >= paper; gap <= 0.2 pp; largest step <= 0.5 %; 8 x 1,024 and 16 x 512 full
 frontiers <= 120 s and <= 2 GB on one core; 8 x 10,000 no-slowdown plan <= 60 s.
@@ -88,6 +90,7 @@ def run_case(name: str, stages: int, num_mb: int, scope: str) -> Dict[str, Any]:
         "saving": frontier.saving(chosen),
         "lp_bound": bound,
         "step": max_gap_rel(frontier) if scope == "frontier" else None,
+        "empty": [(100 * (b / a - 1), how) for a, b, how in frontier.empty_gaps],
         "plans": len(frontier),
         "nodes": problem.num_nodes,
     }
@@ -188,6 +191,8 @@ def table(cases: List[Case]) -> List[str]:
             f"{fmt(r['saving'], 8)} {fmt(paper, 6, 1, 1.0)} {fmt(bound, 7)} {fmt(gap, 6)} "
             f"{fmt(r['step'], 6, 2)}  {method if bound is not None else '-'}"
         )
+        for step, how in r["empty"]:
+            print_line(f"{'':34s} a {step:.2f} % step is proven empty: {how}")
     return misses
 
 
@@ -213,7 +218,7 @@ def sharing_table(cases: List[Case]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", choices=("all", "published", "large"), default="all")
+    parser.add_argument("--cases", choices=("all", "published", "large", "none"), default="all")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=PROFILES)
     parser.add_argument("--microbatches", nargs="+", type=int, default=list(MICROBATCHES))
     parser.add_argument("--sharing", action="store_true", help="also measure shared clocks")
@@ -238,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"planner benchmark on {os.cpu_count()} cores, one thread per case, load average "
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     )
-    misses = table(cases)
+    misses = table(cases) if cases else []
     if args.sharing:
         sharing_table(
             [(n, 8, 96, "frontier") for n in args.profiles]

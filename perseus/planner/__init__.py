@@ -3,7 +3,9 @@
 Layers (each its own module): :mod:`.problem` (profile + schedule + blocking power as arrays),
 :mod:`.dag` (dependency graph), :mod:`.simulate` (how plans are judged), :mod:`.solvers`
 (candidate plans; ``lp`` by default, ``lowtime``, ``exact``), :mod:`.frontier` (re-simulated,
-Pareto-filtered plans), :mod:`.policies` (which plan to run).
+Pareto-filtered plans), :mod:`.policies` (which plan to run). Around them: :mod:`.limits`
+(time and memory a solve will need), :mod:`.derived` (stage subsets and deeper pipelines of a
+profile), :mod:`.cases` (the published benchmark cases), :mod:`.plots`.
 
 :func:`plan_frontier` computes every Pareto-optimal plan; :func:`plan_policy` only the plans
 around the deadline an energy policy asks for (seconds instead of minutes for thousands of
@@ -59,8 +61,12 @@ def plan_frontier(
 
     instance = get_solver(solver, **solver_options)
     if isinstance(instance, ChoiceSolver):
-        return build_frontier(problem, instance.solve_choices(problem, progress))
-    return build_frontier(problem, instance.solve(problem, progress))
+        frontier = build_frontier(problem, instance.solve_choices(problem, progress))
+    else:
+        frontier = build_frontier(problem, instance.solve(problem, progress))
+    # Steps the solver proved to hold no Pareto-optimal plan (lp solver).
+    frontier.empty_gaps = list(getattr(instance, "empty_gaps", []))
+    return frontier
 
 
 def plan_policy(

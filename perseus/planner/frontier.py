@@ -58,6 +58,8 @@ class Frontier:
         points: The plans, sorted by iteration time (energy then strictly decreases, except
             that the all-max plan is kept even when dominated).
         allmax: The all-max-frequency plan (also in ``points``).
+        empty_gaps: Steps between neighbouring points proven to hold no Pareto-optimal plan:
+            ``(faster time, slower time, how)`` (see :mod:`.solvers.lp.gaps`).
     """
 
     def __init__(self, problem: PlanningProblem, points: List[FrontierPoint]) -> None:
@@ -68,6 +70,7 @@ class Frontier:
         if len(allmax) != 1:
             raise SolverError("a frontier needs exactly one all-max plan")
         self.allmax = allmax[0]
+        self.empty_gaps: List[Tuple[float, float, str]] = []
 
     def __len__(self) -> int:
         return len(self.points)
@@ -163,26 +166,34 @@ def pareto_rows(times: np.ndarray, energies: np.ndarray) -> List[int]:
     return keep
 
 
-def density_gaps(frontier: Frontier, max_gap_rel: float = MAX_GAP_REL) -> List[Gap]:
+def density_gaps(
+    frontier: Frontier, max_gap_rel: float = MAX_GAP_REL, skip_proven: bool = True
+) -> List[Gap]:
     """Neighbouring plans between the fastest and the least-energy plan too far apart.
 
     Args:
         frontier: A frontier.
         max_gap_rel: Largest allowed ``T_next / T - 1``.
+        skip_proven: Leave out steps proven empty (:attr:`Frontier.empty_gaps`).
 
     Returns:
         ``(faster, slower)`` pairs whose iteration times differ by more than ``max_gap_rel``.
     """
     t_least = min(frontier.points, key=lambda p: p.energy_j).iteration_time_s
     inside = [p for p in frontier.points if p.iteration_time_s <= t_least * (1 + 1e-9)]
+    proven = {(a, b) for a, b, _ in frontier.empty_gaps} if skip_proven else set()
     return [
         (a, b)
         for a, b in zip(inside, inside[1:])
         if b.iteration_time_s / a.iteration_time_s - 1 > max_gap_rel
+        and (a.iteration_time_s, b.iteration_time_s) not in proven
     ]
 
 
-def max_gap_rel(frontier: Frontier) -> float:
-    """Largest relative iteration-time step between neighbouring plans (fastest..least energy)."""
-    gaps = density_gaps(frontier, 0.0)
+def max_gap_rel(frontier: Frontier, skip_proven: bool = True) -> float:
+    """Largest relative iteration-time step between neighbouring plans (fastest..least energy).
+
+    Steps proven to hold no Pareto-optimal plan are left out unless ``skip_proven`` is False.
+    """
+    gaps = density_gaps(frontier, 0.0, skip_proven)
     return max((b.iteration_time_s / a.iteration_time_s - 1 for a, b in gaps), default=0.0)

@@ -22,11 +22,11 @@ from perseus.errors import ConfigError
 BUILD_S_PER_NODE = 2.5e-5
 POLICY_S_PER_NODE = 1.0e-4
 #: Seconds per instruction and deadline of a frontier sweep (rounding, re-simulation).
-SWEEP_S_PER_NODE_DEADLINE = 2.0e-5
+SWEEP_S_PER_NODE_DEADLINE = 4.0e-6
 #: Deadlines of a typical sweep (0.4 % steps over a 1.5x iteration-time range) and gap fill.
 SWEEP_DEADLINES = 130
 #: LP seconds per solve: explicit instructions of the periodic layout, or all of them.
-LP_S_PER_NODE = 2.5e-4
+LP_S_PER_NODE = 5.0e-5
 LP_EXPONENT = 1.8
 LP_S_AT_1000 = 0.12
 #: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier.

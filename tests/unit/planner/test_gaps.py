@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from perseus.planner import plan_frontier
 from perseus.planner.frontier import MAX_GAP_REL, build_frontier, density_gaps, max_gap_rel
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.solvers.lp import LPSolver, gaps
@@ -92,3 +93,17 @@ def test_gap_filling_makes_a_published_frontier_dense() -> None:
     # Filling only adds plans: no frontier point got worse.
     assert min(p.energy_j for p in dense.points) <= min(p.energy_j for p in sparse.points)
     assert dense.allmax.energy_j == sparse.allmax.energy_j
+
+
+def test_prove_empty_accepts_true_gaps_only() -> None:
+    # Every plan enumerated: consecutive frontier points hold nothing between them, and
+    # skipping a point leaves a step that is not empty.
+    problem = PlanningProblem(synthetic_profile(2, seed=5), 2, p2p_power_w=50.0)
+    exact = plan_frontier(problem, solver="exact")
+    # Leave out the all-max plan: it is kept even when a faster plan dominates it.
+    points = [p for p in exact.points if not p.is_allmax]
+    assert len(points) >= 5
+    for a, b in zip(points[1:4], points[2:5]):
+        assert gaps.prove_empty(problem, a, b) is not None
+    a, c = points[1], points[3]
+    assert gaps.prove_empty(problem, a, c) is None

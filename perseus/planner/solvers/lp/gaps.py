@@ -15,7 +15,7 @@ its choice where ``A`` and ``B`` agree and chooses between theirs elsewhere. Wha
 out goes to the frontier like every other candidate, so a gap is only closed by a plan that
 is really Pareto-optimal.
 
-A gap that stays may be empty: :mod:`.proofs` proves that no plan inside it saves energy
+A gap that stays may be empty: :func:`prove_empty` proves that no plan inside it saves energy
 over ``A`` (then a deadline inside it is best served by ``A``). All limits are counts (LP
 solves, MILPs, branch-and-bound nodes), never seconds, so the result does not depend on
 the machine's load.
@@ -39,17 +39,27 @@ from perseus.planner.frontier import (
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.base import Progress, report
-from perseus.planner.solvers.lp.milp import solve_milp
+from perseus.planner.solvers.lp.milp import solve_milp, solve_milp_result
 from perseus.planner.solvers.lp.model import LPSolution
 
-__all__ = ["MAX_GAP_REL", "between_options", "fill_gaps", "gap_deadlines", "relink"]
+__all__ = [
+    "MAX_GAP_REL",
+    "between_options",
+    "fill_gaps",
+    "gap_deadlines",
+    "prove_empty",
+    "relink",
+]
 
 #: Plans along one LP-guided walk (evenly spaced switch counts).
 MAX_WALK_PLANS = 64
 #: Branch-and-bound nodes of one gap MILP.
-GAP_MILP_NODES = 50
+GAP_MILP_NODES = 20
 #: Safety net in seconds for one gap MILP (the node limit normally ends it first).
-GAP_MILP_TIME_S = 120.0
+GAP_MILP_TIME_S = 20.0
+#: Branch-and-bound nodes and safety-net seconds of one emptiness proof.
+PROOF_MILP_NODES = 20
+PROOF_TIME_S = 30.0
 
 
 def between_options(problem: PlanningProblem, fast: np.ndarray, slow: np.ndarray) -> List:
@@ -173,6 +183,38 @@ def fill_gaps(
     return added
 
 
+def prove_empty(
+    problem: PlanningProblem,
+    a: FrontierPoint,
+    b: FrontierPoint,
+    milp_nodes: int = PROOF_MILP_NODES,
+) -> Optional[str]:
+    """How the step from ``a`` to ``b`` was proven to hold no Pareto-optimal plan, or None.
+
+    A plan strictly between them in iteration time is Pareto-optimal only if it uses less
+    energy than ``a``. The MILP (:mod:`.milp`) with ``T_a <= tau <= T_b (1 - 1e-6)`` bounds the
+    energy of every plan with iteration time in that range from below (a faster plan is charged
+    blocking energy for ``T_a``); a bound of at least ``a``'s energy (to a relative 1e-7,
+    the solver's precision) proves the step empty. Tried as LP relaxation first, then as MILP
+    with ``milp_nodes`` branch-and-bound nodes.
+    """
+    # Strictly below b, beyond the solver's feasibility tolerance (b itself would fit).
+    deadline_s = b.iteration_time_s * (1 - 1e-6)
+    for relax, how in ((True, "LP relaxation"), (False, "MILP")):
+        result = solve_milp_result(
+            problem,
+            deadline_s,
+            time_limit_s=PROOF_TIME_S,
+            max_nodes=milp_nodes,
+            relax=relax,
+            tau_lower_s=a.iteration_time_s,
+            mip_rel_gap=1e-9,
+        )
+        if result.bound_j >= a.energy_j * (1 - 1e-7):
+            return f"{how} bound >= faster plan's energy"
+    return None
+
+
 def _walks(
     problem: PlanningProblem,
     frontier: Frontier,
@@ -182,7 +224,13 @@ def _walks(
     round_at: Callable[[LPSolution], List[np.ndarray]],
     max_gap_rel: float,
 ) -> List[np.ndarray]:
-    """Rounded LP optima and LP-guided walks from ``a`` to ``b`` at deadlines inside the gap."""
+    """Rounded LP optima and walks from ``a`` to ``b``: LP-guided and crossovers in time.
+
+    A crossover takes ``b``'s choices for the instructions of the last microbatches and
+    ``a``'s for the others (or the reverse): near the least-energy end, where the energy
+    curve is flat and both plans are equally good per microbatch, its iteration time and
+    energy lie between theirs, so it is Pareto-optimal whenever it is cheaper than ``a``.
+    """
     groups = problem.node_group
     fast, slow = frontier.choices(a), frontier.choices(b)
     diff = np.flatnonzero(fast != slow)
@@ -190,6 +238,12 @@ def _walks(
     t_slow = problem.opt_time[groups[diff], slow[diff]]
     span = np.where(t_slow != t_fast, t_slow - t_fast, 1.0)
     out: List[np.ndarray] = []
+    if len(diff):
+        late = problem.dag.microbatch[diff].astype(float)
+        for preference in (late, -late):
+            walk = relink(fast, slow, diff, preference, 4 * MAX_WALK_PLANS)
+            times_s, energies_j = simulate_choices(problem, walk)
+            out += list(walk[pareto_rows(times_s, energies_j)])
     for deadline_s in gap_deadlines(a.iteration_time_s, b.iteration_time_s, max_gap_rel):
         solution = lp_at(deadline_s)
         out += round_at(solution)

@@ -61,6 +61,8 @@ def polish(
     window: int = WINDOW_NODES,
     passes: int = 2,
     progress: Optional[Progress] = None,
+    reference_j: Optional[np.ndarray] = None,
+    max_windows: Optional[int] = None,
 ) -> List[np.ndarray]:
     """Improved plans at ``deadline_s``, starting from the best of ``plans``.
 
@@ -70,8 +72,11 @@ def polish(
         deadline_s: Iteration-time budget (s).
         max_nodes: Branch-and-bound nodes of each window MILP.
         window: Instructions per window.
-        passes: Sweeps over all windows.
+        passes: Sweeps over the windows.
         progress: Progress callback.
+        reference_j: Per node, an effective energy to compare with (e.g. the LP optimum's):
+            windows are then visited by how much the plan loses against it, most first.
+        max_windows: Windows per sweep (default: all).
 
     Returns:
         The improved plan (empty when nothing improved).
@@ -89,6 +94,11 @@ def polish(
         times = problem.opt_time[groups, current]
         order = np.argsort(earliest_finish(problem, times[None, :])[0] - times, kind="stable")
         starts = list(range(0, max(1, len(order) - step), step))
+        if reference_j is not None:
+            loss = problem.opt_effective[groups, current] - reference_j
+            score = [float(loss[order[s : s + window]].sum()) for s in starts]
+            starts = [starts[i] for i in np.argsort(score)[::-1].tolist()]
+        starts = starts[:max_windows]
         for k, first in enumerate(starts):
             report(
                 progress,

@@ -40,14 +40,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from perseus.planner.frontier import build_frontier
+from perseus.planner.frontier import build_frontier, density_gaps
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
 from perseus.planner.solvers.lp.bounds import lp_bound
-from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps
-from perseus.planner.solvers.lp.hull import group_hulls
+from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps, prove_empty
+from perseus.planner.solvers.lp.hull import GroupHull, group_hulls
 from perseus.planner.solvers.lp.layout import default_layout
 from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
 from perseus.planner.solvers.lp.polish import best_within, polish
@@ -58,10 +58,25 @@ from perseus.planner.solvers.lp.rounding import Rounder
 MAX_EXACT_NODES = 2048
 #: Largest problem (instructions) polished by default.
 POLISH_MAX_NODES = 800
+#: Frontier steps tried per solve by the emptiness proof.
+MAX_PROOFS = 4
+#: Windows polished per sweep (where rounding lost most against the LP).
+POLISH_WINDOWS = 12
 #: Polish only plans this far (fraction of the all-max energy) above the LP bound.
 POLISH_GAP = 0.0015
 #: LP solutions rounded together (bounds the memory of one rounding batch).
 _ROUND_BATCH = 64
+
+
+def lp_node_energy(
+    problem: PlanningProblem, hulls: List[GroupHull], solution: LPSolution
+) -> np.ndarray:
+    """Per node, the effective energy the LP optimum gives it (on its group's hull)."""
+    out = np.empty(problem.num_nodes)
+    for g, hull in enumerate(hulls):
+        nodes = np.flatnonzero(problem.node_group == g)
+        out[nodes] = np.interp(solution.durations_s[nodes], hull.time_s, hull.cost_j)
+    return out
 
 
 def time_range(problem: PlanningProblem) -> Tuple[float, float, float]:
@@ -96,6 +111,8 @@ class LPSolver(ChoiceSolver):
             10 s per 200 instructions on one core).
         polish_gap: Polish only when the best plan's energy is more than this fraction of the
             all-max energy above the LP bound with time windows (otherwise it gains little).
+        polish_windows: Windows polished per sweep: those where the plan loses most energy
+            against the LP optimum.
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
         gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
@@ -103,6 +120,8 @@ class LPSolver(ChoiceSolver):
             thousands of instructions take minutes each).
         max_exact_nodes: Largest problem (instructions) solved with the exact LP; larger
             1F1B problems share clocks in the steady state (:mod:`.layout`).
+        prove_gaps: Try to prove steps the gap filling left open empty (exact LP only);
+            :attr:`empty_gaps` lists the proven ones.
         deadlines_s: Solve only at these deadlines (e.g. the one an energy policy asks for)
             instead of sweeping; no gap filling then. A deadline below the fastest plan's
             iteration time is solved at that time.
@@ -119,9 +138,11 @@ class LPSolver(ChoiceSolver):
         polish_nodes: int = 10,
         polish_max_size: int = POLISH_MAX_NODES,
         polish_gap: float = POLISH_GAP,
+        polish_windows: int = POLISH_WINDOWS,
         max_gap_rel: float = MAX_GAP_REL,
-        gap_milps: int = 40,
+        gap_milps: int = 12,
         max_exact_nodes: int = MAX_EXACT_NODES,
+        prove_gaps: bool = True,
         deadlines_s: Optional[Sequence[float]] = None,
     ) -> None:
         """Store the sweep settings."""
@@ -134,10 +155,13 @@ class LPSolver(ChoiceSolver):
         self.polish_nodes = polish_nodes
         self.polish_max_size = polish_max_size
         self.polish_gap = polish_gap
+        self.polish_windows = polish_windows
         self.max_gap_rel = max_gap_rel
         self.gap_milps = gap_milps
         self.max_exact_nodes = max_exact_nodes
         self.deadlines_s = None if deadlines_s is None else [float(d) for d in deadlines_s]
+        self.prove_gaps = prove_gaps
+        self.empty_gaps: List[Tuple[float, float, str]] = []
         self.bounds: List[Tuple[float, float]] = []
         self.exact_bounds = True
         self.elapsed_s = 0.0
@@ -191,9 +215,24 @@ class LPSolver(ChoiceSolver):
                 max_milps=self.gap_milps if layout.is_identity else 0,
                 progress=progress,
             )
+            if layout.is_identity and self.prove_gaps:
+                self.empty_gaps = self._prove_gaps(problem, plans, progress)
         self.elapsed_s = time.perf_counter() - began
         report(progress, f"{len(plans)} candidate plans in {self.elapsed_s:.1f} s", 1.0)
         return plans
+
+    def _prove_gaps(
+        self, problem: PlanningProblem, plans: List[np.ndarray], progress: Optional[Progress]
+    ) -> List[Tuple[float, float, str]]:
+        """Steps still over ``max_gap_rel`` that hold no Pareto-optimal plan (see gaps)."""
+        frontier = build_frontier(problem, plans)
+        out = []
+        for k, (a, b) in enumerate(density_gaps(frontier, self.max_gap_rel)[:MAX_PROOFS]):
+            report(progress, f"proving gap {k + 1} empty", 1.0)
+            how = prove_empty(problem, a, b)
+            if how is not None:
+                out.append((a.iteration_time_s, b.iteration_time_s, how))
+        return out
 
     def _dive(self, model: HullLP, solution: LPSolution) -> List[LPSolution]:
         """LP optima with fractional classes pinned to their faster hull vertex."""
@@ -217,7 +256,7 @@ class LPSolver(ChoiceSolver):
         problem: PlanningProblem,
         model: HullLP,
         rounder: Rounder,
-        hulls: list,
+        hulls: List[GroupHull],
         solution: LPSolution,
         progress: Optional[Progress],
     ) -> List[np.ndarray]:
@@ -230,7 +269,16 @@ class LPSolver(ChoiceSolver):
             plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
         small = problem.num_nodes <= self.polish_max_size
         if self.polish_nodes > 0 and small and self._worth_polishing(problem, plans, deadline):
-            plans += polish(problem, plans, deadline, self.polish_nodes, progress=progress)
+            reference = lp_node_energy(problem, hulls, solution)
+            plans += polish(
+                problem,
+                plans,
+                deadline,
+                self.polish_nodes,
+                progress=progress,
+                reference_j=reference,
+                max_windows=self.polish_windows,
+            )
         return plans
 
     def _worth_polishing(
