@@ -4,8 +4,6 @@ An adapter wraps a framework's step boundary (one training iteration) and its fo
 backward regions, and calls only the hook contract (:class:`perseus.runtime.types.Hooks`) of
 the object :func:`perseus.runtime.context.optimizer_for` returns. Nothing here imports a
 framework.
-
-Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
 """
 
 from __future__ import annotations

@@ -15,11 +15,16 @@ Roles of wrapped entries:
 * ``recompute``: an activation recomputation that precedes a microbatch's backward pass (Merak);
   it begins the ``backward`` instruction, and the following ``backward`` entry ends it.
 
-Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
+A recomputation entry (Merak's ``RecomputeRecvGrad``) recomputes, then blocks until the next stage
+sends the gradient. That wait is not backward work: a receive function wrapped with
+:func:`wrap_receive` marks where it starts, and from there until the ``backward`` entry runs the
+hooks are told the instruction waits (``on_wait_begin`` / ``on_wait_end``, on hook objects that
+have them), so the instruction's time and energy are the recomputation plus the backward pass.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Dict, Optional
 
 from perseus.adapters._common import (
@@ -39,12 +44,42 @@ ROLES = (FORWARD, BACKWARD, RECOMPUTE)
 # Keys in the engine's instance ``__dict__`` (plain dict access: cheap on the critical path).
 ACTIVE_HOOKS = "_perseus_active_hooks"
 OPEN_INSTRUCTION = "_perseus_open_instruction"
+WAITING = "_perseus_waiting"
+
+# The state of the engine whose recomputation entry runs on this thread (for wrap_receive).
+_recomputing = threading.local()
 
 
 def active_hooks(engine: Any) -> Optional[Hooks]:
     """The hooks of the training step ``engine`` is running now, or ``None`` outside one."""
     hooks: Optional[Hooks] = vars(engine).get(ACTIVE_HOOKS)
     return hooks
+
+
+def _begin_wait(state: Dict[str, Any]) -> None:
+    """The recompute-begun instruction of this engine waits from now until its backward pass."""
+    if state.get(WAITING):
+        return
+    begin = getattr(state.get(ACTIVE_HOOKS), "on_wait_begin", None)
+    if begin is not None:
+        state[WAITING] = True
+        begin()
+
+
+def wrap_receive(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a framework's gradient receive: called inside a recomputation entry, it is a wait.
+
+    Elsewhere (a plain ``RecvGrad`` instruction, evaluation, no adapter hooks) the wrapper only
+    calls ``original``.
+    """
+
+    def receive(*args: Any, **kwargs: Any) -> Any:
+        state = getattr(_recomputing, "state", None)
+        if state is not None:
+            _begin_wait(state)
+        return original(*args, **kwargs)
+
+    return mark_wrapped(receive, original)
 
 
 def _wrap_instruction(original: Callable[..., Any], role: str) -> Callable[..., Any]:
@@ -59,14 +94,22 @@ def _wrap_instruction(original: Callable[..., Any], role: str) -> Callable[..., 
                 return original(self, *args, **kwargs)
             hooks.on_instruction_begin(name)
             state[OPEN_INSTRUCTION] = name
+            outer = getattr(_recomputing, "state", None)
+            _recomputing.state = state
             ok = False
             try:
                 result = original(self, *args, **kwargs)
                 ok = True
                 return result
             finally:
-                if not ok:
+                _recomputing.state = outer
+                if ok:
+                    # Whatever runs until the backward pass (the gradient receive, sends) is
+                    # not this instruction's work.
+                    _begin_wait(state)
+                else:
                     state[OPEN_INSTRUCTION] = None
+                    state.pop(WAITING, None)
                     hooks.on_instruction_end(name)
 
     else:
@@ -78,6 +121,8 @@ def _wrap_instruction(original: Callable[..., Any], role: str) -> Callable[..., 
                 return original(self, *args, **kwargs)
             if state.get(OPEN_INSTRUCTION) == name:
                 state[OPEN_INSTRUCTION] = None  # begun by the recomputation before it
+                if state.pop(WAITING, False):
+                    hooks.on_wait_end()
             else:
                 hooks.on_instruction_begin(name)
             try:
@@ -89,12 +134,16 @@ def _wrap_instruction(original: Callable[..., Any], role: str) -> Callable[..., 
 
 
 def _wrap_train(
-    original: Callable[..., Any], rank_of: Callable[[Any], RankInfo]
+    original: Callable[..., Any],
+    rank_of: Callable[[Any], RankInfo],
+    before_step: Optional[Callable[[Any], None]] = None,
 ) -> Callable[..., Any]:
     def train_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = vars(self)
         if state.get(ACTIVE_HOOKS) is not None:  # re-entered (a subclass calling super)
             return original(self, *args, **kwargs)
+        if before_step is not None:
+            before_step(self)
         hooks = hooks_for(rank_of(self), self)
         hooks.on_step_begin()
         state[ACTIVE_HOOKS] = hooks
@@ -102,6 +151,7 @@ def _wrap_train(
             return original(self, *args, **kwargs)
         finally:
             state[ACTIVE_HOOKS] = None
+            state.pop(WAITING, None)  # the optimizer ends a wait with its instruction
             left_open = state.pop(OPEN_INSTRUCTION, None)
             try:
                 if left_open is not None:
@@ -120,6 +170,9 @@ class InstructionMapAdapter:
         roles: Instruction class -> role (``forward``, ``backward``, ``recompute``).
         rank_of: Reads the :class:`RankInfo` of an engine instance.
         step_method: Name of the method that runs one training iteration.
+        before_step: Called with the engine at the start of every training iteration.
+        patch_more: Applies further framework-specific patches through the adapter's
+            :class:`PatchSet` (undone with the rest).
     """
 
     def __init__(
@@ -128,6 +181,8 @@ class InstructionMapAdapter:
         roles: Dict[type, str],
         rank_of: Callable[[Any], RankInfo],
         step_method: str = "train_batch",
+        before_step: Optional[Callable[[Any], None]] = None,
+        patch_more: Optional[Callable[[PatchSet], None]] = None,
     ) -> None:
         unknown = sorted(set(roles.values()) - set(ROLES))
         if unknown:
@@ -136,6 +191,8 @@ class InstructionMapAdapter:
         self.roles = dict(roles)
         self.rank_of = rank_of
         self.step_method = step_method
+        self.before_step = before_step
+        self.patch_more = patch_more
         self._patches = PatchSet()
 
     @property
@@ -151,13 +208,16 @@ class InstructionMapAdapter:
         instruction_map = cls._INSTRUCTION_MAP  # type: ignore[attr-defined]
         step = getattr(cls, self.step_method)
         if not is_wrapped(step):
-            self._patches.set_attr(cls, self.step_method, _wrap_train(step, self.rank_of))
+            wrapped = _wrap_train(step, self.rank_of, self.before_step)
+            self._patches.set_attr(cls, self.step_method, wrapped)
         for instruction_class, role in self.roles.items():
             entry = instruction_map[instruction_class]
             if not is_wrapped(entry):
                 self._patches.set_item(
                     instruction_map, instruction_class, _wrap_instruction(entry, role)
                 )
+        if self.patch_more is not None:
+            self.patch_more(self._patches)
 
     def unpatch(self) -> None:
         """Put the original step method and map entries back."""

@@ -1,8 +1,6 @@
 """Rank information of DeepSpeed-style pipeline engines (DeepSpeed and Merak).
 
 Both engines carry a process grid (``engine.grid``) with the same method names.
-
-Runs on Python 3.9 with torch 1.10 (the Merak runtime path).
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ What is patched (DeepSpeed 0.19.x, ``deepspeed.runtime.pipe.engine.PipelineEngin
 ``eval_batch`` runs forward passes outside ``train_batch``; those are not reported. Every engine
 gets its own optimizer (``optimizer_for(rank, key=engine)``); its stage, data- and
 tensor-parallel ranks come from the engine's process grid. :func:`unpatch` restores everything.
-
-Runs on Python 3.9.
 """
 
 from __future__ import annotations

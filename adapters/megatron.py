@@ -16,8 +16,6 @@ reported. Ranks come from ``megatron.core.parallel_state``; the interleaved sche
 chunk of the running instruction is :func:`current_model_chunk` (forward: the schedule's
 ``vp_stage`` argument; backward: the chunk whose forward produced the output being
 back-propagated). :func:`unpatch` restores the module.
-
-Runs on Python 3.9.
 """
 
 from __future__ import annotations

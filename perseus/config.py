@@ -1,12 +1,14 @@
 """Structured configuration: one dataclass per config group, registered in Hydra's ConfigStore.
 
 The YAML files under ``conf/`` only pick values; these dataclasses define which keys exist, so a
-misspelled key (in a YAML file or a command-line override) fails with the key named. Core classes
+misspelled key (in a YAML file or a command-line override) fails with the key named, and the
+keys with a fixed set of values are enums, so a bad value fails with the choices listed
+(``energy.policy=fastest`` -> ``expected one of [no_slowdown, slowdown, ...]``). Core classes
 take these dataclasses (or plain values), never a ``DictConfig``: apps convert once with
-:func:`to_object`.
+:func:`to_object`. The keys are listed in ``docs/design.md`` ("Configuration").
 
-This module runs on Python 3.9 (the Merak runtime path): keep ``Optional``/``List`` annotations,
-OmegaConf evaluates them at run time.
+Annotations stay ``Optional``/``List``: OmegaConf evaluates them at run time, also on the oldest
+supported Python.
 """
 
 from __future__ import annotations
@@ -14,22 +16,58 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from perseus.errors import ConfigError
-
-ENERGY_POLICIES = (
-    "no_slowdown",
-    "slowdown",
-    "deadline",
-    "min_energy",
-    "max_speed",
-    "zeus_cost",
-    "power_limit",
+from perseus.config_enums import (
+    PIPELINE_POLICIES,
+    ConfigChoice,
+    EnergyPolicy,
+    Framework,
+    GPUBackend,
+    GPUOnUnsupported,
+    PlannerScope,
+    PowerLimitSelector,
+    ProfilerMode,
+    RuntimeMode,
 )
-FRAMEWORKS = ("deepspeed", "megatron", "merak", "torch")
-GPU_BACKENDS = ("auto", "nvml", "emulated")
-SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
-PROFILER_MODES = ("fast", "sweep")
-RUNTIME_MODES = ("measure", "max_speed", "plan", "online")
+from perseus.errors import ConfigError
+from perseus.schedule import SCHEDULES  # names like "1f1b" cannot be enum members
+
+__all__ = [
+    "PIPELINE_POLICIES",
+    "ConfigChoice",
+    "EnergyPolicy",
+    "Framework",
+    "GPUBackend",
+    "GPUOnUnsupported",
+    "PerseusConfig",
+    "PlannerScope",
+    "PowerLimitSelector",
+    "ProfilerMode",
+    "RuntimeMode",
+    "to_object",
+    "validate",
+]
+
+ETA_RANGE = (0.0, 1.0)
+
+
+def eta_problem(eta: float, key: str = "energy.eta") -> Optional[str]:
+    """Why ``eta`` (weight of energy in ``eta * E + (1 - eta) * P_max * T``) is invalid, or None."""
+    low, high = ETA_RANGE
+    if not (low <= eta <= high):
+        return f"{key}={eta}: must be within [{low:g}, {high:g}] (1 = energy only)"
+    return None
+
+
+def check_eta(eta: float, key: str = "energy.eta") -> float:
+    """``eta`` if it is within :data:`ETA_RANGE`.
+
+    Raises:
+        ConfigError: naming the key and the range.
+    """
+    problem = eta_problem(eta, key)
+    if problem:
+        raise ConfigError(problem)
+    return eta
 
 
 @dataclass
@@ -85,7 +123,7 @@ class PowerLimitConfig:
     warmup_steps: int = 5
     profile_steps: int = 10
     # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
-    selector: str = "zeus_cost"
+    selector: PowerLimitSelector = PowerLimitSelector.zeus_cost
     # max_slowdown selector: least energy within this fraction of the fastest limit's time.
     max_slowdown: float = 0.1
     # JSON file of measured tables; a matching saved table (job_id, GPU, limits) skips profiling.
@@ -98,7 +136,7 @@ class PowerLimitConfig:
 class EnergyConfig:
     """The energy policy (config group ``energy``)."""
 
-    policy: str = "no_slowdown"
+    policy: EnergyPolicy = EnergyPolicy.no_slowdown
     # slowdown: allowed iteration-time increase over all-max, as a fraction (0.05 = 5 %).
     max_slowdown: Optional[float] = None
     # deadline: target iteration time in seconds.
@@ -112,7 +150,7 @@ class EnergyConfig:
 class FrameworkConfig:
     """The training framework and its adapter (config group ``framework``)."""
 
-    name: str = "deepspeed"
+    name: Framework = Framework.deepspeed
     options: Any = field(default_factory=dict)
 
 
@@ -120,7 +158,7 @@ class FrameworkConfig:
 class EmulatedGPUConfig:
     """Device model used when no NVIDIA GPU is usable."""
 
-    # Device profile CSV (DESIGN §3.1 format); None = the bundled A100 profile.
+    # Device profile CSV (the profile CSV format); None = the bundled A100 profile.
     profile: Optional[str] = None
     # Multiply every profiled time and energy by this (small = quick demo runs).
     time_scale: float = 1.0
@@ -134,18 +172,25 @@ class EmulatedGPUConfig:
     # Sleep so instructions last their profiled time (off only for hook benchmarks).
     sleep: bool = True
     seed: int = 0
+    # Queue work like CUDA: instruction hooks return at once, the work runs on a virtual device
+    # timeline at the clocks in force while it runs, synchronize() waits for it.
+    asynchronous: bool = False
 
 
 @dataclass
 class GPUConfig:
     """GPU backend (config group ``gpu``)."""
 
-    backend: str = "auto"
+    backend: GPUBackend = GPUBackend.auto
     # Log every clock / power change instead of making it.
     dry_run: bool = False
     # Where restoration state files live (SIGKILL recovery).
     state_dir: Optional[str] = None
     lock_memory_clock: bool = False
+    # When the start-up check finds the GPU cannot do what the job needs (lock clocks, set power
+    # limits, ...): error stops before step 1; measure_only trains without changing clocks or
+    # power limits, measuring time and energy, with one warning.
+    on_unsupported: GPUOnUnsupported = GPUOnUnsupported.error
     emulated: EmulatedGPUConfig = field(default_factory=EmulatedGPUConfig)
 
 
@@ -155,7 +200,7 @@ class ProfilerConfig:
 
     enabled: bool = True
     # sweep: one frequency per (stage, instruction) per window; fast: several per iteration.
-    mode: str = "fast"
+    mode: ProfilerMode = ProfilerMode.fast
     # Stop lowering the frequency once energy rose this many times in a row.
     energy_rise_patience: int = 5
     warmup_instructions: int = 2
@@ -195,7 +240,7 @@ class PlannerConfig:
     stages: Optional[List[int]] = None
     # frontier (every Pareto-optimal plan) | policy (only the energy policy's plan) | auto
     # (the frontier unless it is estimated to exceed max_solve_s, then the policy's plan).
-    scope: str = "auto"
+    scope: PlannerScope = PlannerScope.auto
     # perseus-plan refuses work estimated to take longer than this on one core (s).
     max_solve_s: float = 600.0
 
@@ -226,14 +271,34 @@ class ServerConfig:
     start_timeout_s: float = 60.0
     # Job id all ranks of one job share; None = PERSEUS_JOB_ID, else derived from the launch.
     job_id: Optional[str] = None
+    # Ranks: schedules fetched this many iterations ahead (never waited for).
+    prefetch_steps: int = 2
+    # Ranks: a stage's ranks combine their measurements through the job's process groups and
+    # only the stage's leader talks to the server.
+    combine_stage: bool = True
+    # Server: largest request body (streamed bodies included), jobs held at once, and memory
+    # budgets of one job's state and of all jobs' state (estimated at registration).
+    max_body_mb: float = 16.0
+    max_jobs: int = 1024
+    max_job_state_mb: float = 256.0
+    max_state_mb: float = 1024.0
+    # Server: worker processes estimating profiles and planning (0: a thread of the server),
+    # and BLAS threads per process.
+    profiler_workers: int = 1
+    planner_workers: int = 1
+    blas_threads: int = 1
+    # Server: keep every job in <dump_dir>/state.sqlite; a restarted server goes on with them.
+    persist: bool = True
+    # Server: a measured plan slower than its policy allows by more than this fraction (or the
+    # measured noise, if larger) falls back to max speed.
+    plan_slowdown_tolerance: float = 0.03
 
 
 @dataclass
 class RuntimeConfig:
     """Hook runtime inside every training rank."""
 
-    # measure | max_speed | plan | online
-    mode: str = "online"
+    mode: RuntimeMode = RuntimeMode.online
     plan: Optional[str] = None
     trace: bool = False
     # Check that instructions arrive as the plan expects.
@@ -255,6 +320,9 @@ class TrainConfig:
     master_port: int = 29500
     nproc_per_node: Optional[int] = None
     progress: bool = True
+    # Interpreter the ranks run (None = the launcher's own); framework=merak needs Merak's
+    # Python 3.9 environment here (scripts/merak-env prints its path).
+    python: Optional[str] = None
 
 
 @dataclass
@@ -272,14 +340,6 @@ class PerseusConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     output_dir: Optional[str] = None
-
-
-def register_configs() -> None:
-    """Register the schema in Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="perseus_schema", node=PerseusConfig)
 
 
 def to_object(cfg: Any) -> PerseusConfig:
@@ -311,17 +371,16 @@ def validate(cfg: PerseusConfig) -> None:
     if par.schedule not in SCHEDULES:
         problems.append(f"parallelism.schedule={par.schedule!r}: choose one of {SCHEDULES}")
     problems += _energy_problems(cfg.energy)
-    if cfg.framework.name not in FRAMEWORKS:
-        problems.append(f"framework={cfg.framework.name!r}: choose one of {FRAMEWORKS}")
+    problems += _choice_problems(cfg)
     if cfg.energy.policy == "power_limit" and cfg.framework.name != "torch":
         problems.append(
             "energy=power_limit is for jobs without pipeline parallelism: "
             "add framework=torch (or pick a pipeline policy such as energy=no_slowdown)"
         )
-    if cfg.gpu.backend not in GPU_BACKENDS:
-        problems.append(f"gpu={cfg.gpu.backend!r}: choose one of {GPU_BACKENDS}")
     if cfg.gpu.emulated.time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
+    if cfg.gpu.emulated.asynchronous and not cfg.gpu.emulated.sleep:
+        problems.append("gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true")
     problems += _runtime_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
@@ -331,8 +390,6 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
     """Problems of the keys the training processes use: profiler, server, runtime, planner."""
     problems: List[str] = []
     prof = cfg.profiler
-    if prof.mode not in PROFILER_MODES:
-        problems.append(f"profiler.mode={prof.mode!r}: choose one of {PROFILER_MODES}")
     for key in ("energy_rise_patience", "frequency_step"):
         if getattr(prof, key) < 1:
             problems.append(f"profiler.{key}={getattr(prof, key)}: must be >= 1")
@@ -340,17 +397,56 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
         problems.append(f"planner.time_unit_s={cfg.planner.time_unit_s}: must be > 0 seconds")
     if not (0 < cfg.server.port < 65536):
         problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
-    if cfg.runtime.mode not in RUNTIME_MODES:
-        problems.append(f"runtime.mode={cfg.runtime.mode!r}: choose one of {RUNTIME_MODES}")
+    problems += _server_problems(cfg.server)
     if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
         problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
     return problems
 
 
+def _server_problems(server: ServerConfig) -> List[str]:
+    """Ranges of the server's own keys (workers, budgets, prefetching)."""
+    problems = []
+    for key, low in (
+        ("prefetch_steps", 1),
+        ("max_jobs", 1),
+        ("profiler_workers", 0),
+        ("planner_workers", 0),
+        ("blas_threads", 1),
+    ):
+        if getattr(server, key) < low:
+            problems.append(f"server.{key}={getattr(server, key)}: must be an integer >= {low}")
+    for key in ("max_body_mb", "max_job_state_mb", "max_state_mb"):
+        value = getattr(server, key)
+        if not 0 < value < float("inf"):
+            problems.append(f"server.{key}={value}: must be a positive number of MB")
+    if not 0 <= server.plan_slowdown_tolerance <= 1:
+        problems.append(
+            f"server.plan_slowdown_tolerance={server.plan_slowdown_tolerance}: must be a "
+            "fraction in [0, 1]"
+        )
+    return problems
+
+
+def _choice_problems(cfg: PerseusConfig) -> List[str]:
+    """Enum keys set to a bad string (OmegaConf checks them; a dataclass built in code is not)."""
+    problems = []
+    for key, value, enum in (
+        ("energy", cfg.energy.policy, EnergyPolicy),
+        ("energy.power_limit.selector", cfg.energy.power_limit.selector, PowerLimitSelector),
+        ("framework", cfg.framework.name, Framework),
+        ("gpu", cfg.gpu.backend, GPUBackend),
+        ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
+        ("profiler.mode", cfg.profiler.mode, ProfilerMode),
+        ("runtime.mode", cfg.runtime.mode, RuntimeMode),
+    ):
+        if value not in {m.value for m in enum}:
+            choices = ", ".join(m.value for m in enum)
+            problems.append(f"{key}={value!r}: choose one of {choices}")
+    return problems
+
+
 def _energy_problems(energy: EnergyConfig) -> List[str]:
     problems: List[str] = []
-    if energy.policy not in ENERGY_POLICIES:
-        return [f"energy={energy.policy!r}: choose one of {ENERGY_POLICIES}"]
     if energy.policy == "slowdown" and (energy.max_slowdown is None or energy.max_slowdown < 0):
         problems.append(
             "energy=slowdown needs energy.max_slowdown=<fraction >= 0>, e.g. 0.05 for 5 %"
@@ -359,12 +455,7 @@ def _energy_problems(energy: EnergyConfig) -> List[str]:
         energy.iteration_time_s is None or energy.iteration_time_s <= 0
     ):
         problems.append("energy=deadline needs energy.iteration_time_s=<seconds > 0>")
-    if not (0.0 <= energy.eta <= 1.0):
-        problems.append(f"energy.eta={energy.eta}: must be within [0, 1]")
-    selectors = ("zeus_cost", "energy", "time", "max_slowdown")
-    if energy.power_limit.selector not in selectors:
-        problems.append(
-            f"energy.power_limit.selector={energy.power_limit.selector!r}: choose one of "
-            f"{selectors}"
-        )
+    eta = eta_problem(energy.eta)
+    if eta:
+        problems.append(eta)
     return problems

@@ -55,6 +55,14 @@ class GPUOwnershipError(GPUError):
     """Another controller already owns this GPU's clocks or power limit."""
 
 
+class GPUTimeoutError(GPUError):
+    """A GPU driver call did not return in time (the driver is not responding)."""
+
+
+class GPUPreflightError(GPUError):
+    """A rank's start-up check found that its GPU cannot do what the job needs."""
+
+
 class AdapterError(PerseusError, RuntimeError):
     """A framework adapter cannot patch the installed framework (missing or changed names)."""
 

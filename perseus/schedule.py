@@ -12,8 +12,6 @@ Three schedules, each given as a per-stage list in execution order:
   in turn; backwards visit the chunks in reverse. Warm-up is ``2 (S - s - 1) + (v - 1) S``
   virtual microbatches (capped at the total). Like Megatron, it needs ``S >= 2`` and ``N`` a
   multiple of ``S``.
-
-Standard library only (this module is on the training-process path, Python 3.9).
 """
 
 from __future__ import annotations

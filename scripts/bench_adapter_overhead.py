@@ -155,7 +155,7 @@ def _best(run: Callable[[], None], iterations: int, repeats: int = 5) -> float:
 def _hooks_factory(kind: str) -> Callable[[RankInfo], Any]:
     if kind == "null":
         return lambda rank: NullHooks()
-    return lambda rank: PerseusOptimizer(rank, NullGPU(), MeasureSource(), max_steps_kept=4)
+    return lambda rank: PerseusOptimizer.on_gpu(rank, NullGPU(), MeasureSource(), max_steps_kept=4)
 
 
 def main() -> None:

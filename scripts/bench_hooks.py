@@ -7,6 +7,14 @@ bookkeeping and its (synchronous) clock changes. Two more figures use a GPU whos
 nothing: the runtime alone, and the runtime handing clock changes to its background controller
 thread (the path real GPUs take). Target: <= 20 us per pair.
 
+Synchronization: every hook synchronizes the device before it changes a clock or stamps time
+(four syncs per instruction pair plus two per step). Its cost is reported three ways: one
+``CudaSynchronizer`` call in a process that never initialized CUDA (the CPU path: a no-op),
+the per-pair cost of the null GPU with that synchronizer against the null GPU without, and —
+where CUDA is usable — ``torch.cuda.synchronize`` on an idle device (on a busy one the wait is
+the queued work itself, which the stamps must include). The emulated GPU's asynchronous mode
+is timed too (its synchronize advances a virtual device timeline).
+
 Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M]
 The last line is ``hook_overhead_us=<float>`` (emulated GPU, plan mode).
 """
@@ -19,11 +27,12 @@ import statistics
 import time
 from typing import Any, List, Tuple
 
+from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.profile_csv import Profile
 from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU
-from perseus.gpu.guard import GPUGuard
-from perseus.plan import Plan, PlanStep
-from perseus.profile import Profile
+from perseus.gpu.sync import CudaSynchronizer
+from perseus.profiler.virtual_run import VirtualClock
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
 from perseus.runtime.types import RankInfo
@@ -76,6 +85,44 @@ class NullGPU(GPU):
         return 0
 
 
+class CudaSyncNullGPU(NullGPU):
+    """The null GPU synchronizing like the NVML GPU does (torch.cuda, when CUDA is in use)."""
+
+    def __init__(self) -> None:
+        self.synchronize = CudaSynchronizer(0)  # type: ignore[method-assign]
+
+
+def sync_call_ns(calls: int = 200_000) -> float:
+    """Median cost of one CudaSynchronizer call (ns) in this process."""
+    sync = CudaSynchronizer(0)
+    perf = time.perf_counter
+    runs = []
+    for _ in range(5):
+        t0 = perf()
+        for _ in range(calls):
+            sync()
+        runs.append((perf() - t0) / calls * 1e9)
+    return statistics.median(runs)
+
+
+def cuda_sync_us() -> str:
+    """``torch.cuda.synchronize`` on an idle device where CUDA is usable (else why not)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "not measured: no CUDA device here"
+    x = torch.ones(1, device="cuda:0")
+    (x + 1).sum().item()
+    perf = time.perf_counter
+    runs = []
+    for _ in range(5):
+        t0 = perf()
+        for _ in range(1000):
+            torch.cuda.synchronize(0)
+        runs.append((perf() - t0) / 1000 * 1e6)
+    return f"{statistics.median(runs):.2f} us per call (idle device)"
+
+
 def synthetic_profile() -> Profile:
     rows = []
     for stage in range(NUM_STAGES):
@@ -107,13 +154,8 @@ def make_plan(num_mb: int) -> Plan:
 
 def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:
     """Median and best per-pair cost (us) over iterations."""
-    guard = GPUGuard(gpu, owner="bench").acquire()
-    opt = PerseusOptimizer(
-        RankInfo(stage=stage, num_stages=NUM_STAGES),
-        gpu,
-        PlanSource(plan, stage),
-        guard=guard,
-        owns_guard=True,
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=NUM_STAGES), gpu, PlanSource(plan, stage)
     )
     names = [s.instruction for s in plan.stages[stage]]
     begin, end = opt.on_instruction_begin, opt.on_instruction_end
@@ -140,6 +182,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--microbatches", type=int, default=32)
     args = parser.parse_args()
+    import torch  # noqa: F401  # as in a training process: the synchronizer then asks torch.cuda
+
     plan = make_plan(args.microbatches)
     stage = 1
     num_pairs = len(plan.stages[stage])
@@ -158,6 +202,24 @@ def main() -> None:
     threaded.fast_clock_changes = False  # clock changes go through the controller thread
     thr_med, thr_best = time_pairs_us(threaded, plan, stage, args.iterations)
     print(f"null GPU, controller thread: median {thr_med:.2f} us/pair, best {thr_best:.2f}")
+    syncing_med, syncing_best = time_pairs_us(CudaSyncNullGPU(), plan, stage, args.iterations)
+    print(f"null GPU + CUDA sync:       median {syncing_med:.2f} us/pair, best {syncing_best:.2f}")
+    print(
+        f"sync cost: {sync_call_ns():.0f} ns per CudaSynchronizer call without CUDA in use; "
+        f"{syncing_med - null_med:+.2f} us per pair (median vs null GPU)"
+    )
+    print(f"torch.cuda.synchronize: {cuda_sync_us()}")
+    clock = VirtualClock()
+    async_emu: Any = EmulatedGPU(
+        synthetic_profile(),
+        blocking_power_w=83.64,
+        num_pipeline_stages=NUM_STAGES,
+        asynchronous=True,
+        clock=clock,
+        sleeper=clock.sleep,
+    )
+    async_med, async_best = time_pairs_us(async_emu, plan, stage, args.iterations)
+    print(f"emulated GPU, asynchronous: median {async_med:.2f} us/pair, best {async_best:.2f}")
     emu: Any = EmulatedGPU(
         synthetic_profile(), blocking_power_w=83.64, sleep=False, num_pipeline_stages=NUM_STAGES
     )

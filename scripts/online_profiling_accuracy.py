@@ -14,17 +14,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, bundled_profile_names, bundled_profile_path
-from perseus.profile import load_profile
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
+from perseus.profiler.virtual_run import VirtualClock, profile_errors, run_step
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import VirtualClock, profile_errors, run_step
 
 
 def profile_once(
@@ -37,7 +33,7 @@ def profile_once(
     max_iterations: int = 40,
     seed: int = 0,
 ) -> dict:
-    device = load_profile(bundled_profile_path(name))
+    device = read_profile_csv(bundled_profile_path(name))
     gpus = []
     for stage in range(pp):
         clock = VirtualClock(1000.0 + 0.0137 * stage + 0.0071 * seed)

@@ -15,7 +15,9 @@ class BatchSizeSweeperConf:
     """``hydra.sweeper.*`` keys.
 
     ``batch_sizes`` and ``default_batch_size`` are required; ``batch_size_key`` names the config
-    key each run's batch size is written to (as a command-line override).
+    key each run's batch size is written to (as a command-line override). ``reset`` starts the
+    job's search over before the first run; ``retry_failed`` tries again the batch sizes of a
+    pruning round in which all failed (see ``BatchSizeOptimizer.reset`` / ``retry_failed``).
     """
 
     _target_: str = "hydra_plugins.perseus_batch_size_sweeper.sweeper.BatchSizeSweeper"
@@ -31,8 +33,11 @@ class BatchSizeSweeperConf:
     target_metric: float = 1.0
     higher_is_better: bool = True
     max_power_w: float = 300.0
-    num_pruning_rounds: int = 2
+    num_pruning_rounds: int = 1
+    num_exploration: int = 1
     seed: int = 0
+    reset: bool = False
+    retry_failed: bool = False
 
 
 ConfigStore.instance().store(

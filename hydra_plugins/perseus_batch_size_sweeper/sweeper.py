@@ -13,9 +13,15 @@ A job reports its run in one of two ways:
 * **At the end**: the task function returns a mapping with ``time_s``, ``energy_j`` and
   ``reached_target`` (bool) or ``metric``; the sweeper reports it.
 
-A job that raises counts as a run that missed the target. Runs are launched one at a time: each
-choice depends on the previous outcome. Works with the in-process launcher; remote launchers
-(e.g. submitit) get the override, and the job must report by its return value.
+A job that raises counts as a failed run. Runs are launched one at a time: each choice depends
+on the previous outcome. Works with the in-process launcher; remote launchers (e.g. submitit)
+get the override, and the job must report by its return value. A job using
+:class:`perseus.batch_size.RecurringJob` reports by itself (and profiles the power limit per
+batch size).
+
+When every batch size of a pruning round has failed, the sweep stops with an error that says
+which failed and why; ``hydra.sweeper.retry_failed=true`` (after fixing the cause) or
+``hydra.sweeper.reset=true`` goes on.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from perseus.batch_size.env import run_environment
-from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.optimizer import REASON_ERROR, BatchSizeOptimizer
 from perseus.batch_size.store import RUNNING
 from perseus.errors import ConfigError
 
@@ -50,6 +56,8 @@ class BatchSizeSweeper(Sweeper):
         batch_sizes: Sequence[int],
         default_batch_size: Optional[int],
         num_runs: int,
+        reset: bool = False,
+        retry_failed: bool = False,
         **optimizer_args: Any,
     ) -> None:
         if not batch_sizes or default_batch_size is None:
@@ -65,6 +73,8 @@ class BatchSizeSweeper(Sweeper):
         self.batch_sizes = [int(b) for b in batch_sizes]
         self.default_batch_size = int(default_batch_size)
         self.num_runs = num_runs
+        self.reset = reset
+        self.retry_failed = retry_failed
         self.optimizer_args = optimizer_args
         self.launcher: Optional[Launcher] = None
         self.hydra_context: Optional[HydraContext] = None
@@ -95,6 +105,10 @@ class BatchSizeSweeper(Sweeper):
         )
         results = []
         try:
+            if self.reset:
+                opt.reset()
+            if self.retry_failed:
+                opt.retry_failed()
             for index in range(self.num_runs):
                 batch_size = opt.next_batch_size()
                 assert opt.run_id is not None
@@ -138,7 +152,7 @@ class BatchSizeSweeper(Sweeper):
             log.warning(
                 "run %d (batch size %d) failed: %s", run.run_id, run.batch_size, job._return_value
             )
-            return opt.report_run(reached_target=False)
+            return opt.report_run(reached_target=False, reason=REASON_ERROR)
         value = job.return_value
         if not isinstance(value, dict) and not hasattr(value, "get"):
             return opt.report_run()

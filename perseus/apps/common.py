@@ -13,17 +13,28 @@ import functools
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
-from perseus.config import PerseusConfig, register_configs, to_object
+from perseus.config import PerseusConfig, to_object
 from perseus.errors import PerseusError
 
 CONFIG_PATH = "pkg://perseus.conf"
 ERROR_EXIT_CODE = 2
 
 AppFunction = Callable[[PerseusConfig, Path], Optional[int]]
+Converter = Callable[[Any], PerseusConfig]
 
 logger = logging.getLogger(__name__)
+
+
+def register_configs(schemas: Optional[Dict[str, Any]] = None) -> None:
+    """Register the configuration schema (and an app's own ``schemas``) in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="perseus_schema", node=PerseusConfig)
+    for name, node in (schemas or {}).items():
+        store.store(name=name, node=node)
 
 
 def run_dir() -> Path:
@@ -43,13 +54,16 @@ def report_error(prog: str, exc: BaseException) -> None:
     sys.stderr.flush()
 
 
-def run_app(prog: str, fn: AppFunction, raw_cfg: object) -> Optional[int]:
+def run_app(
+    prog: str, fn: AppFunction, raw_cfg: object, convert: Converter = to_object
+) -> Optional[int]:
     """Convert ``raw_cfg``, call ``fn(cfg, run_dir())`` and map PerseusError to exit code 2.
 
     Args:
         prog: The command name used in error messages (``perseus-plan``).
         fn: The app body.
         raw_cfg: The ``DictConfig`` Hydra composed.
+        convert: Types and validates it (default :func:`perseus.config.to_object`).
 
     Returns:
         Whatever ``fn`` returned.
@@ -59,7 +73,7 @@ def run_app(prog: str, fn: AppFunction, raw_cfg: object) -> Optional[int]:
             ``fn``'s non-zero return value.
     """
     try:
-        cfg = to_object(raw_cfg)
+        cfg = convert(raw_cfg)
         code = fn(cfg, run_dir())
     except PerseusError as exc:
         report_error(prog, exc)
@@ -69,7 +83,13 @@ def run_app(prog: str, fn: AppFunction, raw_cfg: object) -> Optional[int]:
     return code
 
 
-def hydra_app(config_name: str, prog: str) -> Callable[[AppFunction], Callable[[], None]]:
+def hydra_app(
+    config_name: str,
+    prog: str,
+    *,
+    schemas: Optional[Dict[str, Any]] = None,
+    convert: Converter = to_object,
+) -> Callable[[AppFunction], Callable[[], None]]:
     """Decorator making a Hydra console-script ``main`` out of ``fn(cfg, out_dir)``.
 
     Example::
@@ -80,26 +100,45 @@ def hydra_app(config_name: str, prog: str) -> Callable[[AppFunction], Callable[[
     Args:
         config_name: Primary config in ``conf/`` (``perseus_plan``, ``perseus_train``, ...).
         prog: Command name for error messages.
+        schemas: The app's own structured configs (name -> dataclass), beside
+            ``perseus_schema``.
+        convert: Turns the composed config into the :class:`PerseusConfig` ``fn`` takes.
 
     Returns:
         A decorator; the decorated name becomes a no-argument ``main()`` that parses
         ``sys.argv`` the Hydra way (overrides, ``-m``, ``--cfg job``, ``--help``).
     """
-    import hydra
-
-    register_configs()
 
     def decorate(fn: AppFunction) -> Callable[[], None]:
         @functools.wraps(fn)
         def task(raw_cfg: object) -> None:
-            run_app(prog, fn, raw_cfg)
-
-        main = hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base=None)(task)
+            run_app(prog, fn, raw_cfg, convert)
 
         @functools.wraps(fn)
         def entry() -> None:
-            main()
+            try:
+                import hydra
+            except ImportError as exc:
+                report_error(prog, MissingExtraError(prog, exc))
+                raise SystemExit(ERROR_EXIT_CODE) from None
+            register_configs(schemas)
+            hydra.main(config_path=CONFIG_PATH, config_name=config_name, version_base=None)(task)()
 
         return entry
 
     return decorate
+
+
+# The pip extra each command needs beyond the core installation.
+EXTRA_OF = {"perseus-plan": "planner", "perseus-server": "server", "perseus-train": "train"}
+
+
+class MissingExtraError(PerseusError):
+    """A command's dependencies are not installed (the core installation lacks them)."""
+
+    def __init__(self, prog: str, exc: ImportError) -> None:
+        extra = EXTRA_OF.get(prog, "all")
+        super().__init__(
+            f"{prog} needs packages this installation lacks ({exc}); install them with "
+            f"`pip install 'perseus-energy[{extra}]'`"
+        )

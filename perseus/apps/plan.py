@@ -5,7 +5,8 @@ Usage::
     perseus-plan planner.profile=profile.csv parallelism.num_microbatches=12 \\
         planner.p2p_power_w=83.64 energy=slowdown energy.max_slowdown=0.05 hydra.run.dir=out
 
-Writes into Hydra's run directory (``hydra.run.dir=...`` moves it):
+Writes into Hydra's run directory (``hydra.run.dir=...`` moves it), through
+:mod:`perseus.formats.plan_outputs`:
 
 * ``frontier.csv``: one row per frontier plan (re-simulated): plan_id, iteration_time_s, energy_j,
   slowdown and saving against the all-max plan, is_allmax, is_chosen, plan_file;
@@ -24,7 +25,6 @@ Writes into Hydra's run directory (``hydra.run.dir=...`` moves it):
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from perseus.apps.common import hydra_app
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.formats import plan_outputs
 
 if TYPE_CHECKING:
+    from perseus.formats.profile_csv import Profile
     from perseus.planner.frontier import Frontier, FrontierPoint
     from perseus.planner.problem import PlanningProblem
-    from perseus.profile import Profile
 
 logger = logging.getLogger("perseus.plan")
 
@@ -69,15 +70,15 @@ def planned_profile(cfg: PerseusConfig) -> PlannedProfile:
         ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
             bad profile CSV.
     """
+    from perseus.formats.profile_csv import read_profile_csv
     from perseus.planner.derived import planned_stages, select_stages
-    from perseus.profile import load_profile
 
     if not cfg.planner.profile:
         raise ConfigError(
             "planner.profile is not set: pass the profile CSV to plan from, e.g. "
             "perseus-plan planner.profile=path/to/profile.csv"
         )
-    profile = load_profile(Path(cfg.planner.profile).expanduser())
+    profile = read_profile_csv(Path(cfg.planner.profile).expanduser())
     if cfg.planner.min_frequency_mhz is not None:
         profile = profile.restrict(cfg.planner.min_frequency_mhz)
     num_profile = profile.num_stages
@@ -240,7 +241,7 @@ def run_plan(
     summary["profile_stages"] = planned.stages
     if note:
         summary["note"] = note
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plan_outputs.write_summary(out_dir, summary)
     logger.info(
         "chosen plan %d (%s): %.4f s, %.1f J per iteration; all-max %.4f s, %.1f J; "
         "saves %.2f %% energy at %+.2f %% time. Outputs in %s",
@@ -296,29 +297,13 @@ def write_plans(
     frontier: Frontier, chosen: FrontierPoint, cfg: PerseusConfig, out_dir: Path
 ) -> Dict[str, str]:
     """frontier.csv, plans/<plan_id>.json, plan.json and (optionally) the reference .py files."""
-    extra = {"policy": cfg.energy.policy, "solver": cfg.planner.solver}
-    plans_dir = out_dir / "plans"
-    reference_dir = out_dir / "reference"
-    plan_files = []
-    for point in frontier.points:
-        plan = frontier.to_plan(point)
-        plan.extra.update(extra)
-        plan_files.append(str(plan.write(plans_dir / f"{point.plan_id}.json").relative_to(out_dir)))
-        if cfg.planner.export_reference:
-            reference_dir.mkdir(exist_ok=True)
-            path = reference_dir / f"freqs_pipeline_{point.plan_id:05d}.py"
-            path.write_text(plan.to_reference_literal())
-    chosen_plan = frontier.to_plan(chosen)
-    chosen_plan.extra.update(extra)
-    chosen_plan.write(out_dir / "plan.json")
-    df = frontier.to_dataframe()
-    df["is_chosen"] = df["plan_id"] == chosen.plan_id
-    df["plan_file"] = plan_files
-    df.to_csv(out_dir / "frontier.csv", index=False)
-    files = {"frontier": "frontier.csv", "plan": "plan.json", "plans": "plans/"}
-    if cfg.planner.export_reference:
-        files["reference"] = "reference/"
-    return files
+    return plan_outputs.write_frontier_outputs(
+        out_dir,
+        frontier,
+        chosen,
+        plan_extra={"policy": str(cfg.energy.policy), "solver": cfg.planner.solver},
+        export_reference=cfg.planner.export_reference,
+    )
 
 
 def write_plots(
@@ -368,7 +353,7 @@ def make_summary(
         "allmax": _point(frontier, frontier.allmax),
         "chosen": _point(frontier, chosen),
         "least_energy": _point(frontier, least),
-        "policy": cfg.energy.policy,
+        "policy": str(cfg.energy.policy),
         "solver": solver,
         "solve_time_s": solve_time_s,
         "num_plans": len(frontier.points),

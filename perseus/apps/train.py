@@ -6,7 +6,7 @@ Examples::
     perseus-train model=gpt3-xl parallelism.pp=8 energy=slowdown energy.max_slowdown=0.05
     perseus-train -m energy=no_slowdown,min_energy  # sweep; sweep_summary.csv at the end
 
-See :mod:`perseus.launcher.job` for what a run does and writes.
+See :mod:`perseus.launcher.train_run` for what a run does and writes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ logger = logging.getLogger("perseus.train")
 @hydra_app("perseus_train", prog="perseus-train")
 def main(cfg: PerseusConfig, out_dir: Path) -> Optional[int]:
     """Run the job and print the headline figures."""
-    from perseus.launcher.job import run_job
+    from perseus.launcher.train_run import run_job
 
     report = run_job(cfg, out_dir)
     if report:

@@ -1,4 +1,4 @@
-"""Batch-size optimizer for recurring jobs (pruning + Gaussian Thompson sampling, SQLite state).
+"""Batch-size optimizer for recurring jobs (pruning + Thompson sampling, SQLite state).
 
 From Python: :class:`BatchSizeOptimizer` (see :mod:`perseus.batch_size.optimizer`). With Hydra
 multirun, the sweeper plugin installed with this package runs the job N times::
@@ -8,12 +8,14 @@ multirun, the sweeper plugin installed with this package runs the job N times::
         hydra.sweeper.num_runs=20 hydra.sweeper.db_path=/shared/bso.db
         hydra.sweeper.job_id=nightly    (one command line)
 
-Each run gets ``batch_size=<b>`` as an override and reports through :func:`current_run` (per
-epoch, with early stopping) or by returning ``{"time_s", "energy_j", "reached_target"}``.
-Trace-driven replay: ``scripts/simulate_batch_size.py --trace <csv>``.
+Each run gets ``batch_size=<b>`` as an override and reports through :class:`RecurringJob` (one
+object: batch size, power limit per batch size, epochs, early stopping), :func:`current_run`
+(per epoch), or by returning ``{"time_s", "energy_j", "reached_target"}``. Trace-driven replay
+of Zeus's published traces: ``scripts/simulate_batch_size.py``.
 """
 
 from perseus.batch_size.env import current_run
 from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.recurring import RecurringJob
 
-__all__ = ["BatchSizeOptimizer", "current_run"]
+__all__ = ["BatchSizeOptimizer", "RecurringJob", "current_run"]

@@ -3,10 +3,15 @@
 A recurring job (the same training, re-run on new data or code) is run many times. Each run asks
 for a batch size, trains to a target metric and reports what it cost:
 ``cost = eta * E + (1 - eta) * P_max * T`` (joules; ``P_max`` the maximum power of all the
-job's GPUs). The optimizer first prunes batch sizes that cannot reach the target
-(:mod:`perseus.batch_size.pruning`), then picks among the rest with Gaussian Thompson sampling
-(:mod:`perseus.batch_size.bandit`). A run is stopped early once its cost passes ``beta`` times the
-cheapest successful run so far, or when it misses the target within ``max_epochs``.
+job's GPUs), with ``E`` and ``T`` taken at the batch size's chosen power limit (epochs spent
+profiling power limits are reported with what they would have cost at the chosen one). The
+optimizer first prunes batch sizes that cannot reach the target at an acceptable cost
+(:mod:`perseus.batch_size.pruning`), then picks among the rest with Thompson sampling
+(:mod:`perseus.batch_size.bandit`).
+
+A run is stopped early when the next epoch would take its cost past ``beta`` times the
+cheapest converged run so far, or when it misses the target within ``max_epochs``; a run that
+reaches the target but costs more than that bound does not count as converged.
 
 Everything lives in a SQLite file (:mod:`perseus.batch_size.store`), so runs in different
 processes or machines sharing the file continue one search::
@@ -20,6 +25,12 @@ processes or machines sharing the file continue one search::
             break
     bso.report_run()
 
+When every batch size of a pruning round fails, :meth:`BatchSizeOptimizer.next_batch_size`
+raises a :class:`~perseus.errors.BatchSizeError` that says which failed and why; the job stays
+readable (:meth:`~BatchSizeOptimizer.summary`) and goes on after
+:meth:`~BatchSizeOptimizer.retry_failed` (try those batch sizes again, e.g. with a larger
+``max_epochs``) or :meth:`~BatchSizeOptimizer.reset` (start the search over).
+
 Standard library only; runs on Python 3.9.
 """
 
@@ -28,20 +39,26 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from perseus.batch_size import bandit
-from perseus.batch_size.pruning import PRUNING, pruning_state
+from perseus.batch_size.bandit import BANDIT
+from perseus.batch_size.explain import check_settings, exhausted_message
+from perseus.batch_size.pruning import PRUNING, PruningState, pruning_state, start_batch_size
 from perseus.batch_size.store import FAILED, REACHED, RunRow, Store, batch_sizes_key
-from perseus.errors import BatchSizeError, ConfigError
+from perseus.errors import BatchSizeError
 
 log = logging.getLogger(__name__)
 
-BANDIT = "bandit"
+EXHAUSTED = "exhausted"
 REASON_TARGET_MISSED = "target_missed"
 REASON_COST = "cost_exceeded"
+REASON_ERROR = "error"
+# Relative slack when comparing a converged run's cost with the early-stop bound.
+_BOUND_SLACK = 1e-9
 
 
 class BatchSizeOptimizer:
@@ -53,14 +70,17 @@ class BatchSizeOptimizer:
         batch_sizes: Candidate batch sizes.
         default_batch_size: Where pruning starts (the batch size the job used so far).
         eta: Weight of energy in the cost, within [0, 1].
-        beta: Early-stop a run whose cost passes ``beta`` x the cheapest successful run (> 1).
+        beta: Early-stop a run whose cost would pass ``beta`` x the cheapest converged run
+            (> 1).
         max_epochs: Epoch budget of one run; missing the target within it fails the run.
         target_metric: The metric value that counts as converged.
         higher_is_better: Whether metrics at or above the target converge (accuracy), else at
             or below (loss).
         max_power_w: ``P_max`` of the cost: maximum power of all the job's GPUs together (W).
-        num_pruning_rounds: Rounds of the pruning stage (0 skips it: every batch size is an arm).
-        num_exploration: Observations each arm gets before Thompson sampling starts.
+        num_pruning_rounds: Rounds of the pruning stage (0 skips it: every batch size is an
+            arm). Round 1 starts at the default batch size, each later round at the cheapest
+            batch size of the round before.
+        num_exploration: Runs every arm gets before Thompson sampling starts (>= 1).
         seed: Seeds the bandit's samples (decisions are reproducible from the database).
         stale_run_s: A run still unreported this long after it started is counted as failed
             (its process died); None keeps such runs pending forever.
@@ -79,13 +99,22 @@ class BatchSizeOptimizer:
         target_metric: float = 1.0,
         higher_is_better: bool = True,
         max_power_w: float = 300.0,
-        num_pruning_rounds: int = 2,
-        num_exploration: int = 2,
+        num_pruning_rounds: int = 1,
+        num_exploration: int = 1,
         seed: int = 0,
         stale_run_s: Optional[float] = 7 * 24 * 3600.0,
     ) -> None:
         self.batch_sizes = batch_sizes_key(batch_sizes)
-        _check_args(self.batch_sizes, default_batch_size, eta, beta, max_epochs, max_power_w)
+        check_settings(
+            self.batch_sizes,
+            default_batch_size,
+            eta,
+            beta,
+            max_epochs,
+            max_power_w,
+            num_pruning_rounds,
+            num_exploration,
+        )
         self.job_id = job_id
         self.default_batch_size = int(default_batch_size)
         self.eta = eta
@@ -115,7 +144,13 @@ class BatchSizeOptimizer:
 
     # -- choosing --------------------------------------------------------------------------------
     def next_batch_size(self) -> int:
-        """Start a run of the job and return the batch size it should train with."""
+        """Start a run of the job and return the batch size it should train with.
+
+        Raises:
+            BatchSizeError: When every batch size of a pruning round failed; the message says
+                which failed and why, and how to go on (:meth:`retry_failed`, :meth:`reset`).
+        """
+        exhausted: Optional[PruningState] = None
         with self.store.transaction() as conn:
             if self.stale_run_s is not None:
                 expired = self.store.expire_runs(conn, self.job_id, time.time() - self.stale_run_s)
@@ -124,8 +159,16 @@ class BatchSizeOptimizer:
                         "job %s: %d unreported run(s) counted as failed", self.job_id, expired
                     )
             runs = self.store.runs(conn, self.job_id)
-            batch_size, phase, pruning_round = self._decide(runs)
-            self.run_id = self.store.add_run(conn, self.job_id, batch_size, phase, pruning_round)
+            state = self._pruning(runs)
+            if state.exhausted:
+                exhausted = state
+            else:
+                batch_size, phase, pruning_round = self._decide(runs, state, conn)
+                self.run_id = self.store.add_run(
+                    conn, self.job_id, batch_size, phase, pruning_round
+                )
+        if exhausted is not None:
+            raise BatchSizeError(exhausted_message(exhausted, self))
         log.info(
             "run %d of job %s: batch size %d (%s)", self.run_id, self.job_id, batch_size, phase
         )
@@ -139,19 +182,43 @@ class BatchSizeOptimizer:
     def best_batch_size(self) -> Optional[int]:
         """The batch size with the lowest mean cost so far among those still in the running."""
         runs = self.store.runs(None, self.job_id)
-        arms = self._arms(runs)
-        return bandit.best_arm(arms, self._observations(runs, arms))
+        return bandit.best_arm(self._arms(runs, self._pruning(runs), converged_only=True))
 
     # -- reporting -------------------------------------------------------------------------------
-    def report_epoch(self, metric: Optional[float], time_s: float, energy_j: float) -> None:
-        """Record one finished epoch of the current run: its metric, wall time and energy."""
+    def report_epoch(
+        self,
+        metric: Optional[float],
+        time_s: float,
+        energy_j: float,
+        *,
+        steady_time_s: Optional[float] = None,
+        steady_energy_j: Optional[float] = None,
+    ) -> None:
+        """Record one finished epoch of the current run.
+
+        Args:
+            metric: The validation metric after the epoch (None: not evaluated).
+            time_s: Its measured wall time.
+            energy_j: Its measured energy (all GPUs of the job).
+            steady_time_s: What it would have taken at the batch size's chosen power limit, when
+                part of it profiled power limits (default: ``time_s``). The optimizer judges
+                the batch size by these.
+            steady_energy_j: Likewise for energy (default: ``energy_j``).
+        """
         run = self._current_run()
-        cost = run.cost or 0.0
-        cost += self.cost_j(time_s, energy_j)
-        self.store.add_epoch(run.run_id, metric, time_s, energy_j, cost)
+        steady = (
+            time_s if steady_time_s is None else steady_time_s,
+            energy_j if steady_energy_j is None else steady_energy_j,
+        )
+        cost = (run.cost or 0.0) + self.cost_j(*steady)
+        self.store.add_epoch(run.run_id, metric, (time_s, energy_j), steady, cost)
 
     def should_stop(self) -> bool:
-        """True when the current run reached the target, costs too much, or ran out of epochs."""
+        """True when the current run should end now.
+
+        That is when it reached the target, ran out of epochs, or its next epoch would take its
+        cost past ``beta`` x the cheapest converged run.
+        """
         return self._stop_reason(self._current_run()) is not None
 
     def report_run(
@@ -160,31 +227,47 @@ class BatchSizeOptimizer:
         time_s: Optional[float] = None,
         energy_j: Optional[float] = None,
         reached_target: Optional[bool] = None,
+        steady_time_s: Optional[float] = None,
+        steady_energy_j: Optional[float] = None,
+        reason: Optional[str] = None,
     ) -> Dict[str, Any]:
         """End the current run; returns its summary.
 
         Without arguments the totals and the outcome come from :meth:`report_epoch` calls; a job
-        that only knows its totals passes them (and whether it reached the target) here.
+        that only knows its totals passes them (and whether it reached the target) here. A run
+        that reached the target at a cost above ``beta`` x the cheapest converged run counts as
+        failed (``cost_exceeded``). ``reason`` names why a run that did not reach the target
+        ended (default: derived from its epochs).
         """
         run = self._current_run()
-        total_time_s = run.time_s if time_s is None else time_s
-        total_energy_j = run.energy_j if energy_j is None else energy_j
-        cost = self.cost_j(total_time_s, total_energy_j)
+        if time_s is None and energy_j is None:
+            measured = (run.time_s, run.energy_j)
+            stored_steady = (run.steady_time_s, run.steady_energy_j)
+        else:
+            measured = (
+                run.time_s if time_s is None else time_s,
+                run.energy_j if energy_j is None else energy_j,
+            )
+            stored_steady = measured
+        steady = (
+            stored_steady[0] if steady_time_s is None else steady_time_s,
+            stored_steady[1] if steady_energy_j is None else steady_energy_j,
+        )
+        cost = self.cost_j(*steady)
         if reached_target is None:
             reached_target = self.metric_reaches_target(run.last_metric)
-        reason = None
-        if not reached_target:
-            reason = self._stop_reason(run) or REASON_TARGET_MISSED
-            if reason == REACHED:
-                reason = REASON_TARGET_MISSED
-        status = REACHED if reached_target else FAILED
+        status, why = REACHED, None
+        if reached_target:
+            bound = self._cost_bound(run.run_id)
+            if bound is not None and cost > bound * (1.0 + _BOUND_SLACK):
+                status, why = FAILED, REASON_COST
+        else:
+            status = FAILED
+            why = reason or self._stop_reason(run) or REASON_TARGET_MISSED
+            if why == REACHED:
+                why = REASON_TARGET_MISSED
         self.store.finish_run(
-            run.run_id,
-            status=status,
-            reason=reason,
-            time_s=total_time_s,
-            energy_j=total_energy_j,
-            cost=cost,
+            run.run_id, status=status, reason=why, measured=measured, steady=steady, cost=cost
         )
         self.run_id = None
         return {
@@ -192,10 +275,11 @@ class BatchSizeOptimizer:
             "batch_size": run.batch_size,
             "phase": run.phase,
             "status": status,
-            "reason": reason,
-            "time_s": total_time_s,
-            "energy_j": total_energy_j,
+            "reason": why,
+            "time_s": measured[0],
+            "energy_j": measured[1],
             "cost": cost,
+            "measured_cost": self.cost_j(*measured),
         }
 
     def cost_j(self, time_s: float, energy_j: float) -> float:
@@ -203,27 +287,66 @@ class BatchSizeOptimizer:
         return self.eta * energy_j + (1.0 - self.eta) * self.max_power_w * time_s
 
     def summary(self) -> Dict[str, Any]:
-        """The job's state: stage, arms, per batch size mean cost and runs, best so far."""
+        """The job's state: stage, arms, per batch size mean cost and runs, best so far.
+
+        ``stage`` is ``pruning``, ``bandit`` or ``exhausted`` (then ``message`` says why and
+        what to do, and ``failed`` lists each failed batch size's reason).
+        """
         runs = self.store.runs(None, self.job_id)
-        arms = self._arms(runs)
-        observations = self._observations(runs, arms)
-        state = pruning_state(
-            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs
-        )
-        return {
+        state = self._pruning(runs)
+        arms = self._arms(runs, state, converged_only=True)
+        stage = EXHAUSTED if state.exhausted else BANDIT if state.done else PRUNING
+        out: Dict[str, Any] = {
             "job_id": self.job_id,
-            "stage": BANDIT if state.done else PRUNING,
-            "arms": arms,
+            "stage": stage,
+            "arms": state.candidates if state.done else [a.batch_size for a in arms],
             "num_runs": len(runs),
-            "mean_cost": {b: sum(c) / len(c) for b, c in observations.items() if c},
-            "best_batch_size": bandit.best_arm(arms, observations),
+            "mean_cost": {a.batch_size: statistics.fmean(a.costs) for a in arms if a.costs},
+            "best_batch_size": bandit.best_arm(arms),
         }
+        if state.exhausted:
+            out["message"] = exhausted_message(state, self)
+            out["failed"] = {b: reason for b, (_, reason) in state.failed.items()}
+        return out
+
+    def reset(self) -> None:
+        """Start the search over; runs so far stay in the file but no longer count."""
+        generation = self.store.new_generation(self.job_id)
+        self.run_id = None
+        log.warning("job %s: search reset (generation %d)", self.job_id, generation)
+
+    def retry_failed(self) -> int:
+        """After every batch size of a pruning round failed: try that round again.
+
+        The failed runs stop counting (they stay in the file), so the round walks from its
+        start again — e.g. after raising ``max_epochs`` or fixing the training. Returns how many
+        runs were set aside (0 when the job is not exhausted).
+        """
+        state = self._pruning(self.store.runs(None, self.job_id))
+        if not state.exhausted:
+            return 0
+        run_ids = [run_id for run_id, _ in state.failed.values()]
+        self.store.supersede(run_ids)
+        log.warning(
+            "job %s: retrying batch sizes %s of pruning round %d",
+            self.job_id,
+            sorted(state.failed),
+            state.pruning_round + 1,
+        )
+        return len(run_ids)
 
     def close(self) -> None:
         """Close the database."""
         self.store.close()
 
-    # -- internals -------------------------------------------------------------------------------
+    def metric_reaches_target(self, metric: Optional[float]) -> bool:
+        """Whether ``metric`` meets the target (at or above it, or at or below for losses)."""
+        if metric is None or math.isnan(metric):
+            return False
+        if self.higher_is_better:
+            return metric >= self.target_metric
+        return metric <= self.target_metric
+
     def run_options(self) -> Dict[str, Any]:
         """Settings that may differ between runs (not stored with the job)."""
         return {
@@ -234,6 +357,7 @@ class BatchSizeOptimizer:
             "stale_run_s": self.stale_run_s,
         }
 
+    # -- internals -------------------------------------------------------------------------------
     def _settings(self) -> Dict[str, Any]:
         # What defines the job's search; beta, max_epochs, seed may change between runs.
         return {
@@ -246,36 +370,37 @@ class BatchSizeOptimizer:
             "higher_is_better": self.higher_is_better,
         }
 
-    def _decide(self, runs: List[RunRow]) -> tuple:
-        state = pruning_state(
+    def _pruning(self, runs: List[RunRow]) -> PruningState:
+        return pruning_state(
             self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs
         )
+
+    def _decide(
+        self, runs: List[RunRow], state: PruningState, conn: Any
+    ) -> Tuple[int, str, Optional[int]]:
         if state.next_batch_size is not None:
             return state.next_batch_size, PRUNING, state.pruning_round
-        arms = state.candidates
-        rng = random.Random(f"{self.seed}:{self.job_id}:{len(runs)}")
-        choice = bandit.thompson_choice(
-            arms, self._observations(runs, arms), rng, num_exploration=self.num_exploration
-        )
-        return choice, BANDIT, None
-
-    def _arms(self, runs: List[RunRow]) -> List[int]:
-        state = pruning_state(
-            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs
-        )
-        if state.done:
-            return state.candidates
-        return sorted({r.batch_size for r in runs if r.status == REACHED})
+        if not state.done:
+            # Every step of the round is handed out and some still run elsewhere: run the
+            # cheapest batch size so far (or the start) meanwhile.
+            best = bandit.best_arm(self._arms(runs, state, converged_only=True))
+            fallback = start_batch_size(state.candidates, self.default_batch_size)
+            return (best if best is not None else fallback), BANDIT, None
+        arms = self._arms(runs, state, converged_only=False)
+        unexplored = [a.batch_size for a in arms if len(a.costs) < self.num_exploration]
+        if unexplored:
+            return start_batch_size(unexplored, self.default_batch_size), BANDIT, None
+        generation = self.store.generation(conn, self.job_id)
+        rng = random.Random(f"{self.seed}:{self.job_id}:{generation}:{len(runs)}")
+        return bandit.thompson_choice(arms, rng), BANDIT, None
 
     @staticmethod
-    def _observations(runs: List[RunRow], arms: Sequence[int]) -> Dict[int, List[float]]:
-        observed: Dict[int, List[float]] = {b: [] for b in arms}
-        for run in runs:
-            if run.batch_size not in observed or run.cost is None:
-                continue
-            if run.status == REACHED or (run.status == FAILED and run.phase == BANDIT):
-                observed[run.batch_size].append(run.cost)
-        return observed
+    def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:
+        if state.done:
+            names = list(state.candidates)
+        else:
+            names = sorted({r.batch_size for r in runs if r.status == REACHED})
+        return bandit.arms_from_runs(runs, names, with_failures=not converged_only)
 
     def _current_run(self) -> RunRow:
         if self.run_id is None:
@@ -284,55 +409,26 @@ class BatchSizeOptimizer:
             )
         return self.store.run(self.run_id)
 
-    def metric_reaches_target(self, metric: Optional[float]) -> bool:
-        """Whether ``metric`` meets the target (at or above it, or at or below for losses)."""
-        if metric is None or math.isnan(metric):
-            return False
-        if self.higher_is_better:
-            return metric >= self.target_metric
-        return metric <= self.target_metric
-
     def _stop_reason(self, run: RunRow) -> Optional[str]:
         if self.metric_reaches_target(run.last_metric):
             return REACHED
-        best = self._best_cost(exclude_run_id=run.run_id)
-        if best is not None and (run.cost or 0.0) > self.beta * best:
+        bound = self._cost_bound(run.run_id)
+        # Predict the next epoch from this run's epochs so far.
+        if (
+            bound is not None
+            and run.num_epochs > 0
+            and run.cost is not None
+            and run.cost + run.cost / run.num_epochs > bound * (1.0 + _BOUND_SLACK)
+        ):
             return REASON_COST
         if run.num_epochs >= self.max_epochs:
             return REASON_TARGET_MISSED
         return None
 
-    def _best_cost(self, exclude_run_id: int) -> Optional[float]:
+    def _cost_bound(self, exclude_run_id: int) -> Optional[float]:
         costs = [
             r.cost
             for r in self.store.runs(None, self.job_id)
             if r.status == REACHED and r.cost is not None and r.run_id != exclude_run_id
         ]
-        return min(costs) if costs else None
-
-
-def _check_args(
-    batch_sizes: List[int],
-    default_batch_size: int,
-    eta: float,
-    beta: float,
-    max_epochs: int,
-    max_power_w: float,
-) -> None:
-    problems = []
-    if not batch_sizes or batch_sizes[0] < 1:
-        problems.append(f"batch_sizes={batch_sizes}: give at least one positive batch size")
-    elif default_batch_size not in batch_sizes:
-        problems.append(
-            f"default_batch_size={default_batch_size}: must be one of batch_sizes {batch_sizes}"
-        )
-    if not 0.0 <= eta <= 1.0:
-        problems.append(f"eta={eta}: must be within [0, 1]")
-    if beta <= 1.0:
-        problems.append(f"beta={beta}: must be > 1 (2.0 stops runs costing twice the best)")
-    if max_epochs < 1:
-        problems.append(f"max_epochs={max_epochs}: must be >= 1")
-    if max_power_w <= 0:
-        problems.append(f"max_power_w={max_power_w}: must be > 0 (watts of all GPUs)")
-    if problems:
-        raise ConfigError("invalid batch-size optimizer settings:\n  - " + "\n  - ".join(problems))
+        return self.beta * min(costs) if costs else None

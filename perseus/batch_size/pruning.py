@@ -1,24 +1,33 @@
-"""Pruning stage: find which batch sizes can reach the target at all, before the bandit.
+"""Pruning stage: find which batch sizes reach the target at an acceptable cost, before the bandit.
 
-Each round walks the candidates starting at the default batch size (or the candidate nearest to
-it): the default first, then downwards (smaller ones, largest first), then upwards (larger ones,
-smallest first). A direction stops at the first batch size that fails to reach the target metric —
-smaller (or larger) ones beyond it are not tried; the default failing stops neither direction.
-The batch sizes that reached the target in a round are the candidates of the next; those of the
-last round become the bandit's arms, and every cost measured on the way is an observation.
+A round walks the candidates outwards from a start: the default batch size (or the candidate
+nearest to it) in round 1, the cheapest batch size of the previous round in later rounds. From
+the start the walk has two directions, smaller and larger batch sizes; each step goes one batch
+size further in the direction whose last batch size was cheaper (smaller first on a tie), so
+the cheap region is explored first and the early-stop bound (``beta`` x the cheapest run so far)
+is already tight when the expensive side is tried. A direction ends at its first batch size
+that fails — misses the target metric, or was stopped for costing too much — once a batch size
+has reached the target (the start, one before it in that direction, or one on the other side);
+until then (the start failed) failures do not end a direction, and the walk alternates between
+both until a batch size works. The batch sizes
+that reached the target form the next round's candidates; those of the last round become the
+bandit's arms, and every cost measured on the way is an observation.
+
+A round in which every batch size tried failed leaves the job *exhausted*: the state says which
+batch sizes failed and why, so the optimizer can tell the user and be reset or retried.
 
 The state is a pure function of the stored runs, so any process can derive it. A run still
-running counts as "not failed" for the walk (another process is running it), so concurrent
-runs of the same job continue the walk instead of waiting. Standard library only.
+running counts as "not failed" with an unknown cost (another process is running it), so
+concurrent runs of the same job continue the walk instead of waiting. Standard library only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.batch_size.store import FAILED, REACHED, RunRow
-from perseus.errors import BatchSizeError
+from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
 
 PRUNING = "pruning"
 
@@ -32,21 +41,62 @@ class PruningState:
         pruning_round: The round ``next_batch_size`` belongs to (or the last round).
         done: True once every round finished; ``candidates`` are then the bandit's arms.
         candidates: The batch sizes still in the running (this round's, or the arms).
+        failed: When the round ended with no survivor (the job is exhausted): the failed runs
+            of that round, ``{batch_size: (run_id, reason)}``; empty otherwise.
     """
 
     next_batch_size: Optional[int]
     pruning_round: int
     done: bool
     candidates: List[int]
+    failed: Dict[int, Tuple[int, Optional[str]]] = field(default_factory=dict)
+
+    @property
+    def exhausted(self) -> bool:
+        """True when a round ended with every batch size failed."""
+        return bool(self.failed)
 
 
-def walk_order(candidates: Sequence[int], default_batch_size: int) -> List[List[int]]:
-    """``[[start], down, up]``: the default (or nearest candidate), smaller ones, larger ones."""
+def start_batch_size(candidates: Sequence[int], default_batch_size: int) -> int:
+    """The candidate a round starts from: ``default_batch_size`` or the nearest one."""
+    return min(sorted(candidates), key=lambda b: (abs(b - default_batch_size), b))
+
+
+def _next_in_walk(
+    candidates: Sequence[int], start: int, results: Dict[int, RunRow]
+) -> Optional[int]:
+    """The next batch size of the walk; None when the walk is over or waits."""
     ordered = sorted(candidates)
-    start = min(ordered, key=lambda b: (abs(b - default_batch_size), b))
-    down = [b for b in reversed(ordered) if b < start]
-    up = [b for b in ordered if b > start]
-    return [[start], down, up]
+    directions = [[b for b in reversed(ordered) if b < start], [b for b in ordered if b > start]]
+    # A failure ends a direction only once some batch size reached the target: the start,
+    # one before it in this direction, or one in the other direction. Before that it says
+    # nothing about the batch sizes beyond it, and the walk goes on.
+    visited = [[results[b] for b in direction if b in results] for direction in directions]
+    start_ok = results[start].status == REACHED
+    last_cost: List[Optional[float]] = [results[start].cost if start_ok else None] * 2
+    position = [0, 0]
+    is_open = [True, True]
+    for d, direction in enumerate(directions):
+        seen_ok = start_ok or any(r.status == REACHED for r in visited[1 - d])
+        while position[d] < len(direction) and direction[position[d]] in results:
+            run = results[direction[position[d]]]
+            if run.status == FAILED and seen_ok:
+                is_open[d] = False
+                break
+            if run.status == REACHED:
+                seen_ok = True
+                last_cost[d] = run.cost
+            position[d] += 1
+    choices = [d for d in (0, 1) if is_open[d] and position[d] < len(directions[d])]
+    if not choices:
+        return None
+
+    def key(d: int) -> Tuple[float, int, int]:
+        cost = last_cost[d]
+        return (math.inf if cost is None else cost, position[d], d)
+
+    d = min(choices, key=key)
+    return directions[d][position[d]]
 
 
 def pruning_state(
@@ -55,31 +105,25 @@ def pruning_state(
     num_rounds: int,
     runs: Sequence[RunRow],
 ) -> PruningState:
-    """Derive the pruning stage's state from the job's runs.
-
-    Raises:
-        BatchSizeError: When a round ends with no batch size that reached the target.
-    """
+    """Derive the pruning stage's state from the job's runs (never raises on bad luck)."""
     candidates = sorted(batch_sizes)
+    start = start_batch_size(candidates, default_batch_size)
     for pruning_round in range(num_rounds):
-        results: Dict[int, str] = {}
+        results: Dict[int, RunRow] = {}
         for run in runs:
             if run.phase == PRUNING and run.pruning_round == pruning_round:
-                results.setdefault(run.batch_size, run.status)
-        for direction in walk_order(candidates, default_batch_size):
-            for batch_size in direction:
-                if batch_size not in results:
-                    return PruningState(batch_size, pruning_round, False, candidates)
-                if results[batch_size] == FAILED:
-                    break
-        if any(status not in (REACHED, FAILED) for status in results.values()):
+                results.setdefault(run.batch_size, run)
+        if start not in results:
+            return PruningState(start, pruning_round, False, candidates)
+        next_batch_size = _next_in_walk(candidates, start, results)
+        if next_batch_size is not None:
+            return PruningState(next_batch_size, pruning_round, False, candidates)
+        if any(r.status == RUNNING for r in results.values()):
             return PruningState(None, pruning_round, False, candidates)
-        survivors = [b for b in candidates if results.get(b) == REACHED]
+        survivors = [b for b in candidates if b in results and results[b].status == REACHED]
         if not survivors:
-            raise BatchSizeError(
-                f"pruning round {pruning_round + 1}: no batch size of {candidates} reached the "
-                "target metric within the epoch budget; raise max_epochs, lower the target "
-                "metric or add batch sizes"
-            )
+            failed = {b: (r.run_id, r.reason) for b, r in sorted(results.items())}
+            return PruningState(None, pruning_round, False, candidates, failed)
         candidates = survivors
+        start = min(survivors, key=lambda b: (results[b].cost or 0.0, b))
     return PruningState(None, max(num_rounds - 1, 0), True, candidates)

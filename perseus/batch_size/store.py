@@ -5,9 +5,18 @@ One database file holds any number of recurring jobs. Every run of a job adds a 
 bandit observations, the best cost so far — from those rows, so any process that opens the file
 (another run, another machine on a shared file system) continues where the last one stopped.
 
+Nothing is ever deleted: resetting a job starts a new *generation* (older runs stay for the
+record but no longer count), and retrying failed batch sizes marks those runs *superseded*.
+
+Each run and epoch keeps what was measured (``time_s``, ``energy_j``) and what it would have
+cost at the batch size's chosen power limit (``steady_time_s``, ``steady_energy_j``; they differ
+while power limits are being profiled). The run's ``cost`` is computed from the steady values:
+that is what the optimizer judges a batch size by.
+
 The file is opened in WAL mode (readers never block the writer); every decision that reads state
 and then adds a run happens in one ``BEGIN IMMEDIATE`` transaction, so two processes starting runs
-at the same moment see each other's rows. Standard library only; runs on Python 3.9.
+at the same moment see each other's rows. Files written by earlier versions gain the new columns
+when opened. Standard library only; runs on Python 3.9.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from perseus.errors import ConfigError
 
@@ -55,14 +64,47 @@ CREATE TABLE IF NOT EXISTS epochs (
 );
 """
 
+# Columns added after the first release; ALTER TABLE adds them to older files.
+_ADDED_COLUMNS: Dict[str, List[Tuple[str, str]]] = {
+    "jobs": [("generation", "INTEGER NOT NULL DEFAULT 0")],
+    "runs": [
+        ("generation", "INTEGER NOT NULL DEFAULT 0"),
+        ("superseded", "INTEGER NOT NULL DEFAULT 0"),
+        ("steady_time_s", "REAL NOT NULL DEFAULT 0"),
+        ("steady_energy_j", "REAL NOT NULL DEFAULT 0"),
+    ],
+    "epochs": [("steady_time_s", "REAL"), ("steady_energy_j", "REAL")],
+}
+
 RUNNING = "running"
 REACHED = "reached"
 FAILED = "failed"
 
+_RUN_COLUMNS = (
+    "run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s, energy_j,"
+    " cost, last_metric, steady_time_s, steady_energy_j"
+)
+
 
 @dataclass(frozen=True)
 class RunRow:
-    """One run of a recurring job as stored."""
+    """One run of a recurring job as stored.
+
+    Attributes:
+        run_id: Unique id of the run in the file.
+        batch_size: The batch size it trained with.
+        phase: ``pruning`` or ``bandit``: the stage that chose it.
+        pruning_round: The pruning round (0-based) it belonged to, None for bandit runs.
+        status: ``running``, ``reached`` (converged within the cost bound) or ``failed``.
+        reason: Why a failed run failed (``target_missed``, ``cost_exceeded``, ...).
+        num_epochs: Epochs reported so far.
+        time_s: Measured wall time (s).
+        energy_j: Measured energy of the job's GPUs (J).
+        cost: The cost the optimizer judges the run by (at the batch size's chosen power limit).
+        last_metric: The metric of the last reported epoch.
+        steady_time_s: Wall time at the chosen power limit (s).
+        steady_energy_j: Energy at the chosen power limit (J).
+    """
 
     run_id: int
     batch_size: int
@@ -75,6 +117,15 @@ class RunRow:
     energy_j: float
     cost: Optional[float]
     last_metric: Optional[float]
+    steady_time_s: float = 0.0
+    steady_energy_j: float = 0.0
+
+    @property
+    def epoch_cost(self) -> Optional[float]:
+        """Mean cost of one epoch (None for runs reported as totals only)."""
+        if self.cost is None or self.num_epochs < 1:
+            return None
+        return self.cost / self.num_epochs
 
 
 class Store:
@@ -95,6 +146,7 @@ class Store:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.executescript(SCHEMA)
+            self._add_missing_columns()
         except sqlite3.DatabaseError as exc:
             raise ConfigError(
                 f"{self.path}: not a usable batch-size optimizer database ({exc}); "
@@ -115,6 +167,14 @@ class Store:
             self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    def _add_missing_columns(self) -> None:
+        with self.transaction() as conn:
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns:
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     # -- jobs ------------------------------------------------------------------------------------
     def ensure_job(self, job_id: str, settings: Dict[str, Any]) -> None:
@@ -157,23 +217,45 @@ class Store:
             )
         return dict(json.loads(row[0]))
 
+    def generation(self, conn: Optional[sqlite3.Connection], job_id: str) -> int:
+        """The job's current generation (0 until the first reset)."""
+        row = (
+            (conn or self._conn)
+            .execute("SELECT generation FROM jobs WHERE job_id=?", (job_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    def new_generation(self, job_id: str) -> int:
+        """Start the job over: runs so far stay in the file but no longer count."""
+        with self.transaction() as conn:
+            conn.execute(
+                "UPDATE runs SET status=?, reason=?, ended_s=? WHERE job_id=? AND status=?",
+                (FAILED, "reset", time.time(), job_id, RUNNING),
+            )
+            conn.execute("UPDATE jobs SET generation=generation+1 WHERE job_id=?", (job_id,))
+            return self.generation(conn, job_id)
+
+    def supersede(self, run_ids: Sequence[int]) -> None:
+        """Stop counting these runs (their batch sizes are tried again)."""
+        with self.transaction() as conn:
+            conn.executemany("UPDATE runs SET superseded=1 WHERE run_id=?", [(r,) for r in run_ids])
+
     # -- runs ------------------------------------------------------------------------------------
     def runs(self, conn: Optional[sqlite3.Connection], job_id: str) -> List[RunRow]:
-        """Every run of ``job_id`` in the order they started."""
+        """The runs that count for ``job_id`` (this generation, not superseded), oldest first."""
         conn = conn or self._conn
         rows = conn.execute(
-            "SELECT run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s,"
-            " energy_j, cost, last_metric FROM runs WHERE job_id=? ORDER BY run_id",
-            (job_id,),
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE job_id=? AND superseded=0 AND generation="
+            "(SELECT generation FROM jobs WHERE job_id=?) ORDER BY run_id",
+            (job_id, job_id),
         ).fetchall()
         return [RunRow(*row) for row in rows]
 
     def run(self, run_id: int) -> RunRow:
         """One run by id."""
         row = self._conn.execute(
-            "SELECT run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s,"
-            " energy_j, cost, last_metric FROM runs WHERE run_id=?",
-            (run_id,),
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,)
         ).fetchone()
         if row is None:
             raise ConfigError(
@@ -192,9 +274,17 @@ class Store:
     ) -> int:
         """Start a run (inside the caller's transaction); returns its id."""
         cur = conn.execute(
-            "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, started_s)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (job_id, batch_size, phase, pruning_round, RUNNING, time.time()),
+            "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, started_s,"
+            " generation) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                batch_size,
+                phase,
+                pruning_round,
+                RUNNING,
+                time.time(),
+                self.generation(conn, job_id),
+            ),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
@@ -212,9 +302,22 @@ class Store:
         return int(cur.rowcount)
 
     def add_epoch(
-        self, run_id: int, metric: Optional[float], time_s: float, energy_j: float, cost: float
+        self,
+        run_id: int,
+        metric: Optional[float],
+        measured: Tuple[float, float],
+        steady: Tuple[float, float],
+        cost: float,
     ) -> int:
-        """Record the next epoch of a running run and its totals; returns the epoch number."""
+        """Record the next epoch of a running run and its totals; returns the epoch number.
+
+        Args:
+            run_id: The run.
+            metric: Validation metric after the epoch.
+            measured: ``(time_s, energy_j)`` measured.
+            steady: ``(time_s, energy_j)`` at the batch size's chosen power limit.
+            cost: The run's cost so far, this epoch included.
+        """
         with self.transaction() as conn:
             status = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
             if status is None or status[0] != RUNNING:
@@ -223,13 +326,15 @@ class Store:
                 )
             conn.execute(
                 "UPDATE runs SET num_epochs=num_epochs+1, time_s=time_s+?, energy_j=energy_j+?,"
-                " cost=?, last_metric=? WHERE run_id=?",
-                (time_s, energy_j, cost, metric, run_id),
+                " steady_time_s=steady_time_s+?, steady_energy_j=steady_energy_j+?, cost=?,"
+                " last_metric=? WHERE run_id=?",
+                (*measured, *steady, cost, metric, run_id),
             )
             epoch = conn.execute("SELECT num_epochs FROM runs WHERE run_id=?", (run_id,)).fetchone()
             conn.execute(
-                "INSERT INTO epochs(run_id, epoch, metric, time_s, energy_j) VALUES (?,?,?,?,?)",
-                (run_id, int(epoch[0]), metric, time_s, energy_j),
+                "INSERT INTO epochs(run_id, epoch, metric, time_s, energy_j, steady_time_s,"
+                " steady_energy_j) VALUES (?,?,?,?,?,?,?)",
+                (run_id, int(epoch[0]), metric, *measured, *steady),
             )
         return int(epoch[0])
 
@@ -239,25 +344,25 @@ class Store:
         *,
         status: str,
         reason: Optional[str],
-        time_s: float,
-        energy_j: float,
+        measured: Tuple[float, float],
+        steady: Tuple[float, float],
         cost: float,
     ) -> None:
-        """Close a run with its final totals."""
+        """Close a run with its final totals (``measured`` and ``steady`` as in add_epoch)."""
         with self.transaction() as conn:
             conn.execute(
-                "UPDATE runs SET status=?, reason=?, time_s=?, energy_j=?, cost=?, ended_s=?"
-                " WHERE run_id=? AND status=?",
-                (status, reason, time_s, energy_j, cost, time.time(), run_id, RUNNING),
+                "UPDATE runs SET status=?, reason=?, time_s=?, energy_j=?, steady_time_s=?,"
+                " steady_energy_j=?, cost=?, ended_s=? WHERE run_id=? AND status=?",
+                (status, reason, *measured, *steady, cost, time.time(), run_id, RUNNING),
             )
 
     def epochs(self, run_id: int) -> List[Dict[str, Any]]:
         """The epochs of a run, in order."""
+        keys = ("epoch", "metric", "time_s", "energy_j", "steady_time_s", "steady_energy_j")
         rows = self._conn.execute(
-            "SELECT epoch, metric, time_s, energy_j FROM epochs WHERE run_id=? ORDER BY epoch",
-            (run_id,),
+            f"SELECT {', '.join(keys)} FROM epochs WHERE run_id=? ORDER BY epoch", (run_id,)
         ).fetchall()
-        return [dict(zip(("epoch", "metric", "time_s", "energy_j"), r)) for r in rows]
+        return [dict(zip(keys, r)) for r in rows]
 
 
 def batch_sizes_key(batch_sizes: Sequence[int]) -> List[int]:

@@ -2,14 +2,13 @@
 
 Units are in the names: ``_mhz`` clocks, ``_mw`` power, ``_mj`` energy, ``_s`` time. A backend
 (NVML, emulated) implements the abstract methods; nothing above this layer imports pynvml.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations
 
 import abc
 import os
+import time
 from typing import List, Optional, Tuple
 
 
@@ -33,6 +32,10 @@ class GPU(abc.ABC):
     # True when clock / power-limit settings outlive this process (real devices): the guard
     # then keeps a state file so a later start can restore them after a SIGKILL.
     persistent_settings: bool = False
+    # Where total_energy_mj() comes from: "counter" (the device's cumulative counter, updated
+    # every few tens of ms) or "sampled power" (instant power integrated over time, for
+    # devices without a counter). Sampled energy moves at every read: no update to wait for.
+    energy_source: str = "counter"
 
     def ownership_key(self) -> str:
         """A file-name-safe key naming the physical device, for the one-owner lock.
@@ -99,6 +102,23 @@ class GPU(abc.ABC):
     @abc.abstractmethod
     def power_mw(self) -> int:
         """Current power draw (mW)."""
+
+    def sm_clock_mhz(self) -> Optional[int]:
+        """The SM clock the device runs at now, read back from it (None: cannot be read)."""
+        return None
+
+    # -- time base ------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait until all work queued on this device so far has finished.
+
+        Real GPUs run kernels asynchronously: a framework's forward returns once its kernels
+        are queued. Whoever changes a clock for an instruction, or stamps its time or energy,
+        calls this first. A no-op for devices without queued work.
+        """
+
+    def now_s(self) -> float:
+        """Host time the device's work is measured against (``time.perf_counter``)."""
+        return time.perf_counter()
 
     # -- instruction marks (the emulated device uses them; real devices ignore them) -------------
     def instruction_begin(self, stage: int, instruction: str) -> None:

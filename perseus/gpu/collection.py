@@ -5,8 +5,6 @@ that measures or power-limits several (a single-process multi-GPU job, a monitor
 opens them as :class:`GPUs`, which is a plain sequence of :class:`~perseus.gpu.base.GPU`
 objects — :class:`~perseus.gpu.monitor.EnergyMonitor` and the power-limit optimizer take it as
 it is — plus sums over all of them and one ``close``.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations
@@ -49,11 +47,9 @@ class GPUs(Sequence[GPU]):
         Raises:
             GPUError: when a GPU cannot be opened (those opened before it are closed again).
         """
-        from perseus.gpu.factory import build_gpu, nvml_usable
+        from perseus.gpu.factory import build_gpu, resolve_backend
 
-        backend = cfg.backend
-        if backend == "auto":
-            backend = "nvml" if nvml_usable() else "emulated"
+        backend = resolve_backend(cfg)
         fixed = dataclasses.replace(cfg, backend=backend)
         if indices is None:
             indices = range(_visible_nvml_count()) if backend == "nvml" else [0]

@@ -2,21 +2,18 @@
 
 Four measured stage profiles from the SOSP '24 Perseus artifact ship in
 ``perseus/data/sosp24/`` (Apache-2.0; see the README there). The default device profile is
-GPT-3 175B on A100 SXM. Profiles load with the standard ``csv`` module through
-:meth:`perseus.profile.Profile.from_rows`, keeping pandas off the training path.
-
-Runs on Python 3.9 (the Merak runtime path).
+GPT-3 175B on A100 SXM. Profiles load with :mod:`perseus.formats.profile_csv` (standard
+library only, keeping pandas off the training path).
 """
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 from typing import List, Optional, Union
 
-from perseus.errors import ConfigError, ProfileError
-from perseus.profile import COLUMNS, Profile
+from perseus.errors import ConfigError
+from perseus.formats.profile_csv import Profile, read_profile_csv
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "sosp24"
 DEFAULT_PROFILE_NAME = "gpt3-175b+a100_sxm_bf16"
@@ -66,25 +63,12 @@ def resolve_profile_path(spec: Optional[str]) -> Path:
 
 
 def load_device_profile(path: Union[str, os.PathLike]) -> Profile:
-    """Load a profile CSV (DESIGN §3.1 columns) with the standard library.
+    """Load a device profile CSV (see :func:`perseus.formats.profile_csv.read_profile_csv`).
 
     Raises:
         ProfileError: naming the file, row and problem.
     """
-    path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ProfileError(
-                    f"{path}: missing column(s) {missing}; the header must contain "
-                    f"{','.join(COLUMNS)}"
-                )
-            rows = [tuple(row[c] for c in COLUMNS) for row in reader]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ProfileError(f"{path}: cannot read the profile CSV: {exc}") from exc
-    return Profile.from_rows(rows, source=str(path))
+    return read_profile_csv(path)
 
 
 def blocking_power_for(path: Union[str, os.PathLike]) -> Optional[float]:

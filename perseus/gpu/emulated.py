@@ -1,6 +1,6 @@
 """The emulated GPU: a device model for machines without a usable NVIDIA GPU.
 
-It is driven by a *device profile* (DESIGN §3.1 CSV: time and energy of every stage's forward
+It is driven by a *device profile* (a profile CSV: time and energy of every stage's forward
 and backward at every SM frequency; by default the published GPT-3 175B / A100 one) plus the
 power it burns while blocked (``blocking_power_w``) and while idle before any work
 (``idle_power_w``, default: the blocking power).
@@ -29,13 +29,21 @@ Behaviour:
   multiplicative ``energy_noise`` per update, monotonic and deterministic for a ``seed`` (see
   :mod:`perseus.gpu.energy_counter`). ``power_mw()`` is the power averaged over the last
   update, as NVML reports it.
+* **Asynchronous mode** (``asynchronous=True``, ``gpu.emulated.asynchronous``): like CUDA,
+  ``instruction_begin`` queues the instruction's work and returns, ``instruction_end``
+  returns at once, and the work runs on a virtual device timeline
+  (:mod:`perseus.gpu.emulated_timeline`) at the clocks in force while it runs;
+  :meth:`EmulatedGPU.synchronize` waits until the queue has drained. A runtime that stamps
+  times or changes clocks without synchronizing first measures queueing and puts clocks on
+  the wrong work — as it would on a real GPU. :attr:`EmulatedGPU.executed` lists what ran,
+  when and at which clocks.
 * **Stage mapping.** A pipeline with as many stages as the profile uses stage ``s`` for ``s``.
   Otherwise (``num_pipeline_stages`` given and different, e.g. pp=4 on an 8-stage profile)
   pipeline stages ``0 .. pp-2`` take profile stages ``0 .. pp-2`` clamped to the profile's
   second-to-last stage, and the last pipeline stage takes the profile's last stage — so the
   published imbalance (GPT-3's heavier last stage, Bloom's lighter one) survives.
 
-Thread-safe: the runtime may change clocks from a controller thread. Runs on Python 3.9.
+Thread-safe: the runtime may change clocks from a controller thread.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from perseus.errors import GPUError, GPUValueError
+from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 from perseus.gpu.base import GPU
 from perseus.gpu.device_profiles import (
     bundled_profile_names,
@@ -62,8 +71,8 @@ from perseus.gpu.emulated_model import (
     power_limited,
     profile_frequencies_mhz,
 )
+from perseus.gpu.emulated_timeline import Timeline, Work
 from perseus.gpu.energy_counter import EnergyCounter
-from perseus.profile import INSTRUCTIONS, Measurement, Profile
 
 __all__ = [
     "EmulatedGPU",
@@ -108,9 +117,11 @@ class EmulatedGPU(GPU):
         memory_clocks_mhz: Memory clocks to report (the profile has none).
         clock: Monotonic clock (tests inject a fake one).
         sleeper: ``sleep(seconds)`` matching ``clock`` (default: precise real sleep).
+        asynchronous: Queue work like CUDA (see the module docstring); needs ``sleep``.
     """
 
     fast_clock_changes = True
+    power_source = "averaged over the last counter update"
 
     def __init__(
         self,
@@ -128,8 +139,9 @@ class EmulatedGPU(GPU):
         num_pipeline_stages: Optional[int] = None,
         index: int = 0,
         memory_clocks_mhz: Sequence[int] = (1215,),
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
         sleeper: Optional[Callable[[float], None]] = None,
+        asynchronous: bool = False,
     ) -> None:
         check_args(
             time_scale,
@@ -139,6 +151,11 @@ class EmulatedGPU(GPU):
             power_limit_min_w,
             power_limit_max_w,
         )
+        if asynchronous and not sleep:
+            raise GPUValueError(
+                "gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true (the queued "
+                "work takes its profiled time on the device timeline)"
+            )
         self.index = index
         self.name = f"emulated ({profile.source.rsplit('/', 1)[-1]})"
         self.profile = profile.scaled(time_scale, time_scale)
@@ -157,19 +174,29 @@ class EmulatedGPU(GPU):
         self._limit_range_mw = (int(power_limit_min_w * 1000), int(power_limit_max_w * 1000))
         self._limit_mw = self._limit_range_mw[1]
         self._running: Optional[_Running] = None
+        self._last_mhz: Optional[int] = None
+        start_s = clock()
         self._counter = EnergyCounter(
-            clock(),
+            start_s,
             energy_update_period_s,
             energy_noise,
             seed,
             idle_power_w if idle_power_w is not None else blocking_power_w,
         )
+        self.asynchronous = asynchronous
+        self._timeline: Optional[Timeline] = None
+        self._host_open: Optional[str] = None  # asynchronous: instruction being queued
+        if asynchronous:
+            self._timeline = Timeline(self._counter, self._measure, blocking_power_w, start_s)
 
     # -- instructions -----------------------------------------------------------------------
     def instruction_begin(self, stage: int, instruction: str) -> None:
         """Start ``instruction`` of pipeline ``stage`` at the clock in effect now."""
         if instruction not in INSTRUCTIONS:
             raise GPUValueError(f"instruction {instruction!r} must be one of {INSTRUCTIONS}")
+        if self._timeline is not None:
+            self._queue(stage, instruction)
+            return
         with self._lock:
             now = self._clock()
             if self._running is not None:
@@ -183,6 +210,7 @@ class EmulatedGPU(GPU):
             m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
             m = self._limited(profile_stage, instruction, m)
             self._running = _Running(stage, instruction, now, m)
+            self._last_mhz = m.frequency_mhz
             if self.sleep:
                 self._counter.set_power(
                     now,
@@ -192,15 +220,19 @@ class EmulatedGPU(GPU):
                 )
 
     def instruction_end(self, instruction: str) -> None:
-        """End the running instruction, sleeping until its profiled time has passed."""
+        """End the running instruction, sleeping until its profiled time has passed.
+
+        Asynchronous mode: the host finished queueing it; returns at once.
+        """
+        if self._timeline is not None:
+            with self._lock:
+                self._check_end(self._host_open, instruction)
+                self._host_open = None
+            return
         with self._lock:
             running = self._running
-            if running is None or running.instruction != instruction:
-                got = running.instruction if running else "none"
-                raise GPUError(
-                    f"instruction_end({instruction!r}) does not match the running instruction "
-                    f"({got}); call instruction_begin/instruction_end in pairs"
-                )
+            self._check_end(running.instruction if running else None, instruction)
+            assert running is not None
             self._running = None
             if not self.sleep:
                 self._finish(running, self._clock())
@@ -232,11 +264,13 @@ class EmulatedGPU(GPU):
         """Lock the SM clock; instructions run at ``max_mhz`` (snapped to the profile)."""
         check_range(min_mhz, max_mhz, "SM clock")
         with self._lock:
+            self._settle()
             self._locked_sm = (min_mhz, max_mhz)
 
     def reset_sm_clocks(self) -> None:
         """Unlock the SM clock (instructions run at the highest frequency)."""
         with self._lock:
+            self._settle()
             self._locked_sm = None
 
     def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
@@ -282,18 +316,54 @@ class EmulatedGPU(GPU):
                 f"{self.index}; pick a value in that range"
             )
         with self._lock:
+            self._settle()
             self._limit_mw = int(limit_mw)
 
     # -- measurement ------------------------------------------------------------------------
     def total_energy_mj(self) -> int:
         """The quantized, noisy energy counter (mJ)."""
         with self._lock:
-            return int(self._counter.counter_j(self._clock()) * 1000.0)
+            return int(self._counter.counter_j(self._settle()) * 1000.0)
 
     def power_mw(self) -> int:
         """Power averaged over the last counter update (mW)."""
         with self._lock:
-            return int(self._counter.average_power_w(self._clock()) * 1000.0)
+            return int(self._counter.average_power_w(self._settle()) * 1000.0)
+
+    def sm_clock_mhz(self) -> Optional[int]:
+        """The clock of the instruction running now, else of the last one (its profile row)."""
+        with self._lock:
+            if self._timeline is not None:
+                self._settle()
+                return self._timeline.running_clock_mhz() or self._effective_cap_mhz()
+            return self._last_mhz if self._last_mhz is not None else self._effective_cap_mhz()
+
+    # -- time base --------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Asynchronous mode: wait until all queued work has run. Otherwise a no-op."""
+        timeline = self._timeline
+        if timeline is None:
+            return
+        while True:
+            with self._lock:
+                now = self._clock()
+                drained_s = timeline.drained_at(now)
+            if drained_s <= now:
+                return
+            self._wait_until(drained_s)  # a clock change meanwhile is seen on the next turn
+
+    def now_s(self) -> float:
+        """The device's clock (the injected one in tests)."""
+        return self._clock()
+
+    @property
+    def executed(self) -> List[Work]:
+        """Asynchronous mode: the work that ran (most recent last), with its clocks."""
+        with self._lock:
+            if self._timeline is None:
+                return []
+            self._settle()
+            return list(self._timeline.executed)
 
     def energy_reading(self) -> Tuple[float, int]:
         """``(time of the counter's last update, counter in mJ)``, read together.
@@ -302,17 +372,19 @@ class EmulatedGPU(GPU):
         this to measure windows exactly aligned with updates.
         """
         with self._lock:
-            now = self._clock()
+            now = self._settle()
             return self._counter.last_update_s(now), int(self._counter.counter_j(now) * 1000.0)
 
     def true_energy_j(self) -> float:
         """Energy consumed so far, without quantization or noise (for tests and reports)."""
         with self._lock:
-            return self._counter.true_energy_j(self._clock())
+            return self._counter.true_energy_j(self._settle())
 
     def close(self) -> None:
-        """Finish a running instruction, if any."""
+        """Finish a running instruction, if any (asynchronous: drop unfinished work)."""
         with self._lock:
+            if self._timeline is not None:
+                self._timeline.drop(self._clock())
             if self._running is not None:
                 self._finish(self._running, self._clock())
                 self._running = None
@@ -324,6 +396,40 @@ class EmulatedGPU(GPU):
         )
 
     # -- internals --------------------------------------------------------------------------
+    def _settle(self) -> float:
+        """Asynchronous mode: run the device timeline up to now. Returns now."""
+        now = self._clock()
+        if self._timeline is not None:
+            self._timeline.advance(now)
+        return now
+
+    def _queue(self, stage: int, instruction: str) -> None:
+        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
+        with self._lock:
+            if self._host_open is not None:
+                logger.warning(
+                    "instruction_begin(%s) while %s was being queued", instruction, self._host_open
+                )
+            self._host_open = instruction
+            assert self._timeline is not None
+            now = self._clock()
+            self._timeline.enqueue(now, Work(stage, instruction, profile_stage, now))
+
+    def _measure(self, work: Work) -> Measurement:
+        """Time and energy of ``work`` at the clock and power limit in force now."""
+        m = measurement_at(
+            self.profile, work.profile_stage, work.instruction, self._effective_cap_mhz()
+        )
+        return self._limited(work.profile_stage, work.instruction, m)
+
+    @staticmethod
+    def _check_end(running: Optional[str], instruction: str) -> None:
+        if running != instruction:
+            raise GPUError(
+                f"instruction_end({instruction!r}) does not match the running instruction "
+                f"({running or 'none'}); call instruction_begin/instruction_end in pairs"
+            )
+
     def _effective_cap_mhz(self) -> int:
         return self._locked_sm[1] if self._locked_sm is not None else self._sm_clocks[0]
 

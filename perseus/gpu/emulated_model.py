@@ -1,6 +1,6 @@
 """Pure functions behind the emulated GPU: stage mapping, clock snapping, power-limit choice.
 
-See :mod:`perseus.gpu.emulated` for the behaviour they implement. Runs on Python 3.9.
+See :mod:`perseus.gpu.emulated` for the behaviour they implement.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from perseus.errors import GPUValueError
-from perseus.profile import INSTRUCTIONS, Measurement, Profile
+from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 
 
 def map_stage(stage: int, num_pipeline_stages: Optional[int], num_profile_stages: int) -> int:

@@ -7,7 +7,7 @@ of milliseconds), so very short windows read zero. Each tick adds the true energ
 previous tick times ``max(0, 1 + noise * N(0, 1))``: monotonic, unbiased on average, and
 deterministic for a seed because ticks are always produced in order from one random stream.
 
-Not thread-safe by itself: the emulated GPU serializes calls. Runs on Python 3.9.
+Not thread-safe by itself: the emulated GPU serializes calls.
 """
 
 from __future__ import annotations

@@ -1,48 +1,98 @@
 """Build the GPU a rank drives from ``gpu.*`` configuration.
 
 ``gpu.backend``: ``nvml`` (a real NVIDIA GPU), ``emulated`` (the device model), or ``auto``
-(default): ``nvml`` when NVML loads and sees at least one GPU visible to this process, else
-``emulated``; the choice is logged. ``gpu.dry_run`` applies to the NVML backend (the emulated
-device changes nothing real). Before opening an NVML GPU (not in a dry run), settings left by a
-killed owner are restored (SIGKILL recovery). Runs on Python 3.9 (the Merak runtime path).
+(default, decided by :func:`resolve_backend`, the one place): ``nvml`` when NVML loads and sees a
+GPU; ``emulated`` only where this machine has no NVIDIA GPU at all (no ``/dev/nvidia*``, no
+driver) or ``CUDA_VISIBLE_DEVICES`` hides them all. Where GPUs exist and NVML is broken (a
+driver / library version mismatch, a missing library) it stops with NVML's error and the fix: a
+real job must never report the emulated GPU's synthetic energy. The choice is logged.
+``gpu.dry_run`` applies to the NVML backend (the emulated device changes nothing real). Before
+opening an NVML GPU (not in a dry run), settings left by a killed owner are restored, opening
+each GPU by the UUID its state file recorded.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
-from perseus.config import GPUConfig
-from perseus.errors import ConfigError
+from perseus.config import GPUBackend, GPUConfig
+from perseus.errors import ConfigError, GPUNotFoundError
 from perseus.gpu.base import GPU
 
 logger = logging.getLogger(__name__)
 
 
 def nvml_usable() -> bool:
-    """Whether NVML loads and at least one NVIDIA GPU is visible to this process."""
-    from perseus.gpu.nvml_support import visible_devices
-
-    visible = visible_devices()
-    if visible is not None and not visible:
+    """Whether ``gpu=auto`` would pick NVML here; never raises (for probes)."""
+    try:
+        return _detect_auto() == GPUBackend.nvml
+    except GPUNotFoundError:
         return False
+
+
+def resolve_backend(cfg: GPUConfig) -> GPUBackend:
+    """``nvml`` or ``emulated``: ``gpu.backend``, with ``auto`` decided here (the one place).
+
+    Raises:
+        ConfigError: an unknown backend.
+        GPUNotFoundError: ``auto`` where NVIDIA GPUs (or their driver) exist but NVML cannot be
+            used; the message has NVML's error and the fix.
+    """
+    if cfg.backend == GPUBackend.auto:
+        return _detect_auto()
+    try:
+        return GPUBackend(cfg.backend)
+    except ValueError:
+        raise ConfigError(f"gpu.backend={cfg.backend!r}: choose auto, nvml or emulated") from None
+
+
+def _detect_auto() -> GPUBackend:
+    from perseus.gpu import nvml_support
+
+    visible = nvml_support.visible_devices()
+    if visible is not None and not visible:
+        logger.info("gpu=auto: CUDA_VISIBLE_DEVICES hides every GPU: using the emulated GPU")
+        return GPUBackend.emulated
+    present = nvml_support.nvidia_present()
     try:
         import pynvml
-    except ImportError:
-        return False
+    except ImportError as exc:
+        if present:
+            raise GPUNotFoundError(
+                "this machine has NVIDIA GPUs but pynvml cannot be imported: install "
+                "nvidia-ml-py (`pip install nvidia-ml-py`), or set gpu=emulated to run on the "
+                "emulated GPU on purpose"
+            ) from exc
+        return GPUBackend.emulated
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
+    except pynvml.NVMLError as exc:
+        if not present:
+            return GPUBackend.emulated
+        raise GPUNotFoundError(
+            f"this machine has NVIDIA GPUs (/dev/nvidia* or a loaded driver) but NVML fails: "
+            f"nvmlInit: {exc}. Fix: {nvml_support.init_failure_fix(pynvml, exc)}. Perseus does "
+            "not fall back to the emulated GPU here (a real job would report synthetic "
+            "energy); set gpu=emulated to do that on purpose"
+        ) from exc
     try:
-        return int(pynvml.nvmlDeviceGetCount()) > 0
-    except pynvml.NVMLError:
-        return False
+        count = int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError as exc:
+        raise GPUNotFoundError(
+            f"NVML started but cannot count GPUs: {exc}; check the driver with `nvidia-smi`, "
+            "or set gpu=emulated"
+        ) from exc
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+    if count > 0:
+        return GPUBackend.nvml
+    if present:
+        logger.warning("gpu=auto: NVML sees no GPU although NVIDIA devices exist; emulating")
+    return GPUBackend.emulated
 
 
 def build_gpu(
@@ -59,9 +109,8 @@ def build_gpu(
         ConfigError: for an unknown backend or bad emulated-device settings.
         GPUError: when the NVML device cannot be opened.
     """
-    backend = cfg.backend
-    if backend == "auto":
-        backend = "nvml" if nvml_usable() else "emulated"
+    backend = resolve_backend(cfg)
+    if cfg.backend == "auto":
         logger.info("gpu=auto: using the %s backend for GPU %d", backend, local_index)
     if backend == "nvml":
         from perseus.gpu.nvml import NVMLGPU
@@ -69,9 +118,7 @@ def build_gpu(
         if not cfg.dry_run:
             recover_killed_owners(cfg)
         return NVMLGPU(local_index, dry_run=cfg.dry_run)
-    if backend == "emulated":
-        return build_emulated(cfg, local_index, num_pipeline_stages)
-    raise ConfigError(f"gpu.backend={cfg.backend!r}: choose auto, nvml or emulated")
+    return build_emulated(cfg, local_index, num_pipeline_stages)
 
 
 def recover_killed_owners(cfg: GPUConfig) -> int:
@@ -87,16 +134,22 @@ def recover_killed_owners(cfg: GPUConfig) -> int:
     from perseus.gpu.nvml import NVMLGPU
 
     state_dir = Path(cfg.state_dir) if cfg.state_dir else None
-    restored = GPUGuard.recover_stale(state_dir, lambda index: NVMLGPU(index))
+    restored = GPUGuard.recover_stale(state_dir, lambda index: NVMLGPU(index), NVMLGPU.from_uuid)
     if restored:
         logger.warning("restored %d GPU(s) left changed by killed Perseus processes", restored)
     return restored
 
 
 def build_emulated(
-    cfg: GPUConfig, local_index: int = 0, num_pipeline_stages: Optional[int] = None
+    cfg: GPUConfig,
+    local_index: int = 0,
+    num_pipeline_stages: Optional[int] = None,
+    **timing: Any,
 ) -> GPU:
-    """The emulated device described by ``cfg.emulated``."""
+    """The emulated device described by ``cfg.emulated``.
+
+    ``timing``: ``clock`` / ``sleeper`` for the device (virtual time in tests).
+    """
     from perseus.gpu.device_profiles import (
         blocking_power_for,
         load_device_profile,
@@ -128,4 +181,6 @@ def build_emulated(
         power_limit_min_w=em.power_limit_min_w,
         num_pipeline_stages=num_pipeline_stages,
         index=local_index,
+        asynchronous=em.asynchronous,
+        **timing,
     )

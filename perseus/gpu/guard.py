@@ -10,12 +10,17 @@
   ``<gpu key>.state.json`` (pid, GPU index and UUID, what to restore) *before* changing
   anything. :meth:`restore` undoes the changes and removes the file.
 * **Whatever ends the process.** Context-manager exit (exceptions), ``atexit``, SIGINT and
-  SIGTERM (see :mod:`perseus.gpu.restore_hooks`) restore. SIGKILL cannot be caught: the state
-  file stays behind and :meth:`GPUGuard.recover_stale` — called by the next start, and by
-  ``acquire`` for its own GPU — restores it once its owner is gone.
+  SIGTERM (see :mod:`perseus.gpu.restore_hooks`) restore. SIGKILL and SIGABRT cannot be
+  handled: the state file stays behind, and the **watchdog** (:mod:`perseus.gpu.watchdog`, a
+  separate process started with the first guard of a process on a real GPU) restores it the
+  moment its owner is gone. The next start (:meth:`GPUGuard.recover_stale`, and ``acquire``
+  for its own GPU) and ``perseus-gpu restore`` (job epilogs) do the same.
+* **Bounded.** Restoring runs under a timeout (``restore_timeout_s``): a driver that stopped
+  answering cannot hang a close, an exit hook or a signal handler; what was not restored stays
+  in the state file (and the lock stays held until the process ends, so nobody else takes the
+  GPU meanwhile).
 
 State dir: ``gpu.state_dir``, else ``$XDG_RUNTIME_DIR/perseus``, else ``/tmp/perseus-<uid>``.
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from perseus.errors import GPUError
+from perseus.errors import GPUError, GPUTimeoutError
 from perseus.gpu import restore_hooks
 from perseus.gpu.base import GPU
+from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
 from perseus.gpu.guard_files import (
     LockFile,
     apply_restore,
@@ -48,13 +54,26 @@ class GPUGuard:
         gpu: The device.
         state_dir: Where lock and state files live (default: see the module docstring).
         owner: Who holds the GPU, shown to a second would-be owner.
+        restore_timeout_s: Bound on restoring (None: unbounded).
+        watchdog: Start the watchdog process on acquire. None: for devices whose settings
+            outlive the process (real GPUs), not in a dry run.
     """
 
     def __init__(
-        self, gpu: GPU, *, state_dir: Optional[Path] = None, owner: str = "perseus"
+        self,
+        gpu: GPU,
+        *,
+        state_dir: Optional[Path] = None,
+        owner: str = "perseus",
+        restore_timeout_s: Optional[float] = RESTORE_TIMEOUT_S,
+        watchdog: Optional[bool] = None,
     ) -> None:
         self.gpu = gpu
         self.owner = owner
+        self.restore_timeout_s = restore_timeout_s
+        if watchdog is None:
+            watchdog = gpu.persistent_settings and not gpu.dry_run
+        self._watchdog = watchdog
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         key = gpu.ownership_key()
         self._lock_file = LockFile(self.state_dir / f"{key}.lock")
@@ -81,23 +100,43 @@ class GPUGuard:
             if self.acquired:
                 return self
             self._lock_file.acquire(self._describe_gpu(), self.owner)
-            leftover = read_state(self._state_path)
-            if leftover is not None:
-                self._restore_leftover(leftover)
+            try:
+                leftover = read_state(self._state_path)
+                if leftover is not None:
+                    self._restore_leftover(leftover)
+            except BaseException:
+                self._lock_file.release(remove=True)
+                raise
+            if self._watchdog:
+                from perseus.gpu import watchdog
+
+                watchdog.watch(self.state_dir)
             restore_hooks.register(self)
             return self
 
     def release(self) -> None:
-        """Restore the GPU and give up ownership."""
+        """Restore the GPU and give up ownership.
+
+        Raises:
+            GPUTimeoutError: restoring did not finish in time; the guard then keeps the GPU's
+                lock (and its state file) until the process ends, for the watchdog.
+        """
+        if not self.acquired:
+            return
+        try:
+            self.restore()
+        except GPUTimeoutError:
+            restore_hooks.unregister(self)
+            raise
+        except BaseException:
+            self._let_go()
+            raise
+        self._let_go()
+
+    def _let_go(self) -> None:
         with self._mutex:
-            if not self.acquired:
-                return
-            try:
-                self.restore()
-            finally:
-                restore_hooks.unregister(self)
-                # A device private to this process (no UUID) leaves no lock file behind.
-                self._lock_file.release(remove=self.gpu.uuid is None)
+            restore_hooks.unregister(self)
+            self._lock_file.release(remove=True)
 
     def __enter__(self) -> GPUGuard:
         return self.acquire()
@@ -162,7 +201,16 @@ class GPUGuard:
             self._write_or_remove_state()
 
     def restore(self) -> None:
-        """Undo every change this guard made; raises the first failure after trying all."""
+        """Undo every change this guard made; raises the first failure after trying all.
+
+        Raises:
+            GPUTimeoutError: not done within ``restore_timeout_s`` (a hung driver).
+        """
+        if not (self._sm_locked or self._memory_locked or self._found_power_limit_mw is not None):
+            return
+        run_bounded(self._restore_now, self.restore_timeout_s, f"restoring {self._describe_gpu()}")
+
+    def _restore_now(self) -> None:
         with self._mutex:
             failures = []
             for changed, undo in (
@@ -187,20 +235,27 @@ class GPUGuard:
 
     # -- SIGKILL recovery -------------------------------------------------------------------
     @staticmethod
-    def recover_stale(state_dir: Optional[Path], open_gpu: Callable[[int], GPU]) -> int:
+    def recover_stale(
+        state_dir: Optional[Path],
+        open_gpu: Callable[[int], GPU],
+        open_uuid: Optional[Callable[[str], GPU]] = None,
+    ) -> int:
         """Restore GPUs whose owner died without restoring (state file left, lock free).
 
         Args:
             state_dir: The guards' state dir (None = the default).
             open_gpu: Opens the GPU with the index recorded in a state file; a device whose
                 UUID differs from the recorded one is left alone (with a warning).
+            open_uuid: Opens a GPU by the UUID recorded in a state file (preferred: right
+                whatever ``CUDA_VISIBLE_DEVICES`` says now).
 
         Returns:
-            How many GPUs were restored.
+            How many GPUs were restored. Damaged state files are set aside, never raised.
         """
         from perseus.gpu.guard_files import recover_dir
 
-        return recover_dir(Path(state_dir) if state_dir else default_state_dir(), open_gpu)
+        path = Path(state_dir) if state_dir else default_state_dir()
+        return recover_dir(path, open_gpu, open_uuid)
 
     # -- internals --------------------------------------------------------------------------
     def _restore_leftover(self, leftover: Dict[str, Any]) -> None:

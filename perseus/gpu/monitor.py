@@ -35,9 +35,13 @@ Holding costs up to two update periods per short window at ``end_window``
 (``hold_updates=1`` halves it, with the bias shown). The first short window has no known
 update times yet, so its begin reading may be one update old (the 38 % worst case above).
 A hold that sees no update within ``hold_timeout_s`` falls back to power x time, and a window
-ending right after another one's hold reuses it.
+ending right after another one's hold reuses it. GPUs without an energy counter
+(``energy_source == "sampled power"``, see :mod:`perseus.gpu.power_sampler`) have no update to
+wait for: their windows always take the plain difference.
 
-Runs on Python 3.9 (the Merak runtime path).
+The monitor reads the counters where it is called: on a real GPU, call it at points where the
+device has finished the window's work (the runtime's hooks synchronize first; see
+:meth:`perseus.gpu.base.GPU.synchronize`).
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ class EnergyMonitor:
         hold = time_s < self.hold_below_s
         per_gpu = []
         for i, gpu in enumerate(self.gpus):
-            if not hold:
+            if not hold or gpu.energy_source != "counter":
                 per_gpu.append((gpu.total_energy_mj() - begin.raw_mj[i]) / 1000.0)
                 continue
             end_mj = self._end_energy_mj(i, end_s)

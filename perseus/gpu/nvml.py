@@ -1,52 +1,89 @@
 """The real device: one NVIDIA GPU driven through NVML (pynvml, imported lazily).
 
-* ``index`` is the GPU as this process sees it: ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-``
-  UUIDs or unique UUID prefixes) is honoured, so rank ``i`` opens the same device as
-  ``torch.cuda.device(i)``.
+* **Which GPU.** ``index`` is the CUDA device index of this process; it is mapped to the NVML
+  device by identity (CUDA's UUID where this process uses CUDA, else ``CUDA_VISIBLE_DEVICES``
+  and ``CUDA_DEVICE_ORDER``; see :mod:`perseus.gpu.device_map`). :meth:`NVMLGPU.from_uuid`
+  opens a GPU by UUID whatever the environment (recovery of a killed owner's settings).
 * MIG: a MIG instance (``MIG-`` UUID) or a GPU with MIG mode on is refused; clocks and power
   limits of a partitioned GPU are shared by all its instances.
 * ``dry_run``: every change is logged and not made; reads still go to the device.
 * Supported SM clocks are those NVML lists for the highest memory clock.
+* **Synchronize.** :meth:`synchronize` waits for the work this process queued on the CUDA
+  device (``torch.cuda.synchronize``; a no-op where CUDA is not in use).
+* **Energy.** The cumulative counter (Volta or newer) where it exists; a counter that goes
+  backwards (reset by a driver reload) is continued, not subtracted. Without a counter
+  (``NOT_SUPPORTED``), energy is integrated from power samples
+  (:class:`~perseus.gpu.power_sampler.SampledEnergy`), with one warning.
+* **Power.** The instant power field (``NVML_FI_DEV_POWER_INSTANT``) where the driver has it,
+  else ``nvmlDeviceGetPowerUsage`` (averaged over about a second on A40 and Hopper).
 
 Every NVML failure raises a :mod:`perseus.errors` ``GPU*`` error (see
-:mod:`perseus.gpu.nvml_support`). Runs on Python 3.9 (the Merak runtime path).
+:mod:`perseus.gpu.nvml_support`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Tuple
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
 
-from perseus.errors import GPUNotFoundError, GPUNotSupportedError, GPUValueError
+from perseus.errors import GPUError, GPUNotSupportedError, GPUValueError
 from perseus.gpu.base import GPU
-from perseus.gpu.nvml_support import as_text, call, load_pynvml, translate, visible_devices
+from perseus.gpu.bounded import run_bounded
+from perseus.gpu.device_map import handle_by_uuid, resolve_handle
+from perseus.gpu.nvml_support import as_text, call, load_pynvml, mig_message
+from perseus.gpu.power_sampler import SampledEnergy
+from perseus.gpu.sync import CudaSynchronizer
 
 logger = logging.getLogger(__name__)
+
+# Bound on nvmlShutdown at close (a hung driver must not hang the exit).
+CLOSE_TIMEOUT_S = 5.0
 
 
 class NVMLGPU(GPU):
     """One NVIDIA GPU.
 
     Args:
-        index: The GPU's index as this process sees it (after ``CUDA_VISIBLE_DEVICES``).
+        index: The GPU's CUDA device index in this process (after ``CUDA_VISIBLE_DEVICES``).
         dry_run: Log clock / power-limit changes instead of making them.
+        uuid: Open the GPU with this UUID instead (``index`` is then only reported).
+        power_sample_period_s: Background power sampling period where energy has to be
+            integrated from power (no counter); 0 samples only when energy is read.
+        clock: Monotonic clock of that integration (tests inject a fake one).
+
+    Attributes:
+        mapping: How the NVML device was found (e.g. "CUDA device 0 by UUID").
 
     Raises:
-        GPUNotFoundError: no driver, no such GPU.
+        GPUNotFoundError: no driver, no such GPU, or an ambiguous mapping.
         GPUNotSupportedError: the GPU is a MIG instance or has MIG mode enabled.
     """
 
     persistent_settings = True
 
-    def __init__(self, index: int, *, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        *,
+        dry_run: bool = False,
+        uuid: Optional[str] = None,
+        power_sample_period_s: float = 0.02,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.index = index
         self.dry_run = dry_run
         self._nvml = load_pynvml()
-        self._where = f"GPU {index}"
+        self._where = f"GPU {index}" if uuid is None else f"GPU {uuid}"
         call(self._nvml, self._where, "nvmlInit")
         self._open = True
         try:
-            self._handle = self._resolve_handle(index)
+            if uuid is None:
+                self._handle, self.mapping = resolve_handle(self._nvml, index, self._where)
+            else:
+                self._handle = handle_by_uuid(self._nvml, uuid, self._where)
+                self.mapping = f"by UUID {uuid}"
             self._refuse_mig()
             self.name = as_text(self._call("nvmlDeviceGetName"))
             self.uuid = as_text(self._call("nvmlDeviceGetUUID"))
@@ -54,60 +91,35 @@ class NVMLGPU(GPU):
             self.close()
             raise
         self._where = f"GPU {index} ({self.name}, {self.uuid})"
+        # Only a device opened by CUDA index has queued work of this process to wait for.
+        self._sync: Optional[CudaSynchronizer] = CudaSynchronizer(index) if uuid is None else None
         self._sm_clocks: Optional[List[int]] = None
         self._mem_clocks: Optional[List[int]] = None
         self._constraints: Optional[Tuple[int, int]] = None
+        self._energy_lock = threading.Lock()
+        self._last_raw_mj: Optional[int] = None
+        self._energy_offset_mj = 0
+        self._sampled: Optional[SampledEnergy] = None
+        self._sample_period_s = power_sample_period_s
+        self._clock = clock
+        self._instant_field: Optional[bool] = None  # unknown until the first power reading
+
+    @classmethod
+    def from_uuid(cls, uuid: str, *, dry_run: bool = False) -> NVMLGPU:
+        """Open the GPU with this UUID, whatever ``CUDA_VISIBLE_DEVICES`` says.
+
+        ``index`` is then NVML's index of the device (PCI bus order).
+        """
+        gpu = cls(-1, dry_run=dry_run, uuid=uuid)
+        try:
+            gpu.index = int(gpu._call("nvmlDeviceGetIndex"))
+        except GPUError:
+            pass
+        return gpu
 
     # -- opening ----------------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> Any:
         return call(self._nvml, self._where, name, *args, handle=self._handle)
-
-    def _resolve_handle(self, index: int) -> Any:
-        nvml = self._nvml
-        visible = visible_devices()
-        if visible is not None:
-            if not 0 <= index < len(visible):
-                raise GPUNotFoundError(
-                    f"GPU {index} is not visible: CUDA_VISIBLE_DEVICES lists {len(visible)} "
-                    f"device(s) ({','.join(visible) or 'none'}); use an index below that or "
-                    "change CUDA_VISIBLE_DEVICES"
-                )
-            entry = visible[index]
-            if entry.startswith("MIG-"):
-                raise GPUNotSupportedError(_mig_message(f"GPU {index} is MIG instance {entry}"))
-            if entry.startswith("GPU-"):
-                return self._handle_by_uuid(entry)
-            index = int(entry)
-        count = call(nvml, self._where, "nvmlDeviceGetCount")
-        if not 0 <= index < count:
-            raise GPUNotFoundError(
-                f"GPU {index} does not exist: NVML sees {count} GPU(s); check the GPU index "
-                "(gpu local index / CUDA_VISIBLE_DEVICES)"
-            )
-        return call(nvml, self._where, "nvmlDeviceGetHandleByIndex", index)
-
-    def _handle_by_uuid(self, uuid: str) -> Any:
-        """Handle of the GPU with this UUID, or (as CUDA allows) this unique UUID prefix."""
-        nvml = self._nvml
-        try:
-            return nvml.nvmlDeviceGetHandleByUUID(uuid)
-        except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) not in (
-                nvml.NVML_ERROR_NOT_FOUND,
-                nvml.NVML_ERROR_INVALID_ARGUMENT,
-            ):
-                raise translate(nvml, exc, f"nvmlDeviceGetHandleByUUID({uuid!r}) failed") from exc
-        matches = []
-        for i in range(call(nvml, self._where, "nvmlDeviceGetCount")):
-            handle = call(nvml, self._where, "nvmlDeviceGetHandleByIndex", i)
-            if as_text(call(nvml, self._where, "nvmlDeviceGetUUID", handle)).startswith(uuid):
-                matches.append(handle)
-        if len(matches) != 1:
-            raise GPUNotFoundError(
-                f"CUDA_VISIBLE_DEVICES entry {uuid} matches {len(matches)} GPUs; give a full "
-                "GPU UUID (`nvidia-smi -L`) or an index"
-            )
-        return matches[0]
 
     def _refuse_mig(self) -> None:
         nvml = self._nvml
@@ -116,7 +128,7 @@ class NVMLGPU(GPU):
         except nvml.NVMLError:
             return  # pre-Ampere GPUs have no MIG mode
         if current == nvml.NVML_DEVICE_MIG_ENABLE:
-            raise GPUNotSupportedError(_mig_message(f"{self._where} has MIG mode enabled"))
+            raise GPUNotSupportedError(mig_message(f"{self._where} has MIG mode enabled"))
 
     # -- clocks -----------------------------------------------------------------------------
     def supported_memory_clocks_mhz(self) -> List[int]:
@@ -191,26 +203,133 @@ class NVMLGPU(GPU):
         )
 
     # -- measurement ------------------------------------------------------------------------
+    @property
+    def energy_source(self) -> str:  # type: ignore[override]
+        """``counter`` or, on GPUs without one, ``sampled power``."""
+        return "counter" if self._sampled is None else "sampled power"
+
     def total_energy_mj(self) -> int:
-        """Energy since the driver loaded (mJ)."""
-        return int(self._call("nvmlDeviceGetTotalEnergyConsumption"))
+        """Energy (mJ): the counter, continued across resets; sampled power without one."""
+        sampled = self._sampled
+        if sampled is not None:
+            return sampled.energy_mj()
+        try:
+            raw = int(self._call("nvmlDeviceGetTotalEnergyConsumption"))
+        except GPUNotSupportedError as exc:
+            return self._fall_back_to_power(exc).energy_mj()
+        with self._energy_lock:
+            last = self._last_raw_mj
+            if last is not None and raw < last:
+                logger.warning(
+                    "%s: the energy counter went back from %d to %d mJ (reset by a driver "
+                    "reload?); continuing from %d mJ",
+                    self._where,
+                    last,
+                    raw,
+                    last + self._energy_offset_mj,
+                )
+                self._energy_offset_mj += last
+            self._last_raw_mj = raw
+            return raw + self._energy_offset_mj
 
     def power_mw(self) -> int:
-        """Current power draw (mW)."""
+        """Power draw (mW): the instant field where available, else NVML's power usage."""
+        if self._instant_field is not False:
+            instant = self._instant_power_mw()
+            if instant is not None:
+                return instant
         return int(self._call("nvmlDeviceGetPowerUsage"))
+
+    @property
+    def power_source(self) -> str:
+        """Which NVML reading :meth:`power_mw` uses (known after the first reading)."""
+        if self._instant_field is None:
+            return "unknown (not read yet)"
+        return "instant field" if self._instant_field else "nvmlDeviceGetPowerUsage"
+
+    def sm_clock_mhz(self) -> Optional[int]:
+        """The current SM clock (``nvmlDeviceGetClockInfo``); None where unsupported."""
+        try:
+            return int(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_SM))
+        except GPUNotSupportedError:
+            return None
+
+    def persistence_mode(self) -> Optional[bool]:
+        """Whether persistence mode is on (None where NVML cannot say)."""
+        try:
+            mode = self._call("nvmlDeviceGetPersistenceMode")
+        except GPUNotSupportedError:
+            return None
+        return bool(mode == self._nvml.NVML_FEATURE_ENABLED)
+
+    def synchronize(self) -> None:
+        """Wait for the CUDA work this process queued on the device (no-op without CUDA)."""
+        if self._sync is not None:
+            self._sync()
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Release NVML (settings are left alone: restoring them is the guard's job)."""
+        """Release NVML (settings are left alone: restoring them is the guard's job).
+
+        Bounded: a driver that does not answer cannot hang the caller (see
+        :mod:`perseus.gpu.bounded`).
+        """
+        sampled = getattr(self, "_sampled", None)
+        if sampled is not None:
+            sampled.close()
         if getattr(self, "_open", False):
             self._open = False
             try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError as exc:  # closing must not fail
-                logger.debug("nvmlShutdown failed: %s", exc)
+                run_bounded(
+                    self._nvml.nvmlShutdown, CLOSE_TIMEOUT_S, f"nvmlShutdown ({self._where})"
+                )
+            except (self._nvml.NVMLError, GPUError) as exc:  # closing must not fail
+                logger.warning("%s: nvmlShutdown failed: %s", self._where, exc)
 
     def __repr__(self) -> str:
         return f"NVMLGPU(index={self.index}, uuid={self.uuid!r}, dry_run={self.dry_run})"
+
+    def _fall_back_to_power(self, exc: GPUNotSupportedError) -> SampledEnergy:
+        with self._energy_lock:
+            if self._sampled is None:
+                self.power_mw()  # fails here (with its own error) if power cannot be read either
+                logger.warning(
+                    "%s has no energy counter (%s); integrating sampled power instead "
+                    "(%s every %g s): energy of windows shorter than ~0.1 s is less accurate",
+                    self._where,
+                    "NVML_ERROR_NOT_SUPPORTED" if "Not Supported" in str(exc) else exc,
+                    self.power_source,
+                    self._sample_period_s,
+                )
+                self._sampled = SampledEnergy(
+                    self.power_mw,
+                    clock=self._clock,
+                    period_s=self._sample_period_s,
+                    name=f"gpu{self.index}",
+                )
+            return self._sampled
+
+    def _instant_power_mw(self) -> Optional[int]:
+        nvml = self._nvml
+        field = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+        ok = getattr(nvml, "NVML_SUCCESS", 0)
+        try:
+            if field is None:
+                raise LookupError("pynvml has no NVML_FI_DEV_POWER_INSTANT")
+            value = nvml.nvmlDeviceGetFieldValues(self._handle, [field])[0]
+            if value.nvmlReturn != ok:
+                raise LookupError(f"field status {value.nvmlReturn}")
+            self._instant_field = True
+            return int(value.value.uiVal)
+        except (nvml.NVMLError, LookupError) as exc:
+            if self._instant_field is None:
+                logger.info(
+                    "%s: no instant power field (%s); using nvmlDeviceGetPowerUsage",
+                    self._where,
+                    exc,
+                )
+            self._instant_field = False
+            return None
 
     def _change(self, description: str, name: str, *args: Any) -> None:
         if self.dry_run:
@@ -226,11 +345,3 @@ def _check_range(min_mhz: int, max_mhz: int, what: str, where: str) -> None:
             f"{what} range [{min_mhz}, {max_mhz}] MHz for {where} is invalid; give "
             "0 < min <= max (equal values pin one frequency)"
         )
-
-
-def _mig_message(what: str) -> str:
-    return (
-        f"{what}: Perseus needs a whole GPU because clocks and power limits are shared by "
-        "all MIG instances; disable MIG (`sudo nvidia-smi -i <gpu> -mig 0`), pick a GPU "
-        "without MIG, or use gpu=emulated"
-    )

@@ -3,12 +3,11 @@
 pynvml (from the ``nvidia-ml-py`` distribution) is imported only when a function here runs, so
 importing Perseus never needs it. Every NVML error becomes a :class:`perseus.errors.GPUError`
 subclass whose message names the call, the GPU and what to do.
-
-Runs on Python 3.9 (the Merak runtime path).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any, List, Optional, Union
 
@@ -35,7 +34,62 @@ _NOT_FOUND = (
     "NVML_ERROR_GPU_IS_LOST",
 )
 _NOT_SUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
+# NVML start-up failures on a machine that has NVIDIA GPUs, and what fixes them.
+INIT_FIXES = {
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
+        "the NVIDIA kernel module and the user-space driver library differ (typically a "
+        "driver upgrade without a reboot): reboot the node, or reload the kernel modules "
+        "(`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`); "
+        "in a container, use the host's driver version"
+    ),
+    "NVML_ERROR_DRIVER_NOT_LOADED": (
+        "the NVIDIA kernel module is not loaded: `sudo modprobe nvidia` (check `dmesg`)"
+    ),
+    "NVML_ERROR_LIBRARY_NOT_FOUND": (
+        "libnvidia-ml.so is not found although NVIDIA devices exist: install the driver's "
+        "user-space libraries, or run the container with the NVIDIA container toolkit "
+        "(`--gpus all`)"
+    ),
+    "NVML_ERROR_NO_PERMISSION": (
+        "this user may not open /dev/nvidia*: add it to the group owning those devices"
+    ),
+}
+
 _VALUE = ("NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_FREQ_NOT_SUPPORTED")
+
+
+# Where NVIDIA GPUs show up without asking NVML (module attributes so tests can point them
+# at a folder of their own).
+DEV_DIR = "/dev"
+PROC_DRIVER_DIR = "/proc/driver/nvidia"
+
+
+def nvidia_present() -> bool:
+    """Whether this machine has NVIDIA GPUs or an NVIDIA driver, asking neither NVML nor CUDA.
+
+    True when a GPU device file (``/dev/nvidia0`` ...) or the kernel driver's
+    ``/proc/driver/nvidia`` exists: then a failing NVML is an error to report, not a reason to
+    fall back to the emulated GPU.
+    """
+    return bool(glob.glob(os.path.join(DEV_DIR, "nvidia[0-9]*"))) or os.path.isdir(PROC_DRIVER_DIR)
+
+
+def init_failure_fix(nvml: Any, exc: BaseException) -> str:
+    """What to do about ``nvmlInit`` failing with ``exc`` on a machine that has NVIDIA GPUs."""
+    value = getattr(exc, "value", None)
+    for name, fix in INIT_FIXES.items():
+        if getattr(nvml, name, object()) == value:
+            return fix
+    return "check the NVIDIA driver with `nvidia-smi`"
+
+
+def mig_message(what: str) -> str:
+    """The refusal of a MIG device, with the fixes."""
+    return (
+        f"{what}: Perseus needs a whole GPU because clocks and power limits are shared by "
+        "all MIG instances; disable MIG (`sudo nvidia-smi -i <gpu> -mig 0`), pick a GPU "
+        "without MIG, or use gpu=emulated"
+    )
 
 
 def load_pynvml() -> Any:

@@ -8,12 +8,18 @@ last measured iteration of the plan.
 
 from __future__ import annotations
 
-import csv
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.config import PerseusConfig
+from perseus.formats import plan_outputs
+from perseus.formats.plan_json import Plan
+from perseus.formats.profile_csv import read_profile_csv
+from perseus.formats.trace_csv import read_traces
+
+if TYPE_CHECKING:
+    from perseus.planner.frontier import Frontier, FrontierPoint
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +32,9 @@ def measured_intervals(out_dir: Path, num_stages: int) -> Optional[List[List[Int
     Times are relative to the earliest start in that iteration. ``None`` without traces.
     """
     rows: Dict[int, Dict[int, List[Interval]]] = {}
-    for path in sorted(out_dir.glob("trace-rank*.csv")):
-        with path.open() as fh:
-            for row in csv.DictReader(fh):
-                step, stage = int(row["step"]), int(row["stage"])
-                interval = (float(row["start_s"]), float(row["end_s"]))
-                rows.setdefault(step, {}).setdefault(stage, []).append(interval)
+    for row in read_traces(out_dir):
+        interval = (row.start_s, row.end_s)
+        rows.setdefault(row.step, {}).setdefault(row.stage, []).append(interval)
     complete = [s for s, stages in rows.items() if len(stages) == num_stages]
     if not complete:
         return None
@@ -47,25 +50,21 @@ def write_plots(cfg: PerseusConfig, out_dir: Path) -> List[Path]:
     """Draw the plots the run's files allow; returns the files written."""
     if not cfg.planner.plots:
         return []
-    profile_csv, plan_json = out_dir / "profile.csv", out_dir / "plan.json"
-    if not (profile_csv.is_file() and plan_json.is_file()):
+    profile_csv = out_dir / plan_outputs.PROFILE_CSV
+    if not (profile_csv.is_file() and (out_dir / plan_outputs.PLAN_JSON).is_file()):
         logger.info("no profile.csv/plan.json in %s: skipping the plots", out_dir)
         return []
-    from perseus.plan import load_plan
     from perseus.planner import plots
     from perseus.planner.frontier import build_frontier
     from perseus.planner.problem import PlanningProblem
-    from perseus.profile import load_profile
 
-    profile = load_profile(profile_csv)
-    chosen = load_plan(plan_json)
+    profile = read_profile_csv(profile_csv)
+    chosen = plan_outputs.read_chosen_plan(out_dir)
     problem = PlanningProblem(
         profile, chosen.num_microbatches, cfg.planner.p2p_power_w, schedule=chosen.schedule
     )
-    chosen_freqs = [chosen.frequencies(s) for s in range(chosen.num_stages)]
-    assignments = [chosen_freqs] + [
-        _freqs(load_plan(p)) for p in sorted((out_dir / "plans").glob("*.json"))
-    ]
+    chosen_freqs = _freqs(chosen)
+    assignments = [chosen_freqs] + [_freqs(p) for p in plan_outputs.read_frontier_plans(out_dir)]
     frontier = build_frontier(problem, assignments)
     written = []
     chosen_point = _point_with(frontier, chosen_freqs)
@@ -79,11 +78,11 @@ def write_plots(cfg: PerseusConfig, out_dir: Path) -> List[Path]:
     return written
 
 
-def _freqs(plan: Any) -> List[List[int]]:
+def _freqs(plan: Plan) -> List[List[int]]:
     return [plan.frequencies(s) for s in range(plan.num_stages)]
 
 
-def _point_with(frontier: Any, freqs: List[List[int]]) -> Any:
+def _point_with(frontier: Frontier, freqs: List[List[int]]) -> Optional[FrontierPoint]:
     for point in frontier.points:
         if [list(f) for f in point.freqs] == freqs:
             return point

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.launcher.ports import free_port
+from perseus.train.worker import RANK_STORE_PORT_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class LaunchPlan:
     master_addr: str
     master_port: int
     run_id: str
+    python: str = sys.executable
+    """Interpreter of the ranks (``train.python``; default: the launcher's)."""
+    rank_store_port: Optional[int] = None
+    """With ``train.python``: the port of the ranks' own rendezvous store."""
 
     @property
     def world_size(self) -> int:
@@ -74,7 +79,13 @@ def plan_launch(cfg: PerseusConfig, run_id: str) -> LaunchPlan:
         # One node: the rendezvous is local, so any free port will do (a fixed one such as
         # 29500 collides with other jobs on the machine).
         port = free_port(train.master_addr)
-    return LaunchPlan(train.nnodes, train.node_rank, nproc, train.master_addr, port, run_id)
+    python, store_port = sys.executable, None
+    if train.python:
+        python = str(Path(train.python).expanduser().absolute())
+        store_port = free_port(train.master_addr) if train.nnodes == 1 else port + 1
+    return LaunchPlan(
+        train.nnodes, train.node_rank, nproc, train.master_addr, port, run_id, python, store_port
+    )
 
 
 def worker_env(config_path: Path) -> Dict[str, str]:
@@ -96,6 +107,8 @@ def launch_ranks(plan: LaunchPlan, config_path: Path, log_dir: Path) -> None:
 
     for key, value in worker_env(config_path).items():
         os.environ[key] = value
+    if plan.rank_store_port is not None:
+        os.environ[RANK_STORE_PORT_ENV] = str(plan.rank_store_port)
     config = LaunchConfig(
         min_nodes=plan.nnodes,
         max_nodes=plan.nnodes,
@@ -112,7 +125,7 @@ def launch_ranks(plan: LaunchPlan, config_path: Path, log_dir: Path) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", WORKER_MODULE)
+        elastic_launch(config, plan.python)("-u", "-m", WORKER_MODULE)
     except ChildFailedError as exc:
         raise RankFailedError(describe_failure(exc, log_dir)) from None
     except SignalException as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from perseus.models.zoo import LayerDef, ModelDescription
 
@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _tied_call(module: nn.Module, layer: LayerDef) -> nn.Module:
+def tied_call(module: nn.Module, layer: LayerDef) -> nn.Module:
+    """A layer that calls ``module`` (built for an earlier layer) through ``layer.forward_fn``."""
     from torch import nn
 
     fn = layer.forward_fn
@@ -33,13 +34,23 @@ def _tied_call(module: nn.Module, layer: LayerDef) -> nn.Module:
     return TiedCall()
 
 
-def build_layers(layers: Sequence[LayerDef]) -> List[nn.Module]:
-    """Instantiate ``layers`` in order; tied layers share one module."""
+def build_layers(layers: Sequence[LayerDef], seed: Optional[int] = None) -> List[nn.Module]:
+    """Instantiate ``layers`` in order; tied layers share one module.
+
+    Args:
+        layers: The model's layers.
+        seed: Seed the random generator with ``seed + index`` before building each layer, so a
+            layer starts the same whichever process (pipeline stage) builds it.
+    """
+    import torch
+
     tied: Dict[str, nn.Module] = {}
     modules: List[nn.Module] = []
-    for layer in layers:
+    for index, layer in enumerate(layers):
+        if seed is not None:
+            torch.manual_seed(seed + index)
         if layer.tie_key is not None and layer.tie_key in tied:
-            modules.append(_tied_call(tied[layer.tie_key], layer))
+            modules.append(tied_call(tied[layer.tie_key], layer))
             continue
         module = layer.module(**layer.kwargs)
         if layer.tie_key is not None:

@@ -2,12 +2,52 @@
 
 Every layer takes and returns one tensor so a pipeline can cut between any two of them:
 token ids ``[batch, seq]`` -> hidden ``[batch, seq, hidden]`` -> logits ``[batch, seq, vocab]``.
+The layers also build and train on torch 1.10 (Merak's environment), which has no fused
+attention: :func:`attention` spells it out there.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 from torch import nn
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    bias: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Softmax attention of ``[batch, heads, seq, dim]`` tensors with an additive ``bias``.
+
+    ``scale`` multiplies the scores (default ``1/sqrt(dim)``); ``causal`` hides later keys.
+    Uses torch's fused ``scaled_dot_product_attention`` where it exists (torch >= 2.1).
+    """
+    if causal and bias is not None:  # one additive mask (the fused kernel takes one or the other)
+        bias = bias.masked_fill(_later_keys(q, k), float("-inf"))
+        causal = False
+    fused = getattr(nn.functional, "scaled_dot_product_attention", None)
+    if fused is not None:
+        kwargs = {} if scale is None else {"scale": scale}
+        out: torch.Tensor = fused(q, k, v, attn_mask=bias, is_causal=causal, **kwargs)
+        return out
+    scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        scores = scores.masked_fill(_later_keys(q, k), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _later_keys(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[seq_q, seq_k]`` mask of the keys after each query (hidden under causal attention)."""
+    return torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
 
 
 class GPTEmbedding(nn.Module):
@@ -48,7 +88,7 @@ class SelfAttention(nn.Module):
         batch, seq, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq, 3, self.num_heads, hidden // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = attention(q, k, v, causal=self.causal)
         return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))
 
 

@@ -17,6 +17,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from perseus.models.layers_gpt import attention
+
 State = Tuple[torch.Tensor, torch.Tensor]
 _NUM_BUCKETS = 32
 _MAX_DISTANCE = 128
@@ -118,7 +120,7 @@ class T5Attention(nn.Module):
     ) -> torch.Tensor:
         """Queries from ``x``, keys and values from ``memory``, additive ``bias``."""
         q, k, v = self._heads(self.q(x)), self._heads(self.k(memory)), self._heads(self.v(memory))
-        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        y = attention(q, k, v, bias=bias, scale=1.0)
         batch, _, seq, _ = y.shape
         return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
 

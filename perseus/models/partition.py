@@ -53,7 +53,7 @@ def _even(num_items: int, num_parts: int) -> List[int]:
 
 def _uniform_transformer(description: ModelDescription, num_stages: int) -> List[int]:
     blocks = description.block_ids
-    if description.family not in ("gpt", "bert", "t5") or not blocks:
+    if description.family not in ("gpt", "bert", "t5", "bloom") or not blocks:
         raise ConfigError(
             f"model.partition=uniform_transformer needs a transformer model; "
             f"{description.name!r} is {description.family}: use uniform or custom:..."

@@ -7,7 +7,8 @@ is expressed with ``tie_key``: layers with the same key are ONE module, called t
 ``forward_fn`` at the later position (DeepSpeed's ``TiedLayerSpec`` does the same across stages).
 
 Families (``model.family``): ``gpt`` (GPT-2 architecture with GPT-3 sizes), ``bert`` (masked LM),
-``t5`` (encoder-decoder, v1.0), ``wide_resnet`` (torchvision layout, ``num_layers`` 50 or 101).
+``t5`` (encoder-decoder, v1.0), ``bloom`` (ALiBi decoder; embedding, blocks, head),
+``wide_resnet`` (torchvision layout, ``num_layers`` 50 or 101).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from perseus.config import ModelConfig
 from perseus.errors import ConfigError
 
-FAMILIES = ("gpt", "bert", "t5", "wide_resnet")
+FAMILIES = ("gpt", "bert", "t5", "bloom", "wide_resnet")
 _RESNET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 
@@ -65,7 +66,7 @@ def describe(cfg: ModelConfig) -> ModelDescription:
     Raises:
         ConfigError: unknown family or inconsistent sizes, naming the key to fix.
     """
-    builders = {"gpt": _gpt, "bert": _bert, "t5": _t5, "wide_resnet": _wide_resnet}
+    builders = {"gpt": _gpt, "bert": _bert, "t5": _t5, "bloom": _bloom, "wide_resnet": _wide_resnet}
     if cfg.family not in builders:
         raise ConfigError(
             f"model.family={cfg.family!r} (model {cfg.name!r}): choose one of {FAMILIES}"
@@ -142,6 +143,19 @@ def _bert(cfg: ModelConfig) -> ModelDescription:
     transform = LayerDef(b.BertMLMTransform, {"hidden_size": cfg.hidden_size})
     modules = (b.BertEmbedding, b.BertBlock)
     return _tied_stack(cfg, "bert", modules, transform, b.tied_mlm_logits)
+
+
+def _bloom(cfg: ModelConfig) -> ModelDescription:
+    from perseus.models import layers_bloom as b
+
+    embed = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size}
+    sizes = {"hidden_size": cfg.hidden_size, "num_heads": cfg.num_attention_heads}
+    sizes["ffn_size"] = _ffn(cfg)
+    layers = [LayerDef(b.BloomEmbedding, embed, tie_key="embed")]
+    layers += [LayerDef(b.BloomBlock, sizes, is_block=True) for _ in range(cfg.num_layers)]
+    head = LayerDef(b.BloomEmbedding, embed, tie_key="embed", forward_fn=b.tied_bloom_logits)
+    layers.append(head)
+    return ModelDescription(cfg.name, "bloom", layers, cfg.vocab_size, cfg.seq_length)
 
 
 def _t5(cfg: ModelConfig) -> ModelDescription:

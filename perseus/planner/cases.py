@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Tuple
 
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.planner.derived import deepen_profile
 from perseus.planner.problem import PlanningProblem
-from perseus.profile import Profile, load_profile
 
 PROFILES = (
     "gpt3-175b+a100_sxm_bf16",
@@ -57,7 +57,7 @@ def blocking_power_w(name: str) -> float:
 
 def case_profile(name: str, num_stages: int = 8) -> Profile:
     """The published profile, deepened to ``num_stages`` when that differs from its own."""
-    profile = load_profile(profile_path(name))
+    profile = read_profile_csv(profile_path(name))
     if num_stages != profile.num_stages:
         profile = deepen_profile(profile, num_stages, DEEPEN_SEED, DEEPEN_SPREAD)
     return profile

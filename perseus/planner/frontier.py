@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from perseus.errors import SolverError
-from perseus.plan import Plan, PlanStep
+from perseus.formats.plan_json import Plan, PlanStep
 from perseus.planner.problem import Freqs, PlanningProblem
 from perseus.planner.simulate import simulate_choices
 
@@ -80,7 +80,7 @@ class Frontier:
         return 1.0 - point.energy_j / self.allmax.energy_j
 
     def to_plan(self, point: FrontierPoint) -> Plan:
-        """The point as a :class:`perseus.plan.Plan` with its re-simulated prediction."""
+        """The point as a plan (:mod:`perseus.formats.plan_json`), with its re-simulated figures."""
         problem = self.problem
         stages = [
             [PlanStep(name, mb, int(f)) for (name, mb), f in zip(problem.order[s], point.freqs[s])]

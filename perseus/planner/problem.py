@@ -18,8 +18,8 @@ from typing import Dict, List, Tuple, Union
 import numpy as np
 
 from perseus.errors import ConfigError
+from perseus.formats.profile_csv import INSTRUCTIONS, Profile, blocking_power_per_stage_w
 from perseus.planner.dag import PipelineDAG, build_dag
-from perseus.profile import INSTRUCTIONS, Profile, blocking_power_per_stage_w
 from perseus.schedule import stage_order_chunks
 
 #: Per stage, one frequency (MHz) per instruction in execution order.

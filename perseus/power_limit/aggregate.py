@@ -5,8 +5,11 @@ step in lockstep, so they close the same windows at the same step. The job's ene
 over ranks, its time the slowest rank's. With no initialised ``torch.distributed`` process group
 the local values are the job's.
 
-torch is imported lazily and only when the training process already imported
-``torch.distributed`` (otherwise no process group can exist). Runs on Python 3.9.
+CUDA runs kernels asynchronously: a window's end is only known once the queued work is done, so
+:func:`synchronize_devices` is called before reading the clock or the energy counter.
+
+torch is imported lazily and only when the training process already imported it (otherwise no
+process group and no CUDA work can exist). Runs on Python 3.9.
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ def torch_distributed(totals: WindowTotals) -> WindowTotals:
     dist.all_reduce(energy, op=dist.ReduceOp.SUM)
     dist.all_reduce(time_, op=dist.ReduceOp.MAX)
     return WindowTotals(time_s=float(time_.item()), energy_j=float(energy.item()))
+
+
+def synchronize_devices() -> None:
+    """Wait for queued CUDA work of this process (nothing to do without CUDA in use)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and cuda.is_available() and cuda.is_initialized():
+        cuda.synchronize()
+
+
+def broadcast_object(value: object) -> object:
+    """Rank 0's ``value`` on every rank (the value itself without a process group)."""
+    if not process_group_ready():
+        return value
+    dist = sys.modules["torch.distributed"]
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def process_group_ready() -> bool:

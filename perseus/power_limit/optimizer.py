@@ -9,6 +9,10 @@ the rest of training and saves the table so the next run of the same job skips p
 
 A window cut short — an epoch ends, or the loop calls :meth:`PowerLimitOptimizer.interrupt`
 (evaluation, checkpointing) — is thrown away and that limit is tried again, warm-up included.
+Queued GPU work is waited for (``synchronize``) before a window's clock and energy are read.
+
+A recurring job whose batch size changes between runs passes ``batch_size``: the saved profile
+is then kept per batch size, and each batch size is profiled inside its own first run.
 
 Every power-limit change goes through the GPU's :class:`~perseus.gpu.guard.GPUGuard`, the one
 owner of its settings. Runs on Python 3.9.
@@ -69,6 +73,10 @@ class PowerLimitOptimizer:
         aggregator: Combines this rank's window with the other ranks'; default: all-reduce over
             ``torch.distributed`` when a process group is initialised.
         clock: Wall clock in seconds (tests pass a virtual one).
+        batch_size: The job's (global) batch size, part of the saved profile's key; None for a
+            job whose batch size never changes.
+        synchronize: Waits for queued GPU work before a window is read (default: CUDA's, when
+            this process uses CUDA).
 
     Attributes:
         state: ``warmup``, ``profiling`` or ``done``.
@@ -86,6 +94,8 @@ class PowerLimitOptimizer:
         job_id: Optional[str] = None,
         aggregator: Optional[aggregate.Aggregator] = None,
         clock: Callable[[], float] = time.monotonic,
+        batch_size: Optional[int] = None,
+        synchronize: Callable[[], None] = aggregate.synchronize_devices,
     ) -> None:
         if not guards:
             raise ConfigError(
@@ -99,8 +109,10 @@ class PowerLimitOptimizer:
         self.cfg = cfg
         self.eta = eta
         self.job_id = job_id or cfg.job_id
+        self.batch_size = batch_size
         self._aggregate = aggregator or aggregate.torch_distributed
         self._clock = clock
+        self._synchronize = synchronize
         self._world_size = aggregate.rank_and_world()[1]
         self.power_limits_mw = self._limits_to_try()
         self.max_power_w = self._world_size * len(self.guards) * self.power_limits_mw[0] / 1000
@@ -201,6 +213,7 @@ class PowerLimitOptimizer:
         if self.state == WARMUP and self._steps_done >= self.cfg.warmup_steps:
             self.state = PROFILING
             self._steps_done = 0
+            self._synchronize()
             self._window_start = (self._clock(), self._energy_mj())
 
     def on_step_end(self) -> None:
@@ -231,6 +244,14 @@ class PowerLimitOptimizer:
         finally:
             self.on_epoch_end()
 
+    @property
+    def chosen_measurement(self) -> Optional[PowerLimitMeasurement]:
+        """The measured row of the chosen limit (per-step time and energy); None before."""
+        for m in self.measurements:
+            if m.power_limit_mw == self.chosen_limit_mw:
+                return m
+        return None
+
     def report(self) -> Dict[str, Any]:
         """The chosen limit and the measured table (``report.json``'s ``power_limit`` section)."""
         chosen = self.chosen_limit_mw
@@ -246,6 +267,7 @@ class PowerLimitOptimizer:
             "num_retries": self.num_retries,
             "loaded_profile": self.loaded_profile,
             "profile_path": self.cfg.profile_path,
+            "batch_size": self.batch_size,
             "measurements": table_rows(
                 self.measurements, eta=self.eta, max_power_w=self.max_power_w
             ),
@@ -269,6 +291,7 @@ class PowerLimitOptimizer:
             gpu_name=str(getattr(self.guards[0].gpu, "name", "unknown")),
             num_gpus=self._world_size * len(self.guards),
             power_limits_mw=self.power_limits_mw,
+            batch_size=self.batch_size,
         )
 
     def _load_saved(self) -> None:
@@ -301,6 +324,7 @@ class PowerLimitOptimizer:
     def _close_window(self) -> None:
         assert self._window_start is not None
         start_s, start_mj = self._window_start
+        self._synchronize()
         local = aggregate.WindowTotals(
             time_s=self._clock() - start_s, energy_j=(self._energy_mj() - start_mj) / 1000.0
         )

@@ -1,8 +1,10 @@
 """Saved power-limit profiles: profile a job once, reuse the table on every later run.
 
-One JSON file holds any number of profiles, each keyed by job id, GPU model, number of GPUs and
-the list of power limits tried. A run whose key matches a saved profile skips profiling and picks
-its limit from the saved table (with whatever selector it is configured with now).
+One JSON file holds any number of profiles, each keyed by job id, batch size (for recurring jobs
+whose batch size changes between runs), GPU model, number of GPUs and the list of power limits
+tried. A run whose key matches a saved profile skips profiling and picks its limit from the saved
+table (with whatever selector it is configured with now). Keys without a batch size are written
+as before, so files from earlier versions keep matching.
 
 The file is data, read with :mod:`json` only; writes are atomic (temporary file + rename), so a
 crash never leaves half a file. Standard library only; runs on Python 3.9.
@@ -32,21 +34,26 @@ class ProfileKey:
         gpu_name: The GPU model.
         num_gpus: GPUs in the whole job.
         power_limits_mw: The limits the optimizer tries, highest first.
+        batch_size: The (global) batch size the job trains with; None when it does not matter.
     """
 
     job_id: str
     gpu_name: str
     num_gpus: int
     power_limits_mw: Sequence[int]
+    batch_size: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain-JSON form."""
-        return {
+        out: Dict[str, Any] = {
             "job_id": self.job_id,
             "gpu_name": self.gpu_name,
             "num_gpus": self.num_gpus,
             "power_limits_mw": [int(x) for x in self.power_limits_mw],
         }
+        if self.batch_size is not None:
+            out["batch_size"] = int(self.batch_size)
+        return out
 
 
 def load_profile(path: Path, key: ProfileKey) -> Optional[List[PowerLimitMeasurement]]:

@@ -1,13 +1,13 @@
 """Online profiling logic: frequency sweeps, the stop rule, energy estimation, aggregation.
 
 Pure logic with no I/O: the coordination server drives it with the step records ranks report,
-and turns the result into a :class:`perseus.profile.Profile`.
+and turns the result into a :class:`perseus.formats.profile_csv.Profile`.
 """
 
 from perseus.profiler.estimate import StageEstimator, TypeEstimate
-from perseus.profiler.job import JobProfiler
+from perseus.profiler.job_profiler import JobProfiler
+from perseus.profiler.stage_sweep import StageSweep, sweep_clocks_mhz
 from perseus.profiler.stop import EnergyRiseStop
-from perseus.profiler.sweep import StageSweep, sweep_clocks_mhz
 
 __all__ = [
     "EnergyRiseStop",

@@ -1,28 +1,48 @@
 """HTTP client of the coordination server, for training ranks.
 
-Standard library only (urllib) and Python 3.9: it runs inside every training process. Every
-request has a timeout; connection failures and 5xx answers are retried a bounded number of times
-with exponential backoff, so one call never takes longer than about
-``(max_retries + 1) * timeout_s + backoff_s * 2 ** max_retries``. 4xx answers are not retried.
+Standard library only (:mod:`http.client`): it runs inside every training process. Connections
+are kept alive and reused (one per thread, so the rank's background threads never share one).
+Every request has a timeout; connection failures and 5xx answers are retried a bounded number
+of times with exponential backoff, so one call never takes longer than about
+``(max_retries + 1) * timeout_s + backoff_s * 2 ** max_retries``. A kept-alive connection the
+server closed while it was idle is replaced at once, without counting as an attempt. 4xx
+answers are not retried.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from perseus.errors import ServerError
 
 logger = logging.getLogger(__name__)
 
+#: ``(method, path, seconds, HTTP status or None for no answer)`` after every attempt.
+Observer = Callable[[str, str, float, Optional[int]], None]
+
 
 class ServerUnavailable(ServerError):
     """The server did not answer (after every retry)."""
+
+
+class ServerRefused(ServerError):
+    """The server answered 4xx: the request itself is wrong (never retried).
+
+    Attributes:
+        status: The HTTP status.
+        detail: The server's explanation.
+    """
+
+    def __init__(self, message: str, status: int, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
 
 
 class ServerClient:
@@ -34,6 +54,7 @@ class ServerClient:
         timeout_s: Per-attempt timeout (``server.request_timeout_s``).
         max_retries: Extra attempts after a failure (``server.max_retries``).
         backoff_s: First delay between attempts, doubled each time (``server.retry_backoff_s``).
+        observer: Called after every attempt (latency measurements); must not raise.
     """
 
     def __init__(
@@ -44,18 +65,77 @@ class ServerClient:
         timeout_s: float = 10.0,
         max_retries: int = 3,
         backoff_s: float = 0.2,
+        observer: Optional[Observer] = None,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ServerError(
                 f"server.url={url!r} is not an http(s) URL such as http://127.0.0.1:7787"
             )
+        try:
+            port = parsed.port
+        except ValueError:
+            raise ServerError(f"server.url={url!r}: the port is not a number") from None
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = float(timeout_s)
         self.max_retries = max(0, int(max_retries))
         self.backoff_s = max(0.0, float(backoff_s))
+        self.observer = observer
+        self._https = parsed.scheme == "https"
+        self._host = parsed.hostname
+        self._port = port
+        self._prefix = parsed.path.rstrip("/")
+        self._local = threading.local()
 
+    # -- connections ----------------------------------------------------------------------------
+    def _connection(self) -> Tuple[http.client.HTTPConnection, bool]:
+        """The calling thread's connection and whether it was used before."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.timeout_s)
+        self._local.conn = conn
+        return conn, False
+
+    def close(self) -> None:
+        """Close this thread's connection (others close when their thread ends)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def _exchange(
+        self, method: str, target: str, data: Optional[bytes], headers: Dict[str, str]
+    ) -> Tuple[int, bytes]:
+        """One request on this thread's connection (a stale kept-alive one is replaced once)."""
+        for fresh_try in (False, True):
+            conn, reused = self._connection()
+            try:
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                stale = isinstance(
+                    exc,
+                    (
+                        http.client.RemoteDisconnected,
+                        BrokenPipeError,
+                        ConnectionResetError,
+                        http.client.CannotSendRequest,
+                    ),
+                )
+                if reused and stale and not fresh_try:
+                    continue  # the server closed an idle connection: not a failed attempt
+                raise
+            if resp.will_close:
+                self.close()
+            return resp.status, raw
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- requests -------------------------------------------------------------------------------
     def request(
         self, method: str, path: str, body: Any = None, query: Optional[Dict[str, Any]] = None
     ) -> Any:
@@ -63,11 +143,11 @@ class ServerClient:
 
         Raises:
             ServerUnavailable: no answer after every retry (or 5xx every time).
-            ServerError: the server rejected the request (4xx), with its explanation.
+            ServerRefused: the server rejected the request (4xx), with its explanation.
         """
-        url = self.url + path
+        target = self._prefix + path
         if query:
-            url += "?" + urllib.parse.urlencode(query)
+            target += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
         if data is not None:
@@ -78,18 +158,29 @@ class ServerClient:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            req = urllib.request.Request(url, data=data, headers=headers, method=method)
+            t0 = time.perf_counter()
+            status: Optional[int] = None
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    raw = resp.read()
-                return json.loads(raw) if raw else None
-            except urllib.error.HTTPError as exc:
-                if exc.code < 500:
-                    raise ServerError(
-                        f"{method} {path}: the server answered {exc.code}: {_detail(exc)}"
-                    ) from None
+                status, raw = self._exchange(method, target, data, headers)
+            # Refused, reset, timed out, or an answer cut off (a server killed while it
+            # answered raises http.client.IncompleteRead, not an OSError).
+            except (OSError, http.client.HTTPException) as exc:
                 last = exc
-            except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad JSON
+                continue
+            finally:
+                if self.observer is not None:
+                    self.observer(method, path, time.perf_counter() - t0, status)
+            if status >= 500:
+                last = ServerError(f"HTTP {status}: {_detail(raw)}")
+                continue
+            if status >= 400:
+                detail = _detail(raw)
+                raise ServerRefused(
+                    f"{method} {path}: the server answered {status}: {detail}", status, detail
+                )
+            try:
+                return json.loads(raw) if raw else None
+            except ValueError as exc:
                 last = exc
         raise ServerUnavailable(
             f"{method} {path}: no answer from {self.url} after "
@@ -106,10 +197,10 @@ class ServerClient:
         return self.request("POST", path, body if body is not None else {})
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def _detail(raw: bytes) -> str:
     try:
-        payload = json.loads(exc.read() or b"{}")
-    except (ValueError, OSError):
-        return exc.reason if isinstance(exc.reason, str) else str(exc)
+        payload = json.loads(raw or b"{}")
+    except ValueError:
+        return raw[:200].decode(errors="replace")
     detail = payload.get("detail", payload) if isinstance(payload, dict) else payload
     return json.dumps(detail)[:2000] if not isinstance(detail, str) else detail[:2000]

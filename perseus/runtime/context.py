@@ -13,35 +13,28 @@ Where the configuration comes from, first match wins:
    directory and sets the environment variable ``PERSEUS_CONFIG`` to its path in every rank.
 3. Otherwise the defaults of :class:`~perseus.config.PerseusConfig`.
 
-Optimizers built here share one GPU object, one :class:`~perseus.gpu.guard.GPUGuard` and one
-clock controller per local GPU index: several engines of one process (several keys) drive the
-same device without fighting over its ownership, and the controller's record of the clock in
-force stays true. Optimizers and devices are closed (clocks restored) by :func:`reset` and at
-interpreter exit.
-Standard library only at import time (OmegaConf is imported only to read ``PERSEUS_CONFIG``);
-runs on Python 3.9.
+Optimizers built here share one :class:`~perseus.runtime.device.RankDevice` (GPU, guard, clock
+controller) per local GPU index, kept in the process's
+:class:`~perseus.runtime.device.DeviceTable`: several engines of one process (several keys)
+drive the same device without fighting over its ownership, and the controller's record of the
+clock in force stays true. Optimizers, then devices, are closed (clocks restored) by
+:func:`reset` and at interpreter exit. OmegaConf is imported only to read ``PERSEUS_CONFIG``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-from dataclasses import dataclass
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from perseus.errors import ConfigError
-from perseus.runtime import lifecycle
+from perseus.runtime.device import DeviceTable
 from perseus.runtime.types import Hooks, RankInfo
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
-    from perseus.gpu.base import GPU
-    from perseus.gpu.guard import GPUGuard
-    from perseus.runtime.controller import ClockController
-
-logger = logging.getLogger(__name__)
 
 CONFIG_ENV = "PERSEUS_CONFIG"
 
@@ -51,27 +44,7 @@ _factory: Optional[Callable[[RankInfo], Hooks]] = None
 _optimizers: Dict[Tuple[int, object], Hooks] = {}
 
 
-@dataclass
-class _Device:
-    """One GPU shared by the optimizers of this process."""
-
-    gpu: GPU
-    guard: Optional[GPUGuard]
-    controller: Optional[ClockController]
-
-    def close(self) -> None:
-        try:
-            if self.controller is not None:
-                self.controller.close()
-        finally:
-            try:
-                if self.guard is not None:
-                    self.guard.release()  # restores first
-            finally:
-                self.gpu.close()
-
-
-_devices: Dict[int, _Device] = {}
+_devices = DeviceTable()
 
 
 def configure(
@@ -111,27 +84,23 @@ def active_optimizers() -> List[Hooks]:
 
 
 def reset() -> None:
-    """Close every optimizer built here and forget the configuration (tests use this)."""
+    """Close every optimizer built here, then the devices, and forget the configuration.
+
+    Every optimizer and device is closed even when one fails; a failure is raised at the end.
+    Tests call this; it also runs at interpreter exit.
+    """
     global _config, _factory
     with _lock:
         built = list(_optimizers.values())
-        devices = list(_devices.values())
         _optimizers.clear()
-        _devices.clear()
         _config = None
         _factory = None
-    errors = []
-    closers = [getattr(h, "close", None) for h in built] + [d.close for d in devices]
-    for close in closers:
-        if close is None:
-            continue
-        try:
-            close()
-        except Exception as exc:
-            logger.error("perseus.runtime.context.reset: %r", exc)
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    with ExitStack() as stack:
+        stack.callback(_devices.close)  # last: the optimizers drive the devices
+        for hooks in built:
+            close = getattr(hooks, "close", None)
+            if close is not None:
+                stack.callback(close)
 
 
 def current_config() -> PerseusConfig:
@@ -173,39 +142,5 @@ def _build(rank: RankInfo) -> Hooks:
     from perseus.runtime.optimizer import PerseusOptimizer
 
     cfg = current_config()
-    device = _devices.get(rank.local_gpu_index)
-    if device is None:
-        device = _open_device(cfg, rank)
-        _devices[rank.local_gpu_index] = device
-    return PerseusOptimizer.from_config(
-        cfg, rank, gpu=device.gpu, guard=device.guard, controller=device.controller
-    )
-
-
-def _open_device(cfg: PerseusConfig, rank: RankInfo) -> _Device:
-    from perseus.gpu.factory import build_gpu
-    from perseus.runtime.build import take_guard
-    from perseus.runtime.controller import ClockController
-
-    gpu = build_gpu(cfg.gpu, rank.local_gpu_index, num_pipeline_stages=rank.num_stages)
-    if cfg.runtime.mode == "measure":
-        return _Device(gpu, None, None)
-    try:
-        guard = take_guard(cfg, rank, gpu)
-    except BaseException:
-        gpu.close()
-        raise
-    controller = ClockController(
-        guard, synchronous=gpu.fast_clock_changes, name=f"-gpu{rank.local_gpu_index}"
-    )
-    # Stop the controller before the guard's own exit hook restores the clocks (optimizers
-    # built on this device register later, so they close before this runs).
-    lifecycle.move_exit_hook_last(_close_devices_at_exit)
-    return _Device(gpu, guard, controller)
-
-
-def _close_devices_at_exit() -> None:
-    try:
-        reset()  # optimizers first, then the devices they share
-    except Exception as exc:  # pragma: no cover - best effort at interpreter exit
-        logger.error("restoring the GPUs at exit failed: %r", exc)
+    # The optimizer registers its exit closer after the device's: at exit it closes first.
+    return PerseusOptimizer.from_config(cfg, rank, device=_devices.get(cfg, rank))

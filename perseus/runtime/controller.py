@@ -12,20 +12,15 @@ instruction begins. ``synchronous=True`` forces that (tests that assert exact dr
 
 An error in the thread is kept and raised by :meth:`ClockController.check` (the optimizer calls
 it in every hook), and again by every later request: the controller never goes on silently with
-clocks it could not set. Standard library only; runs on Python 3.9.
+clocks it could not set.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Optional, Tuple
+from typing import Optional, Protocol, Tuple
 
 from perseus.errors import GPUError, PerseusError
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore[assignment]
 
 
 class ClockTarget(Protocol):
@@ -115,6 +110,22 @@ class ClockController:
                     "the GPU driver may be hung"
                 )
         self.check()
+
+    def unlock(self, timeout_s: Optional[float] = None) -> None:
+        """Request default clocks and wait until they are applied, for at most ``timeout_s``.
+
+        Raises:
+            GPUTimeoutError: the driver did not answer in time (``None``: the default bound).
+        """
+        from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
+
+        bound_s = RESTORE_TIMEOUT_S if timeout_s is None else timeout_s
+
+        def unlock() -> None:
+            self.request(None)
+            self.flush(bound_s)
+
+        run_bounded(unlock, bound_s, "unlocking the SM clock")
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the thread (after it applied what is pending). Does not restore clocks."""

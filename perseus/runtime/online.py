@@ -1,28 +1,61 @@
 """The online frequency source: the coordination server profiles, plans and schedules.
 
-Every iteration the source fetches the whole iteration's schedule once (``begin_step``), answers
-the per-instruction questions from that list (no I/O on the per-instruction path), and hands the
-iteration's record to a background thread that reports it (``end_step``).
+Traffic does not grow with data or tensor parallelism: the ranks of one pipeline stage combine
+their measurements through the job's own process groups (:mod:`perseus.runtime.stage_exchange`,
+one small all-gather per iteration: time = max, energy = sum), and only the stage leader talks
+to the server (:mod:`perseus.runtime.server_link`); the schedules reach the other ranks the same
+way. Without process groups every rank is its own leader.
 
-Fail-safe: if the server cannot be reached (after the client's bounded retries) the source warns
-once and answers ``None`` from then on, so training continues at default clocks; the optimizer
-restores the GPU when it closes. Standard library only; runs on Python 3.9.
+The training thread never waits on the server. The leader's link fetches the schedules of the
+next iterations in the background; when an iteration ends, the leader puts the next iteration's
+schedule (if it has arrived) into the exchange, and every rank of the stage runs it. An
+iteration without a schedule runs at default clocks and is reported as unscheduled (the server
+does not use its measurements). Clocks are handed out per ``(instruction, microbatch)`` of the
+stage's order, never by bare position; every report carries the rank's sequence, and the
+server fails the job (default clocks, one warning) when the framework runs another schedule.
+
+Fail-safe: an unreachable server means default clocks until it answers again (the link keeps
+trying in the background and registers again if the server lost the job); a refused job means
+default clocks for good. The optimizer restores the GPU when it closes.
 """
 
 from __future__ import annotations
 
-import atexit
+import functools
 import hashlib
 import logging
 import os
-import queue
 import threading
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
+from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
+from perseus.runtime.server_link import ServerLink
+from perseus.runtime.stage_exchange import (
+    Member,
+    Pending,
+    SoloExchange,
+    StageExchange,
+    torch_stage_exchange,
+)
 from perseus.runtime.types import RankInfo, StepRecord
+from perseus.schedule import stage_order
+from perseus.wire import (
+    InstructionReport,
+    JobSpec,
+    PeerRank,
+    Phase,
+    RankRegistration,
+    ReplicaTime,
+    Route,
+    SequenceMismatch,
+    StepReport,
+    encode_sequence,
+    first_difference,
+)
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
@@ -33,20 +66,20 @@ logger = logging.getLogger(__name__)
 JOB_ID_ENV = "PERSEUS_JOB_ID"
 URL_ENV = "PERSEUS_SERVER_URL"
 TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
-_STOP = object()
-# Phases whose per-instruction energy readings the server's profiler uses.
-PROFILING_PHASES = frozenset({"baseline", "profiling"})
 
 
 class OnlineSource:
-    """Frequencies from the coordination server.
+    """Frequencies from the coordination server, shared by the ranks of one stage.
 
     Args:
-        client: The server client.
+        client: The server client (used by the stage leader only; ``None`` on other ranks).
         job_spec: The job as registered with ``POST /jobs`` (same on every rank).
         rank: This rank's place in the job.
         supported_clocks_mhz: SM clocks this rank's GPU supports.
         energy_update_period_s: The GPU's energy counter update period, if known.
+        exchange: The stage's exchange (``None``: this rank is a stage of its own).
+        prefetch_steps: Schedules fetched ahead of the current iteration
+            (``server.prefetch_steps``).
         max_queued_reports: Reports waiting to be sent beyond this are dropped (oldest first).
     """
 
@@ -54,146 +87,246 @@ class OnlineSource:
 
     def __init__(
         self,
-        client: ServerClient,
-        job_spec: Dict[str, Any],
+        client: Optional[ServerClient],
+        job_spec: JobSpec,
         rank: RankInfo,
         supported_clocks_mhz: List[int],
         *,
         energy_update_period_s: Optional[float] = None,
+        exchange: Optional[StageExchange] = None,
+        prefetch_steps: int = 2,
         max_queued_reports: int = 64,
     ) -> None:
-        self.client = client
         self.rank = rank
-        self.job_id = str(job_spec.get("job_id") or "")
-        self.phase: Optional[str] = None
-        self.failed = False
-        # Per-instruction counter readings wanted: only in the baseline and profiling phases.
-        # The optimizer re-reads this at every step begin, after begin_step learned the
-        # iteration's phase, so running a plan costs no per-instruction driver calls.
-        self.wants_energy = False
-        self._freqs: Optional[List[Optional[int]]] = None
-        self._step = -1
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queued_reports)
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        try:
-            created = client.post("/jobs", job_spec)
-            self.job_id = created["job_id"]
-            client.post(
-                f"/jobs/{self.job_id}/ranks",
-                {
-                    "rank": rank.rank,
-                    "stage": rank.stage,
-                    "dp_rank": rank.dp_rank,
-                    "tp_rank": rank.tp_rank,
-                    "supported_clocks_mhz": sorted({int(c) for c in supported_clocks_mhz})[-1024:],
-                    "energy_update_period_s": energy_update_period_s,
-                },
+        self.spec = job_spec
+        self.job_id = job_spec.job_id or ""
+        self.exchange: StageExchange = exchange or SoloExchange(
+            Member(
+                rank.rank,
+                rank.dp_rank,
+                rank.tp_rank,
+                [int(c) for c in supported_clocks_mhz],
+                energy_update_period_s,
             )
-        except (ServerError, KeyError, TypeError) as exc:
-            self._fail(exc)
-            return
-        self._thread = threading.Thread(
-            target=self._report_loop, daemon=True, name=f"perseus-report-{rank.rank}"
         )
-        self._thread.start()
+        self.is_leader = self.exchange.index == 0
+        order = stage_order(job_spec.schedule, job_spec.num_stages, job_spec.num_microbatches)
+        self.order: List[Tuple[str, int]] = order[rank.stage]
+        self.expected_sequence = encode_sequence(self.order)
+        self._position_of = {item: i for i, item in enumerate(self.order)}
+        self.payload_size = payloads.payload_size(len(self.order), job_spec.dp)
+        # State of the current iteration (the training thread's).
+        self.phase: Optional[Phase] = None
+        self.wants_energy = False
+        self.stopped = False
+        self._clocks: Dict[Tuple[str, int], Optional[int]] = {}
+        self._step = -1
+        self._scheduled = False
+        self._pending: Optional[Tuple[StepRecord, str, Optional[Phase], Pending]] = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self.link: Optional[ServerLink] = None
+        if self.is_leader:
+            if client is None:
+                raise ServerError("the stage leader needs a server client")
+            self.link = ServerLink(
+                client,
+                job_spec,
+                self._registration(),
+                prefetch_steps=prefetch_steps,
+                max_queued_reports=max_queued_reports,
+                on_message=self._notice,
+            )
         # Flush the last reports and tell the server this rank finished, also when the
         # training script never closes the source itself.
-        atexit.register(self.close)
+        process_exit.at_exit(self.close)
+
+    @property
+    def failed(self) -> bool:
+        """Perseus stopped for this job (refused, or the job failed): default clocks for good."""
+        return self.stopped
+
+    @property
+    def offline(self) -> bool:
+        """The stage leader cannot reach the server right now."""
+        return self.link is not None and self.link.offline
+
+    def _registration(self) -> RankRegistration:
+        members = self.exchange.members
+        common = set(members[0].clocks_mhz)
+        for member in members[1:]:
+            common &= set(member.clocks_mhz)
+        clocks = sorted(common or members[0].clocks_mhz)[-1024:]
+        return RankRegistration(
+            rank=self.rank.rank,
+            stage=self.rank.stage,
+            dp_rank=self.rank.dp_rank,
+            tp_rank=self.rank.tp_rank,
+            supported_clocks_mhz=[int(c) for c in clocks],
+            energy_update_period_s=members[0].energy_update_period_s,
+            peers=[PeerRank(m.rank, m.dp_rank, m.tp_rank) for m in members[1:]],
+        )
 
     # -- FrequencySource ------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        """Fetch this iteration's schedule (one request)."""
+        """Take this iteration's schedule from the stage's exchange (never waits on the server)."""
         self._step = step
-        self._freqs = None
-        if self.failed:
+        self._clocks = {}
+        self._scheduled = False
+        self.phase = None
+        self.wants_energy = False
+        leader_payload = self._finish_exchange()
+        if self.stopped:
             return
-        try:
-            answer = self.client.get(
-                f"/jobs/{self.job_id}/schedule", rank=self.rank.rank, step=step
-            )
-            self._freqs = list(answer["frequencies_mhz"])
-            self.phase = answer.get("phase")
-            self.wants_energy = self.phase in PROFILING_PHASES
-        except (ServerError, KeyError, TypeError) as exc:
-            self._fail(exc)
+        if leader_payload is not None:
+            nxt = payloads.next_schedule(leader_payload, len(self.order), self.rank.dp_rank)
+            if nxt is not None and nxt.step == step:
+                self._clocks = dict(zip(self.order, nxt.frequencies_mhz))
+                self._scheduled = True
+                self.phase = nxt.phase
+                # Only the leader's per-instruction records reach the server.
+                self.wants_energy = self.is_leader and nxt.phase.wants_energy
+        if self.link is not None:
+            self.link.want(step + 1)
 
     def frequency_mhz(
         self, step: int, position: int, instruction: str, microbatch: int
     ) -> Optional[int]:
-        """The scheduled clock; ``None`` (default clocks) without a schedule."""
-        freqs = self._freqs
-        if freqs is None or step != self._step or position >= len(freqs):
-            return None
-        return freqs[position]
+        """The scheduled clock of ``(instruction, microbatch)``; ``None``: default clocks."""
+        return self._clocks.get((instruction, microbatch))
 
     def end_step(self, record: StepRecord) -> None:
-        """Queue the iteration's report for the background sender."""
-        if self.failed:
+        """Start the stage's exchange of this iteration's measurements (and the next schedule)."""
+        if self.stopped:
             return
-        body = {
-            "rank": self.rank.rank,
-            "step": record.step,
-            "iteration_time_s": max(0.0, record.iteration_time_s),
-            "compute_time_s": max(0.0, record.instructions[-1].end_s - record.start_s)
-            if record.instructions
-            else None,
-            "energy_j": None if record.energy_j is None else max(0.0, record.energy_j),
-            "instructions": [asdict(i) for i in record.instructions],
-        }
-        while True:
-            try:
-                self._queue.put_nowait(body)
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    pass
+        sequence = encode_sequence([(i.instruction, i.microbatch) for i in record.instructions])
+        diff = first_difference(self.expected_sequence, sequence)
+        compute_s = record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
+        next_schedule = None
+        stop = False
+        if self.link is not None:
+            next_schedule = self.link.schedule(record.step + 1)
+            stop = self.link.failure is not None or (
+                next_schedule is not None and next_schedule.phase == Phase.failed
+            )
+        payload = payloads.pack(
+            self.payload_size,
+            scheduled=self._scheduled,
+            step=record.step,
+            iteration_time_s=max(0.0, record.iteration_time_s),
+            compute_time_s=max(0.0, compute_s),
+            energy_j=None if record.energy_j is None else max(0.0, record.energy_j),
+            mismatch=None if diff is None else (diff[0], diff[2]),
+            num_positions=len(self.order),
+            next_schedule=next_schedule,
+            stop=stop,
+        )
+        try:
+            pending = self.exchange.start(payload)
+        except Exception as exc:  # a broken process group must not break training
+            self._stop(f"the stage's ranks could not exchange measurements ({exc})")
+            return
+        self._pending = (record, sequence, self.phase, pending)
+
+    # -- combining ------------------------------------------------------------------------------
+    def _finish_exchange(self) -> Optional[List[float]]:
+        """Wait for the exchange started when the last iteration ended; the leader reports it."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        record, sequence, phase, work = pending
+        try:
+            everyone = work.wait()
+        except Exception as exc:
+            self._stop(f"the stage's ranks could not exchange measurements ({exc})")
+            return None
+        leader = everyone[0]
+        if self.link is not None and self.link.failure is None:
+            # Built on the link's thread: the training thread only hands it over.
+            self.link.report(
+                functools.partial(self._combined_report, record, sequence, phase, everyone)
+            )
+        if payloads.stops(leader):
+            self._stop(None)
+            return None
+        return leader
+
+    def _combined_report(
+        self,
+        record: StepRecord,
+        sequence: str,
+        phase: Optional[Phase],
+        everyone: List[List[float]],
+    ) -> StepReport:
+        members = self.exchange.members
+        rows = [payloads.measured(p) for p in everyone]
+        energies = [r.energy_j for r in rows]
+        replicas: Dict[int, float] = {}
+        for member, row in zip(members, rows):
+            replicas[member.dp_rank] = max(replicas.get(member.dp_rank, 0.0), row.compute_time_s)
+        # The server uses instruction records in the baseline and while profiling only.
+        with_records = phase is not None and phase.wants_energy
+        return StepReport(
+            rank=self.rank.rank,
+            step=record.step,
+            iteration_time_s=max(r.iteration_time_s for r in rows),
+            compute_time_s=max(r.compute_time_s for r in rows),
+            energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
+            instructions=[InstructionReport(**asdict(i)) for i in record.instructions]
+            if with_records
+            else [],
+            scheduled=all(r.scheduled for r in rows),
+            peers=[m.rank for m in members[1:]],
+            replicas=[ReplicaTime(dp, t) for dp, t in sorted(replicas.items())]
+            if len(members) > 1
+            else [],
+            sequence=sequence,
+            mismatches=[
+                SequenceMismatch(member.rank, row.mismatch[0], row.mismatch[1])
+                for member, row in zip(members[1:], rows[1:])
+                if row.mismatch is not None
+            ],
+        )
+
+    def _stop(self, why: Optional[str]) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self._clocks = {}
+        self.phase = None
+        self.wants_energy = False
+        if why is not None:
+            logger.warning(
+                "Perseus: %s; rank %d continues at default GPU clocks without energy optimization",
+                why,
+                self.rank.rank,
+            )
+
+    def _notice(self, message: str) -> None:
+        """The job's notice (failure, fallback): a warning on global rank 0, info elsewhere."""
+        level = logging.WARNING if self.rank.stage == 0 else logging.INFO
+        logger.log(level, "Perseus: %s", message)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued (waiting at most ``timeout_s``) and tell the server we are done."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._thread = None
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            pass
-        thread.join(timeout_s)
-        if not self.failed:
-            try:
-                self.client.post(f"/jobs/{self.job_id}/ranks/{self.rank.rank}/finish")
-            except ServerError as exc:
-                logger.info("could not tell the server rank %d finished: %s", self.rank.rank, exc)
-
-    def _report_loop(self) -> None:
-        while True:
-            body = self._queue.get()
-            if body is _STOP or self.failed:
-                return
-            try:
-                self.client.post(f"/jobs/{self.job_id}/steps", body)
-            except ServerError as exc:
-                self._fail(exc)
-                return
-
-    def _fail(self, exc: BaseException) -> None:
+        """Report the last iteration, send what is queued and tell the server we are done."""
         with self._lock:
-            if self.failed:
+            if self._closed:
                 return
-            self.failed = True
-            self._freqs = None
-            self.phase = None
-            self.wants_energy = False
-        logger.warning(
-            "Perseus server unreachable or refusing (%s); rank %d continues at default GPU "
-            "clocks without energy optimization",
-            exc,
-            self.rank.rank,
-        )
+            self._closed = True
+        process_exit.cancel(self.close)
+        self._finish_exchange()
+        link = self.link
+        if link is None:
+            return
+        link.close(timeout_s)
+        if link.registered and link.failure is None and not link.offline:
+            for member in self.exchange.members:
+                try:
+                    link.client.post(Route.RANK_FINISH.format(job_id=link.job_id, rank=member.rank))
+                except ServerError as exc:
+                    logger.info("could not tell the server rank %d finished: %s", member.rank, exc)
+                    break
 
 
 def job_id_from_env(cfg_job_id: Optional[str] = None) -> str:
@@ -210,72 +343,92 @@ def job_id_from_env(cfg_job_id: Optional[str] = None) -> str:
     return "job-" + hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
-def job_spec_from_config(cfg: PerseusConfig, rank: RankInfo) -> Dict[str, Any]:
-    """The ``POST /jobs`` body of this job."""
-    par, prof = cfg.parallelism, cfg.profiler
+def job_spec_from_config(
+    cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
+) -> JobSpec:
+    """The ``POST /jobs`` body of this job.
+
+    Raises:
+        ConfigError: a schedule or energy policy the coordination server does not serve.
+    """
+    par = cfg.parallelism
     if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
         raise ConfigError(
             f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
             f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
         )
-    p2p = cfg.planner.p2p_power_w
-    p2p_w = float(p2p) if isinstance(p2p, (int, float)) else float(sum(p2p) / max(1, len(p2p)))
-    return {
-        "job_id": job_id_from_env(cfg.server.job_id),
-        "num_stages": rank.num_stages,
-        "num_microbatches": par.num_microbatches,
-        "schedule": par.schedule,
-        "dp": par.dp,
-        "tp": par.tp,
-        "energy": {
-            "policy": cfg.energy.policy,
-            "max_slowdown": cfg.energy.max_slowdown,
-            "iteration_time_s": cfg.energy.iteration_time_s,
-            "eta": cfg.energy.eta,
-        },
-        "profiler": {
-            "enabled": prof.enabled,
-            "mode": prof.mode,
-            "energy_rise_patience": prof.energy_rise_patience,
-            "warmup_instructions": prof.warmup_instructions,
-            "min_window_s": prof.min_window_s,
-            "max_iterations": prof.max_iterations,
-            "frequency_step": prof.frequency_step,
-            "min_frequency_mhz": prof.min_frequency_mhz,
-            "baseline_steps": prof.baseline_steps,
-            "settle_steps": prof.settle_steps,
-            "measure_steps": prof.measure_steps,
-        },
-        "solver": cfg.planner.solver,
-        "p2p_power_w": p2p_w,
-    }
+    try:
+        return JobSpec.from_config(
+            cfg, rank.num_stages, job_id or job_id_from_env(cfg.server.job_id)
+        )
+    except ValueError as exc:
+        raise ConfigError(f"runtime.mode=online: {exc}") from None
 
 
-def build_online_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> OnlineSource:
-    """The source ``runtime.mode=online`` uses (``perseus.runtime.build`` calls this).
+def build_online_source(
+    cfg: PerseusConfig,
+    rank: RankInfo,
+    gpu: GPU,
+    *,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    job_id: Optional[str] = None,
+) -> OnlineSource:
+    """The source ``runtime.mode=online`` uses (called by ``sources.build_source``).
+
+    Collective when the job runs ``torch.distributed`` with more than one rank (and
+    ``server.combine_stage`` is on): every rank must build its source at the same point (the
+    adapters build it at the first training step), so that each stage's ranks share one
+    exchange and only the stage leader talks to the server.
+
+    Args:
+        cfg: The configuration.
+        rank: This rank's place in the job.
+        gpu: This rank's GPU (its supported clocks and counter period are registered).
+        url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL`` (e.g. from the job's own
+            rendezvous).
+        token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
+        job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
 
     Raises:
-        ConfigError: no server URL (``server.url`` or ``PERSEUS_SERVER_URL``), or an
-            unsupported schedule.
+        ConfigError: no server URL, or an unsupported schedule.
     """
-    url = cfg.server.url or os.environ.get(URL_ENV)
+    url = url or cfg.server.url or os.environ.get(URL_ENV)
     if not url:
         raise ConfigError(
             "runtime.mode=online needs a coordination server: set server.url=http://HOST:PORT "
             f"(or {URL_ENV}); perseus-train starts one automatically"
         )
-    client = ServerClient(
-        url,
-        token=cfg.server.token or os.environ.get(TOKEN_ENV),
-        timeout_s=cfg.server.request_timeout_s,
-        max_retries=cfg.server.max_retries,
-        backoff_s=cfg.server.retry_backoff_s,
-    )
+    spec = job_spec_from_config(cfg, rank, job_id)
+    clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
     period = getattr(gpu, "energy_update_period_s", None)
+    period_s = float(period) if period else None
+    exchange = None
+    if cfg.server.combine_stage:
+        exchange = torch_stage_exchange(
+            rank.rank,
+            rank.stage,
+            rank.dp_rank,
+            rank.tp_rank,
+            clocks,
+            period_s,
+            timeout_s=max(60.0, 4 * cfg.server.request_timeout_s),
+        )
+    client = None
+    if exchange is None or exchange.index == 0:
+        client = ServerClient(
+            url,
+            token=token or cfg.server.token or os.environ.get(TOKEN_ENV),
+            timeout_s=cfg.server.request_timeout_s,
+            max_retries=cfg.server.max_retries,
+            backoff_s=cfg.server.retry_backoff_s,
+        )
     return OnlineSource(
         client,
-        job_spec_from_config(cfg, rank),
+        spec,
         rank,
-        gpu.supported_sm_clocks_mhz(),
-        energy_update_period_s=float(period) if period else None,
+        clocks,
+        energy_update_period_s=period_s,
+        exchange=exchange,
+        prefetch_steps=cfg.server.prefetch_steps,
     )

@@ -2,16 +2,26 @@
 
 The adapters call four hooks per rank: ``on_step_begin`` / ``on_step_end`` around a training
 iteration and ``on_instruction_begin(name)`` / ``on_instruction_end(name)`` around every
-forward and backward of one microbatch. For each instruction the optimizer asks its
-:class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to the
+forward and backward of one microbatch; where an engine blocks in the middle of an instruction
+(Merak's recomputation, then the gradient receive), the optional ``on_wait_begin`` /
+``on_wait_end`` leave that wait out of the instruction's time and energy (see
+:class:`~perseus.runtime.types.WaitHooks`). For each instruction the optimizer asks its
+:class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to its device's
 :class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
 start and end (the emulated device uses that), and records times (and energy counter readings
 when the source wants them) into :class:`~perseus.runtime.types.StepRecord` objects.
 
-Closing the optimizer (``close()``, a ``with`` block, or interpreter exit) stops the controller
-and puts the GPU's clocks back through the :class:`~perseus.gpu.guard.GPUGuard`.
+Real GPUs are asynchronous: a framework's forward returns once its kernels are queued. So every
+hook first synchronizes the device (:meth:`~perseus.gpu.base.GPU.synchronize`:
+``torch.cuda.synchronize`` of the rank's device, a no-op without CUDA), then changes the clock
+and stamps time (:meth:`~perseus.gpu.base.GPU.now_s`) and energy: clocks apply to the
+instruction they are meant for, and times and energies are the device's, not the queueing's.
+Hooks synchronize at those boundaries and nowhere else. With a trace, the SM clock read back
+from the device at the end of each clock-locked instruction is recorded too (``applied_mhz``).
 
-Standard library only at import time; runs on Python 3.9 (the Merak runtime path).
+The optimizer drives a :class:`~perseus.runtime.device.RankDevice` it does not own: closing the
+optimizer closes its source and trace and unlocks the SM clock it locked; the device's owner
+restores and releases the GPU (see :mod:`perseus.runtime.device`).
 """
 
 from __future__ import annotations
@@ -19,13 +29,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from perseus.errors import GPUError, GPUNotSupportedError, PlanError, ScheduleMismatchError
-from perseus.runtime import lifecycle
-from perseus.runtime.controller import ClockController
-from perseus.runtime.trace import TraceWriter, trace_path
+from perseus import process_exit
+from perseus.errors import GPUError, GPUNotSupportedError
+from perseus.formats.trace_csv import TraceWriter, trace_path
+from perseus.runtime import hook_errors
+from perseus.runtime.device import RankDevice, build_device, open_device
+from perseus.runtime.sources import build_source
 from perseus.runtime.types import FrequencySource, InstructionRecord, RankInfo, StepRecord
 
 if TYPE_CHECKING:
@@ -44,21 +57,13 @@ class PerseusOptimizer:
 
     Args:
         rank: Where this process sits in the job.
-        gpu: This rank's GPU.
+        device: This rank's GPU with its guard and clock controller (a device without a
+            controller only measures). It stays its owner's; several optimizers may share it.
         source: Decides each instruction's clock (measure, max speed, plan, online).
-        guard: The owner of the GPU's clocks. ``None`` with a source that changes clocks (and
-            no ``controller``): the optimizer creates, acquires and (on close) restores and
-            releases its own guard. A guard passed in stays the caller's unless
-            ``owns_guard``: on close the optimizer only resets the SM clock it locked.
-        controller: A clock controller shared with other optimizers on the same GPU (several
-            engines in one process); it stays the caller's. ``None``: the optimizer drives
-            ``guard`` with a controller of its own.
         trace_dir: Write ``trace-rank{R}.csv`` there (``None``: no trace).
-        synchronous_clocks: Apply clock changes in the calling thread. ``None``: only when
-            the GPU's clock changes are free (``gpu.fast_clock_changes``).
         max_steps_kept: How many recent :class:`StepRecord` objects :attr:`steps` keeps.
-        owns_gpu: Close ``gpu`` when the optimizer closes.
-        owns_guard: Restore and release ``guard`` when the optimizer closes.
+        closing: What to close after the optimizer itself (e.g. the device
+            :meth:`from_config` built for it).
 
     Attributes:
         steps: The most recent iterations (at most ``max_steps_kept``), oldest first.
@@ -68,42 +73,47 @@ class PerseusOptimizer:
     def __init__(
         self,
         rank: RankInfo,
-        gpu: GPU,
+        device: RankDevice,
         source: FrequencySource,
         *,
-        guard: Optional[GPUGuard] = None,
-        controller: Optional[ClockController] = None,
         trace_dir: Optional[Path] = None,
-        synchronous_clocks: Optional[bool] = None,
         max_steps_kept: int = 100,
-        owns_gpu: bool = False,
-        owns_guard: bool = False,
+        closing: Optional[ExitStack] = None,
     ) -> None:
-        """Set up the controller (and a guard if needed); see the class docstring."""
+        """Open the trace and register the closers; see the class docstring."""
         self.rank = rank
-        self.gpu = gpu
+        self.device = device
+        self.gpu: GPU = device.gpu
         self.source = source
         self.steps: List[StepRecord] = []
         self.last_step: Optional[StepRecord] = None
         self.max_steps_kept = max(1, max_steps_kept)
-        self._owns_gpu = owns_gpu
         self._closed = False
-        self._trace: Optional[TraceWriter] = None
-        if trace_dir is not None:
-            offset_s = time.time() - time.perf_counter()
-            self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
-        self._changes_clocks = bool(getattr(source, "changes_clocks", True))
-        self._owns_controller = False
-        if controller is None and self._changes_clocks:
-            if guard is None:
-                guard = _acquire_guard(gpu, owner=f"perseus rank {rank.rank}")
-                owns_guard = True
-            sync = gpu.fast_clock_changes if synchronous_clocks is None else synchronous_clocks
-            controller = ClockController(guard, synchronous=sync, name=f"-rank{rank.rank}")
-            self._owns_controller = True
-        self.guard = guard
-        self._owns_guard = owns_guard and guard is not None
-        self._controller = controller
+        # Closed last-registered first: trace, clocks, source, then what was handed in.
+        self._exit = ExitStack()
+        if closing is not None:
+            self._exit.enter_context(closing)
+        try:
+            controller = device.controller
+            if controller is None and getattr(source, "changes_clocks", True):
+                raise GPUError(
+                    f"{type(source).__name__} changes clocks but the device was opened to "
+                    "measure only; open it with control_clocks=True (runtime.mode other than "
+                    "measure)"
+                )
+            self._controller = controller
+            source_close = getattr(source, "close", None)  # e.g. the online reporter thread
+            if source_close is not None:
+                self._exit.callback(source_close)
+            self._exit.callback(self._reset_clocks)
+            self._trace: Optional[TraceWriter] = None
+            if trace_dir is not None:
+                offset_s = time.time() - self.gpu.now_s()
+                self._trace = TraceWriter(trace_path(trace_dir, rank.rank), offset_s)
+                self._exit.callback(self._trace.close)
+        except BaseException:
+            self._exit.close()  # what was handed in to close is closed, not leaked
+            raise
         self._energy_ok = True
         # Hot-path state, reset every iteration.
         self._stage = rank.stage
@@ -111,50 +121,103 @@ class PerseusOptimizer:
         self._in_step = False
         self._position = 0
         self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
-        self._open: Optional[Tuple[int, str, int, Optional[int], Optional[float]]] = None
+        self._open: Optional[hook_errors.Opened] = None
         self._t_open = 0.0
+        # A wait inside the open instruction: (start time, energy counter or None).
+        self._wait: Optional[Tuple[float, Optional[float]]] = None
         self._raw: List[_Raw] = []
+        self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
         self._step_e0: Optional[float] = None
         self._freq_of = source.frequency_mhz
         self._wants_energy = bool(getattr(source, "wants_energy", False))
-        self._gpu_begin = gpu.instruction_begin
-        self._gpu_end = gpu.instruction_end
-        lifecycle.close_at_exit(self)  # before the guards' own exit hook restores
+        self._gpu_begin = self.gpu.instruction_begin
+        self._gpu_end = self.gpu.instruction_end
+        # The device's time base and synchronization (see the module docstring).
+        self._sync = self.gpu.synchronize
+        self._now = self.gpu.now_s
+        self._read_clock = self.gpu.sm_clock_mhz if self._trace is not None else None
+        process_exit.at_exit(self.close)  # before its device closes
         logger.debug(
             "PerseusOptimizer rank %d stage %d: source %s, clocks %s",
             rank.rank,
             rank.stage,
             type(source).__name__,
             "off"
-            if self._controller is None
-            else ("synchronous" if self._controller.synchronous else "background thread"),
+            if controller is None
+            else ("synchronous" if controller.synchronous else "background thread"),
         )
+
+    @property
+    def guard(self) -> Optional[GPUGuard]:
+        """The guard of this optimizer's device (``None``: the device only measures)."""
+        return self.device.guard
 
     # -- construction from the configuration ---------------------------------------------------
     @classmethod
     def from_config(
-        cls,
-        cfg: PerseusConfig,
-        rank: RankInfo,
-        *,
-        gpu: Optional[GPU] = None,
-        guard: Optional[GPUGuard] = None,
-        controller: Optional[ClockController] = None,
+        cls, cfg: PerseusConfig, rank: RankInfo, *, device: Optional[RankDevice] = None
     ) -> PerseusOptimizer:
-        """Build the GPU, its guard, the frequency source and the trace from ``cfg``.
+        """Build the frequency source and the trace from ``cfg``, and the device if not given.
 
-        ``cfg.runtime.mode`` picks the source: ``measure``, ``max_speed`` (the GPU's highest
-        SM clock), ``plan`` (``cfg.runtime.plan``: a plan JSON or a reference
-        ``freqs_pipeline_%05d.py``) or ``online`` (the coordination server's profiler and
-        plans). With ``cfg.runtime.trace`` the trace goes to ``cfg.output_dir`` (or the
-        working directory). ``gpu`` / ``guard`` / ``controller`` given: shared with other
-        optimizers and left to the caller (see :mod:`perseus.runtime.context`); otherwise
-        built here and owned by the optimizer.
+        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`),
+        after the GPU's start-up check (:func:`~perseus.gpu.preflight.preflight_config`);
+        the trace goes to ``cfg.output_dir`` (or the working directory). A ``device`` given stays
+        the caller's; otherwise one is built (``build_device``) and closed with the optimizer.
         """
-        from perseus.runtime.build import build_from_config
+        from perseus.gpu.preflight import preflight_config
 
-        return build_from_config(cls, cfg, rank, gpu=gpu, guard=guard, controller=controller)
+        with ExitStack() as owned:
+            if device is None:
+                device = owned.enter_context(build_device(cfg, rank))
+            # The start-up check (once per GPU; build_device ran it already) may turn the run
+            # measure-only: gpu.on_unsupported=measure_only on a GPU that cannot change clocks.
+            cfg = preflight_config(cfg, device.gpu, device.guard)
+            source = build_source(cfg, rank, device.gpu)
+            trace_dir = None
+            if cfg.runtime.trace:
+                trace_dir = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
+            return cls(rank, device, source, trace_dir=trace_dir, closing=owned.pop_all())
+        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+
+    @classmethod
+    def on_gpu(
+        cls,
+        rank: RankInfo,
+        gpu: GPU,
+        source: FrequencySource,
+        *,
+        state_dir: Optional[Path] = None,
+        synchronous_clocks: Optional[bool] = None,
+        trace_dir: Optional[Path] = None,
+        max_steps_kept: int = 100,
+    ) -> PerseusOptimizer:
+        """An optimizer on a GPU object at hand, with a device opened for it (and closed with it).
+
+        The device takes a guard and a clock controller when ``source`` changes clocks (see
+        :func:`~perseus.runtime.device.open_device` for ``state_dir`` and
+        ``synchronous_clocks``); ``gpu`` is closed when the optimizer closes.
+        """
+        with ExitStack() as owned:
+            device = owned.enter_context(
+                open_device(
+                    gpu,
+                    control_clocks=bool(getattr(source, "changes_clocks", True)),
+                    state_dir=state_dir,
+                    owner=f"perseus rank {rank.rank}",
+                    synchronous_clocks=synchronous_clocks,
+                    name=f"-rank{rank.rank}",
+                )
+            )
+            return cls(
+                rank,
+                device,
+                source,
+                trace_dir=trace_dir,
+                max_steps_kept=max_steps_kept,
+                closing=owned.pop_all(),
+            )
+        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
     # -- hooks --------------------------------------------------------------------------------
     def on_step_begin(self) -> None:
@@ -162,7 +225,10 @@ class PerseusOptimizer:
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
-        self._check_open()
+        opened = self._open
+        if self._in_step and opened is not None:
+            self._open = None  # report once; the next iteration starts clean
+            raise hook_errors.unended_at_step_begin(self._stage, opened)
         self._step += 1
         self.source.begin_step(self._step)
         # Re-read every iteration (cheap): a source may need per-instruction energy readings
@@ -170,11 +236,14 @@ class PerseusOptimizer:
         # every instruction costs driver calls.
         self._wants_energy = self._energy_ok and bool(getattr(self.source, "wants_energy", False))
         self._in_step = True
+        self._wait = None
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
+        self._applied = []
+        self._sync()  # the stamps below see the device's finished work
         self._step_e0 = self._energy_mj()
-        self._step_t0 = time.perf_counter()
+        self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
         """``name`` (forward/backward) of the next microbatch starts on this stage."""
@@ -182,42 +251,78 @@ class PerseusOptimizer:
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
         if not self._in_step or self._open is not None:
-            self._misuse(name)
+            raise hook_errors.bad_begin(
+                self._stage,
+                self._step,
+                name,
+                closed=self._closed,
+                in_step=self._in_step,
+                opened=self._open,
+            )
         counts = self._counts
         mb = counts.get(name)
         if mb is None:
-            raise ScheduleMismatchError(
-                f"on_instruction_begin({name!r}): the instruction must be 'forward' or "
-                "'backward'; fix the adapter's call"
-            )
+            raise hook_errors.unknown_instruction(name)
         counts[name] = mb + 1
         pos = self._position
         self._position = pos + 1
         freq = self._freq_of(self._step, pos, name, mb)
+        self._sync()  # before the clock change and the stamps
         if ctrl is not None:
             ctrl.request(freq)  # a repeat of the last request returns at once
         elif freq is not None:
-            self._no_controller(freq)
+            raise hook_errors.no_controller(self.source, freq)
         e0 = self.gpu.total_energy_mj() if self._wants_energy else None
         self._gpu_begin(self._stage, name)
         self._open = (pos, name, mb, freq, e0)
-        self._t_open = time.perf_counter()
+        self._t_open = self._now()
+
+    def on_wait_begin(self) -> None:
+        """The running instruction blocks on another stage (e.g. for its incoming gradient).
+
+        Until :meth:`on_wait_end` (or the instruction's end), time and energy are not the
+        instruction's: its record covers only its own work, as if it had started that much
+        later. The device is synchronized first, so the instruction's queued work (the
+        recomputation) counts as its own. Outside an instruction, or while already waiting,
+        nothing happens.
+        """
+        if self._open is None or self._wait is not None:
+            return
+        self._sync()
+        e0 = self.gpu.total_energy_mj() if self._open[4] is not None else None
+        self._wait = (self._now(), e0)
+
+    def on_wait_end(self) -> None:
+        """The wait begun by :meth:`on_wait_begin` is over; the instruction's work goes on.
+
+        The device is synchronized first: work queued during the wait (the receive) is the
+        wait's.
+        """
+        if self._wait is not None:
+            self._end_wait(sync=True)
 
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
+        ok = sys.exc_info()[0] is None  # no sync over the instruction's own error
+        if self._wait is not None:
+            self._end_wait(sync=ok)  # waited until the end: none of that was the instruction's
         opened = self._open
         if opened is None or opened[1] != name:
             self._unmatched_end(name)
             return
         self._gpu_end(name)
-        t_end = time.perf_counter()
+        if ok:
+            self._sync()
+        t_end = self._now()
         e1 = self.gpu.total_energy_mj() if self._wants_energy else None
+        if self._read_clock is not None:  # the clock the instruction ran at, read back
+            self._applied.append(self._read_clock() if opened[3] is not None else None)
         self._open = None
         self._raw.append(
             (opened[0], name, opened[2], opened[3], self._t_open, t_end, opened[4], e1)
         )
         ctrl = self._controller
-        if ctrl is not None and ctrl.error is not None and sys.exc_info()[0] is None:
+        if ctrl is not None and ctrl.error is not None and ok:
             ctrl.check()  # not over an exception the instruction itself raised
 
     def on_step_end(self) -> None:
@@ -230,7 +335,9 @@ class PerseusOptimizer:
         if not self._in_step:
             logger.warning("on_step_end without on_step_begin on rank %d; ignored", self.rank.rank)
             return
-        t_end = time.perf_counter()
+        if sys.exc_info()[0] is None:
+            self._sync()
+        t_end = self._now()
         e_end = self._energy_mj()
         self._in_step = False
         self._open = None
@@ -244,6 +351,7 @@ class PerseusOptimizer:
             end_s=t_end,
             energy_j=energy_j,
             instructions=[InstructionRecord(*raw) for raw in self._raw],
+            applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None
         try:
@@ -265,33 +373,15 @@ class PerseusOptimizer:
     def close(self) -> None:
         """Release everything; idempotent.
 
-        In order: the source's ``close`` (if it has one), the controller, the GPU's clocks
-        (through the guard), the trace, the GPU if owned. Every step runs; the first failure
-        is raised at the end.
+        In order: the trace, the SM clock this optimizer locked (unlocked through the
+        controller), the source's ``close`` (if it has one), then whatever was handed in to
+        close with it. Every step runs; a failure is raised at the end.
         """
         if self._closed:
             return
         self._closed = True
-        lifecycle.forget(self)
-        errors: List[BaseException] = []
-        ctrl = self._controller
-        for action in (
-            getattr(self.source, "close", None),  # e.g. the online source's reporter thread
-            self._reset_shared_clocks,
-            ctrl.close if ctrl is not None and self._owns_controller else None,
-            self._release_guard if self._owns_guard else None,
-            self._trace.close if self._trace is not None else None,
-            self.gpu.close if self._owns_gpu else None,
-        ):
-            if action is None:
-                continue
-            try:
-                action()
-            except Exception as exc:
-                logger.error("PerseusOptimizer.close: %s failed: %r", action, exc)
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        process_exit.cancel(self.close)
+        self._exit.close()
 
     def flush_clocks(self, timeout_s: float = 10.0) -> None:
         """Wait until the controller applied every clock change requested so far."""
@@ -310,27 +400,29 @@ class PerseusOptimizer:
         self.close()
 
     # -- helpers ------------------------------------------------------------------------------
-    def _no_controller(self, freq: int) -> None:
-        raise PlanError(
-            f"{type(self.source).__name__} asked for {freq} MHz but this optimizer does not "
-            "control clocks (its source declared changes_clocks=False)"
-        )
+    def _end_wait(self, *, sync: bool) -> None:
+        wait = self._wait
+        assert wait is not None
+        self._wait = None
+        if sync:
+            self._sync()
+        self._t_open += self._now() - wait[0]
+        opened = self._open
+        if opened is not None and wait[1] is not None and opened[4] is not None:
+            waited_mj = self.gpu.total_energy_mj() - wait[1]
+            self._open = (*opened[:4], opened[4] + waited_mj)
 
-    def _reset_shared_clocks(self) -> None:
-        """With a borrowed guard, unlock the SM clock through the controller (keeps its state)."""
+    def _reset_clocks(self) -> None:
+        """Unlock the SM clock through the controller (keeps the controller's record true).
+
+        A controller that failed is left alone: the device's guard restores the clocks. Raises
+        :class:`~perseus.errors.GPUTimeoutError` when the driver does not answer in time.
+        """
         ctrl = self._controller
-        if ctrl is None or self._owns_guard or ctrl.requested_mhz is None:
+        if ctrl is None or ctrl.error is not None or ctrl.requested_mhz is None:
             return
-        ctrl.request(None)
-        ctrl.flush()
-
-    def _release_guard(self) -> None:
-        guard = self.guard
-        assert guard is not None
-        try:
-            guard.restore()
-        finally:
-            guard.release()
+        # Bounded like the guard's restore: a hung driver must not hang the close.
+        ctrl.unlock(getattr(self.device.guard, "restore_timeout_s", None))
 
     def _energy_mj(self) -> Optional[float]:
         if not self._energy_ok:
@@ -344,31 +436,6 @@ class PerseusOptimizer:
             self._energy_ok = False
             return None
 
-    def _check_open(self) -> None:
-        opened = self._open
-        if self._in_step and opened is not None:
-            self._open = None  # report once; the next iteration starts clean
-            raise ScheduleMismatchError(
-                f"stage {self._stage}: a new iteration began while {opened[1]} of "
-                f"microbatch {opened[2]} had not ended; adapters must call "
-                "on_instruction_end in a finally block"
-            )
-
-    def _misuse(self, name: str) -> None:
-        if self._closed:
-            raise GPUError("on_instruction_begin on a closed PerseusOptimizer")
-        if not self._in_step:
-            raise ScheduleMismatchError(
-                f"stage {self._stage}: on_instruction_begin({name!r}) outside a training "
-                "iteration; call on_step_begin() first (adapters: wrap the training step)"
-            )
-        assert self._open is not None
-        raise ScheduleMismatchError(
-            f"stage {self._stage}, iteration {self._step}: {name} began while "
-            f"{self._open[1]} of microbatch {self._open[2]} was still running; instructions "
-            "must not nest (call on_instruction_end first)"
-        )
-
     def _unmatched_end(self, name: str) -> None:
         opened = self._open
         if opened is None:
@@ -378,13 +445,4 @@ class PerseusOptimizer:
             return
         self._open = None
         self._gpu_end(opened[1])
-        raise ScheduleMismatchError(
-            f"stage {self._stage}, iteration {self._step}: on_instruction_end({name!r}) but "
-            f"{opened[1]} of microbatch {opened[2]} was running"
-        )
-
-
-def _acquire_guard(gpu: GPU, owner: str) -> GPUGuard:
-    from perseus.gpu.guard import GPUGuard
-
-    return GPUGuard(gpu, owner=owner).acquire()
+        raise hook_errors.unmatched_end(self._stage, self._step, name, opened)

@@ -2,22 +2,26 @@
 
 * :class:`MeasureSource` never touches clocks; the optimizer only measures.
 * :class:`MaxSpeedSource` runs every instruction at one clock (the device's highest).
-* :class:`PlanSource` applies a :class:`perseus.plan.Plan` and checks that the training
+* :class:`PlanSource` applies a :class:`perseus.formats.plan_json.Plan` and checks that the training
   framework runs instructions in the order the plan expects.
 
-The online profiler's source lives in :mod:`perseus.runtime.online`. Standard library only;
-runs on Python 3.9 (the Merak runtime path). ``frequency_mhz`` runs on the training critical
-path: plan lookups are precomputed per position.
+The online profiler's source lives in :mod:`perseus.runtime.online`; :func:`build_source` picks
+the one ``runtime.mode`` names. ``frequency_mhz`` runs on the training critical path: plan
+lookups are precomputed per position.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from perseus.errors import PlanError, ScheduleMismatchError
-from perseus.plan import Plan
-from perseus.runtime.types import StepRecord
+from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
+from perseus.formats.plan_json import Plan
+from perseus.runtime.types import FrequencySource, RankInfo, StepRecord
+
+if TYPE_CHECKING:
+    from perseus.config import PerseusConfig
+    from perseus.gpu.base import GPU
 
 
 class MeasureSource:
@@ -182,3 +186,52 @@ def _occurrence_table(names: List[str], freqs_mhz: List[int]) -> Dict[Tuple[str,
         table[(name, k)] = freq
         counts[name] = k + 1
     return table
+
+
+def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySource:
+    """The frequency source ``cfg.runtime.mode`` asks for.
+
+    * ``measure``: no clock changes at all;
+    * ``max_speed``: every instruction at the GPU's highest SM clock;
+    * ``plan``: ``runtime.plan`` (a ``perseus-plan/1`` JSON or a reference
+      ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp``,
+      ``parallelism.num_microbatches`` and the clocks the GPU supports;
+    * ``online``: the coordination server's profiler and plans
+      (:func:`perseus.runtime.online.build_online_source`, imported only for this mode).
+    """
+    mode = cfg.runtime.mode
+    if mode == "measure":
+        return MeasureSource()
+    if mode == "max_speed":
+        return MaxSpeedSource(max(gpu.supported_sm_clocks_mhz()))
+    if mode == "plan":
+        return _plan_source(cfg, rank, gpu)
+    if mode == "online":
+        from perseus.runtime.online import build_online_source
+
+        return build_online_source(cfg, rank, gpu)
+    raise ConfigError(f"runtime.mode={mode!r}: choose measure, max_speed, plan or online")
+
+
+def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
+    from perseus.formats.plan_json import load_plan
+    from perseus.gpu.preflight import check_plan_clocks
+
+    if not cfg.runtime.plan:
+        raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    plan = load_plan(cfg.runtime.plan)
+    where = f"plan {cfg.runtime.plan}"
+    if plan.num_stages != rank.num_stages:
+        raise PlanError(
+            f"{where} has {plan.num_stages} stages but the job runs {rank.num_stages} "
+            "(parallelism.pp); plan for this pipeline with perseus-plan"
+        )
+    num_mb = cfg.parallelism.num_microbatches
+    if plan.num_microbatches != num_mb:
+        raise PlanError(
+            f"{where} has {plan.num_microbatches} microbatches per iteration but "
+            f"parallelism.num_microbatches={num_mb}; plan for this job with perseus-plan"
+        )
+    # A plan's clocks must exist on this GPU (rejected, never snapped).
+    check_plan_clocks(plan.frequencies(rank.stage), gpu, where)
+    return PlanSource(plan, rank.stage, strict=cfg.runtime.strict)

@@ -1,17 +1,9 @@
-"""Types shared by the hook runtime, the adapters and the online profiler.
-
-Standard library only; runs on Python 3.9 (the Merak runtime path).
-"""
+"""Types shared by the hook runtime, the adapters and the online profiler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
-
-try:  # Python 3.8+ has Protocol in typing
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore[assignment]
+from typing import List, Optional, Protocol
 
 
 @dataclass(frozen=True)
@@ -55,6 +47,23 @@ class Hooks(Protocol):
         """That instruction ended (adapters call this in ``finally``)."""
 
 
+class WaitHooks(Hooks, Protocol):
+    """Hooks that can also leave a wait inside an instruction out of its measurement.
+
+    Optional: an adapter calls these only between ``on_instruction_begin`` and
+    ``on_instruction_end``, where an engine blocks in the middle of an instruction (Merak's
+    ``RecomputeRecvGrad`` recomputes, then waits for the gradient), and only on hook objects
+    that have them. Like the other hooks, an implementation synchronizes the device before it
+    stamps the wait's begin and end (see ``docs/design.md``, "Hook contract").
+    """
+
+    def on_wait_begin(self) -> None:
+        """The running instruction blocks on another stage until :meth:`on_wait_end`."""
+
+    def on_wait_end(self) -> None:
+        """The wait is over; what follows is the instruction's work again."""
+
+
 @dataclass
 class InstructionRecord:
     """What happened to one instruction in one iteration.
@@ -83,6 +92,10 @@ class StepRecord:
     end_s: float
     energy_j: Optional[float]
     instructions: List[InstructionRecord] = field(default_factory=list)
+    # The SM clock read back from the device at the end of each instruction (same order as
+    # ``instructions``; None where no clock was locked). Read only while a trace is written:
+    # a driver call each. Kept beside the instructions, off the server's wire format.
+    applied_mhz: List[Optional[int]] = field(default_factory=list)
 
     @property
     def iteration_time_s(self) -> float:

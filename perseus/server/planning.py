@@ -1,7 +1,10 @@
 """Planning a job from its measured profile, and writing the job's files.
 
-Runs in a worker thread of the server (never on the event loop). Files go under the job's own
-directory: ``profile.csv``, ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json``.
+Runs in a planner worker (:class:`perseus.server.workers.PlannerPool`), never in a request
+handler. Files go under the job's own directory through :mod:`perseus.formats.plan_outputs`:
+``profile.csv``, ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json`` (and
+``summary.json`` once the plan is measured). A solved job is kept as data
+(:func:`result_to_json`) so that a restarted server goes on with the same plans.
 """
 
 from __future__ import annotations
@@ -10,21 +13,27 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from perseus.config import EnergyConfig
 from perseus.errors import ServerError
-from perseus.profile import Profile
-from perseus.server.models import JobSpec
+from perseus.formats import plan_outputs
+from perseus.formats.profile_csv import Profile
+from perseus.wire import JobSpec
+
+if TYPE_CHECKING:
+    from perseus.planner.frontier import Frontier, FrontierPoint
 
 
 @dataclass
 class PlanResult:
     """A solved job: its frontier and the plan its energy policy chose."""
 
-    frontier: Any  # perseus.planner.frontier.Frontier
-    chosen: Any  # perseus.planner.frontier.FrontierPoint
+    frontier: Frontier
+    chosen: FrontierPoint
     solve_time_s: float
+    policy: str = ""
+    solver: str = ""
 
 
 def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> PlanResult:
@@ -45,21 +54,76 @@ def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> 
         eta=spec.energy.eta,
     )
     chosen = choose(frontier, energy)
-    return PlanResult(frontier, chosen, time.perf_counter() - t0)
+    return PlanResult(
+        frontier, chosen, time.perf_counter() - t0, str(spec.energy.policy), spec.solver
+    )
+
+
+def plan_and_write(
+    spec: JobSpec, profile: Profile, blocking_power_w: List[float], job_dir: Path
+) -> Tuple[PlanResult, Dict[str, str]]:
+    """Plan the job and write its files (the planner worker's task)."""
+    result = plan_job(spec, profile, blocking_power_w)
+    return result, write_plan_files(job_dir, profile, result)
+
+
+def result_to_json(result: PlanResult, blocking_power_w: List[float]) -> Dict[str, Any]:
+    """A solved job as JSON-ready data (the frontier's points, the chosen one, how)."""
+    return {
+        "points": [
+            {
+                "plan_id": p.plan_id,
+                "iteration_time_s": p.iteration_time_s,
+                "energy_j": p.energy_j,
+                "freqs": [[int(f) for f in stage] for stage in p.freqs],
+                "is_allmax": bool(p.is_allmax),
+            }
+            for p in result.frontier.points
+        ],
+        "chosen": result.chosen.plan_id,
+        "solve_time_s": result.solve_time_s,
+        "policy": result.policy,
+        "solver": result.solver,
+        "blocking_power_w": list(blocking_power_w),
+    }
+
+
+def result_from_json(spec: JobSpec, profile: Profile, data: Dict[str, Any]) -> PlanResult:
+    """The inverse of :func:`result_to_json`, with ``profile`` (the job's ``profile.csv``)."""
+    from perseus.planner.frontier import Frontier, FrontierPoint
+    from perseus.planner.problem import PlanningProblem
+
+    problem = PlanningProblem(
+        profile, spec.num_microbatches, data["blocking_power_w"], schedule=spec.schedule
+    )
+    points = [
+        FrontierPoint(
+            plan_id=int(p["plan_id"]),
+            iteration_time_s=float(p["iteration_time_s"]),
+            energy_j=float(p["energy_j"]),
+            freqs=[[int(f) for f in stage] for stage in p["freqs"]],
+            is_allmax=bool(p["is_allmax"]),
+        )
+        for p in data["points"]
+    ]
+    frontier = Frontier(problem, points)
+    chosen = next(p for p in points if p.plan_id == int(data["chosen"]))
+    return PlanResult(
+        frontier, chosen, float(data["solve_time_s"]), str(data["policy"]), str(data["solver"])
+    )
 
 
 def write_plan_files(job_dir: Path, profile: Profile, result: PlanResult) -> Dict[str, str]:
     """Write the profile, the frontier, every plan and the chosen plan; returns their paths."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    files = {"profile": str(profile.write(job_dir / "profile.csv"))}
-    frontier = result.frontier
-    frontier.to_dataframe().to_csv(job_dir / "frontier.csv", index=False)
-    files["frontier"] = str(job_dir / "frontier.csv")
-    for point in frontier.points:
-        frontier.to_plan(point).write(job_dir / "plans" / f"{point.plan_id}.json")
-    files["plans"] = str(job_dir / "plans")
-    files["plan"] = str(frontier.to_plan(result.chosen).write(job_dir / "plan.json"))
-    return files
+    files = plan_outputs.write_frontier_outputs(
+        job_dir,
+        result.frontier,
+        result.chosen,
+        plan_extra={"policy": result.policy, "solver": result.solver},
+    )
+    paths = {key: str(job_dir / name.rstrip("/")) for key, name in files.items()}
+    paths["profile"] = str(profile.write(job_dir / plan_outputs.PROFILE_CSV))
+    return paths
 
 
 def safe_job_dir(dump_dir: Path, job_id: str) -> Path:

@@ -1,19 +1,22 @@
-"""Per-iteration reports of every rank, combined once all live ranks have reported.
+"""Per-iteration reports, combined once every live rank of every stage is covered.
 
-A job's iteration time is the slowest rank's, its energy the sum over all ranks (every GPU of the
-job). Each data-parallel replica's iteration time is the slowest of its ranks.
+A report covers the rank that sent it and the peers it speaks for (a stage leader's report
+combines its stage). A job's iteration time is the slowest report's, its energy the sum over
+all reports (every GPU of the job), and each data-parallel replica's time the slowest of its
+ranks' compute times. An iteration is *clean* when every report ran the server's schedule;
+only clean iterations are measurements.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 
 @dataclass(frozen=True)
 class RankStep:
-    """The part of one rank's report the job keeps."""
+    """The part of one report the job keeps."""
 
     rank: int
     stage: int
@@ -21,6 +24,14 @@ class RankStep:
     iteration_time_s: float
     energy_j: Optional[float]
     compute_time_s: Optional[float] = None
+    covers: FrozenSet[int] = frozenset()
+    replica_time_s: Tuple[Tuple[int, float], ...] = ()
+    scheduled: bool = True
+
+    @property
+    def ranks(self) -> FrozenSet[int]:
+        """Every rank this report speaks for."""
+        return self.covers | {self.rank}
 
 
 @dataclass(frozen=True)
@@ -32,69 +43,93 @@ class JobStep:
     energy_j: Optional[float]
     # Per data-parallel replica: the slowest rank's compute time (iteration time if unknown).
     replica_time_s: Dict[int, float]
+    clean: bool = True
+
+
+@dataclass
+class _Pending:
+    reports: Dict[int, RankStep] = field(default_factory=dict)
+    covered: Dict[int, Set[int]] = field(default_factory=dict)  # stage -> ranks
+    stages_done: Set[int] = field(default_factory=set)
 
 
 class StepTable:
-    """Collects reports per step and says when a step or a stage's step is complete.
+    """Collects reports per step and says when a stage's step, or the job's, is complete.
 
     Args:
         keep_steps: Incomplete steps older than this many steps behind the newest are dropped.
     """
 
     def __init__(self, keep_steps: int = 64) -> None:
-        self._reports: Dict[int, Dict[int, RankStep]] = {}
+        self._pending: Dict[int, _Pending] = {}
         self._complete: Set[int] = set()
-        self._stage_complete: Set[tuple] = set()
         self.keep_steps = keep_steps
+        self._newest = -1
 
-    def add(self, step: int, report: RankStep) -> None:
-        """Store one rank's report of ``step`` (a repeated report replaces the first)."""
-        if step in self._complete:
-            return
-        self._reports.setdefault(step, {})[report.rank] = report
-        newest = max(self._reports)
-        for old in [s for s in self._reports if s < newest - self.keep_steps]:
-            del self._reports[old]
-        self._complete = {s for s in self._complete if s >= newest - 4 * self.keep_steps}
-        self._stage_complete = {
-            k for k in self._stage_complete if k[1] >= newest - 4 * self.keep_steps
-        }
+    def add(self, step: int, report: RankStep) -> bool:
+        """Store one report of ``step`` (a repeat replaces the first); False if too late."""
+        if step in self._complete or step < self._newest - self.keep_steps:
+            return False
+        pending = self._pending.setdefault(step, _Pending())
+        pending.reports[report.rank] = report
+        pending.covered.setdefault(report.stage, set()).update(report.ranks)
+        if step > self._newest:
+            self._newest = step
+            horizon = step - self.keep_steps
+            for old in [s for s in self._pending if s < horizon]:
+                del self._pending[old]
+            self._complete = {s for s in self._complete if s >= horizon}
+        return True
 
     def pending_steps(self) -> List[int]:
         """Steps with at least one report that are not complete yet."""
-        return sorted(self._reports)
+        return sorted(self._pending)
 
     def stage_complete(self, step: int, stage: int, live_ranks: Set[int]) -> bool:
-        """True once (and only the first time) every live rank of ``stage`` reported ``step``."""
-        key = (stage, step)
-        if key in self._stage_complete:
+        """True once (and only the first time) every live rank of ``stage`` is covered."""
+        pending = self._pending.get(step)
+        if pending is None or stage in pending.stages_done:
             return False
-        got = self._reports.get(step, {})
-        ranks_of_stage = {r for r, rep in got.items() if rep.stage == stage}
-        needed = live_ranks
-        if not needed or not needed <= set(got) or not ranks_of_stage:
+        covered = pending.covered.get(stage)
+        if not covered or not live_ranks <= covered:
             return False
-        self._stage_complete.add(key)
+        pending.stages_done.add(stage)
         return True
 
-    def take_complete(self, step: int, live_ranks: Set[int]) -> Optional[JobStep]:
-        """The combined step once every live rank reported it (returned once), else None."""
-        got = self._reports.get(step)
-        if got is None or not live_ranks or not live_ranks <= set(got):
+    def stage_reports(self, step: int, stage: int) -> List[RankStep]:
+        """The reports of ``stage`` for ``step`` so far."""
+        pending = self._pending.get(step)
+        if pending is None:
+            return []
+        return [r for r in pending.reports.values() if r.stage == stage]
+
+    def take_complete(self, step: int, live_stages: List[int]) -> Optional[JobStep]:
+        """The combined step once every stage with live ranks is complete (returned once).
+
+        Call :meth:`stage_complete` for the stages first.
+        """
+        pending = self._pending.get(step)
+        if pending is None or not live_stages:
             return None
-        del self._reports[step]
+        if any(s not in pending.stages_done for s in live_stages):
+            return None
+        del self._pending[step]
         self._complete.add(step)
-        reports = [got[r] for r in live_ranks]
+        reports = list(pending.reports.values())
         energies = [r.energy_j for r in reports]
         replicas: Dict[int, float] = {}
         for r in reports:
-            busy_s = r.iteration_time_s if r.compute_time_s is None else r.compute_time_s
-            replicas[r.dp_rank] = max(replicas.get(r.dp_rank, 0.0), busy_s)
+            times = r.replica_time_s or (
+                (r.dp_rank, r.iteration_time_s if r.compute_time_s is None else r.compute_time_s),
+            )
+            for dp, busy_s in times:
+                replicas[dp] = max(replicas.get(dp, 0.0), busy_s)
         return JobStep(
             step=step,
             iteration_time_s=max(r.iteration_time_s for r in reports),
             energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
             replica_time_s=replicas,
+            clean=all(r.scheduled for r in reports),
         )
 
 
@@ -129,6 +164,13 @@ def typical_step(steps: List[JobStep]) -> Dict[str, Any]:
 OUTLIER_SIGMAS = 3.0
 
 
+def robust_sigma(values: List[float]) -> float:
+    """Standard deviation estimated robustly: 1.4826 x MAD, else 1.2533 x mean deviation."""
+    center = statistics.median(values)
+    deviations = [abs(v - center) for v in values]
+    return 1.4826 * statistics.median(deviations) or 1.2533 * statistics.fmean(deviations)
+
+
 def inliers(values: List[float]) -> List[bool]:
     """Which of ``values`` lie within OUTLIER_SIGMAS standard deviations of their median.
 
@@ -138,6 +180,27 @@ def inliers(values: List[float]) -> List[bool]:
     itself is always an inlier.
     """
     center = statistics.median(values)
-    deviations = [abs(v - center) for v in values]
-    sigma = 1.4826 * statistics.median(deviations) or 1.2533 * statistics.fmean(deviations)
-    return [d <= OUTLIER_SIGMAS * sigma for d in deviations]
+    sigma = robust_sigma(values)
+    return [abs(v - center) <= OUTLIER_SIGMAS * sigma for v in values]
+
+
+def job_step_to_json(js: JobStep) -> Dict[str, Any]:
+    """A job step as JSON (for the persisted state)."""
+    return {
+        "step": js.step,
+        "iteration_time_s": js.iteration_time_s,
+        "energy_j": js.energy_j,
+        "replica_time_s": {str(k): v for k, v in js.replica_time_s.items()},
+        "clean": js.clean,
+    }
+
+
+def job_step_from_json(data: Dict[str, Any]) -> JobStep:
+    """The inverse of :func:`job_step_to_json`."""
+    return JobStep(
+        step=int(data["step"]),
+        iteration_time_s=float(data["iteration_time_s"]),
+        energy_j=None if data["energy_j"] is None else float(data["energy_j"]),
+        replica_time_s={int(k): float(v) for k, v in data["replica_time_s"].items()},
+        clean=bool(data.get("clean", True)),
+    )

@@ -1,28 +1,61 @@
-"""The job summary that ``GET /jobs/{job_id}/summary`` answers.
+"""The job summary that ``GET /jobs/{job_id}/summary`` answers, and ``summary.json``.
 
 Measured baseline and plan, the plan's prediction, savings, the profiling cost and what runs
-now; ``perseus-train`` builds report.json from it.
+now; ``perseus-train`` builds report.json from it. The job itself does not know this module:
+the server hands :func:`write_summary` to the job as its ``on_plan_measured`` callback.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import Any, Dict
 
+from perseus.formats import plan_outputs
+from perseus.server.job_phases import Job
 from perseus.server.planning import PlanResult
 from perseus.server.steps import typical_step
 
-if TYPE_CHECKING:
-    from perseus.server.job import Job
+# Keys of the summary that ``GET /jobs/{job_id}`` answers (the job's status).
+STATUS_KEYS = (
+    "job_id",
+    "phase",
+    "failure",
+    "message",
+    "fallback",
+    "degraded",
+    "ranks",
+    "current",
+    "profiling",
+)
 
 
 def job_summary(job: Job) -> Dict[str, Any]:
-    """Everything known about ``job`` (call with ``job.lock`` held)."""
+    """Everything known about ``job``."""
+    with job.lock:
+        return _summary(job)
+
+
+def job_status(job: Job) -> Dict[str, Any]:
+    """The job's phase, ranks and what runs now (a part of :func:`job_summary`)."""
+    summary = job_summary(job)
+    return {key: summary[key] for key in STATUS_KEYS}
+
+
+def write_summary(job: Job) -> None:
+    """Write ``summary.json`` into the job directory (and list it in the job's files)."""
+    with job.lock:
+        job.files["summary"] = str(job.job_dir / plan_outputs.SUMMARY_JSON)
+        plan_outputs.write_summary(job.job_dir, _summary(job))
+
+
+def _summary(job: Job) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "job_id": job.job_id,
-        "phase": job.phase,
+        "phase": str(job.phase),
         "failure": job.failure,
+        "message": job.message,
+        "fallback": job.fallback,
         "degraded": job.degraded,
-        "ranks": {str(r.rank): r.status for r in job.ranks.values()},
+        "ranks": job.ranks.statuses(),
         "baseline": _baseline(job),
         "plan": typical_step(job.plan_samples) if job.plan_samples else None,
         "predicted": None if job.result is None else _prediction(job.result),
@@ -51,18 +84,20 @@ def _profiling(job: Job) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "mode": job.spec.profiler.mode,
         "baseline_iterations": job.profile_start,
-        "iterations": None if job.profiler is None else job.profiler.num_steps,
+        "iterations": None,
         "first_step": first,
         "last_step": last,
     }
-    if job.profiler is not None:
-        out["stopped_at_mhz"] = [dict(s.stopped_at) for s in job.profiler.sweeps]
-        out["clocks_swept"] = [len(s.clocks_mhz) for s in job.profiler.sweeps]
+    done = job.profiling_summary
+    if job.profiling.started:
+        out.update(job.profiling.summary())
+    elif done is not None:
+        out.update(done)
     return out
 
 
 def _current(job: Job) -> Dict[str, Any]:
-    epoch = job.epochs[-1] if job.epochs else None
+    epoch = job.plans.current
     return {
         "imposed_iteration_time_s": job.imposed_s,
         "straggler_dp_ranks": sorted(job.watcher.stragglers),

@@ -13,6 +13,7 @@ import logging
 from typing import Any, List
 
 from perseus.config import PerseusConfig
+from perseus.errors import ConfigError
 from perseus.models.partition import partition
 from perseus.models.zoo import ModelDescription, describe
 
@@ -88,11 +89,9 @@ def run(cfg: PerseusConfig) -> int:
     import torch
     import torch.distributed as dist
 
-    from perseus.launcher.preflight import check_deepspeed_parallelism
     from perseus.models.data import batches
     from perseus.train.loop import run_loop, write_rank_steps
 
-    check_deepspeed_parallelism(cfg.parallelism)
     _skip_shm_build()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     import perseus.adapters.deepspeed  # noqa: F401  (patches the engine)
@@ -123,3 +122,18 @@ def run(cfg: PerseusConfig) -> int:
 
         write_rank_steps(Path(cfg.output_dir), dist.get_rank())
     return steps
+
+
+def check(cfg: PerseusConfig) -> None:
+    """DeepSpeed's pipeline engine has no tensor parallelism; the partition must fit ``pp``.
+
+    Raises:
+        ConfigError: naming the setting to change.
+    """
+    par = cfg.parallelism
+    if par.tp != 1:
+        raise ConfigError(
+            f"framework=deepspeed with parallelism.tp={par.tp}: DeepSpeed's pipeline engine "
+            "has no tensor parallelism here; use parallelism.tp=1 or framework=megatron"
+        )
+    partition(describe(cfg.model), cfg.model.partition, par.pp)

@@ -1,9 +1,11 @@
 """What every framework's training loop shares: when to stop, progress, per-rank results.
 
 The loop runs training iterations until the job is over. With ``runtime.mode=online`` the
-coordination server drives the phases (baseline at max speed, profiling, planning, the chosen
-plan, done); global rank 0 reads the phase from its optimizer's frequency source and all ranks
-stop together (rank 0 decides and broadcasts the decision every iteration). In the other modes
+coordination server drives the phases (:class:`~perseus.wire.Phase`: baseline at max speed,
+profiling, planning, the chosen plan measured, then watching); global rank 0 reads the phase
+from its optimizer's frequency source and all ranks stop together once the phase is
+``report_ready`` (watching or failed; rank 0 decides and broadcasts the decision every
+iteration). In the other modes
 the loop runs ``train.warmup_steps + train.measure_steps`` iterations. ``train.max_steps`` bounds
 both.
 """
@@ -16,11 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 from perseus.config import PerseusConfig
+from perseus.wire import Phase
 
 logger = logging.getLogger(__name__)
-
-# Server phases after which training is no longer needed for the report.
-DONE_PHASES = ("watching", "done", "failed")
 
 
 def rank0_optimizer() -> Optional[Any]:
@@ -31,13 +31,19 @@ def rank0_optimizer() -> Optional[Any]:
     return built[0] if built else None
 
 
+def online_phase() -> Optional[Phase]:
+    """The job's phase as this rank's online source last heard it (``None``: not yet)."""
+    source = getattr(rank0_optimizer(), "source", None)
+    phase = getattr(source, "phase", None)
+    return phase if isinstance(phase, Phase) else None
+
+
 def current_phase(cfg: PerseusConfig) -> str:
-    """The job's phase as this rank knows it (``measure`` etc. outside online mode)."""
+    """The job's phase for progress messages (the runtime mode outside online mode)."""
     if cfg.runtime.mode != "online":
-        return cfg.runtime.mode
-    opt = rank0_optimizer()
-    source = getattr(opt, "source", None)
-    return str(getattr(source, "phase", "starting"))
+        return str(cfg.runtime.mode)
+    phase = online_phase()
+    return "starting" if phase is None else str(phase)
 
 
 class StopRule:
@@ -72,7 +78,8 @@ class StopRule:
             return steps_done >= self.fixed_steps
         if self.done_fn is not None:
             return self.done_fn(steps_done)
-        return current_phase(self.cfg) in DONE_PHASES
+        phase = online_phase()
+        return phase is not None and phase.report_ready
 
     def should_stop(self, steps_done: int) -> bool:
         """Collective: every rank calls this after every iteration and gets the same answer."""

@@ -113,11 +113,13 @@ def _forward_step(data_iterator: Iterator[Dict[str, Any]], model: Any) -> Tuple[
 
 
 def run(cfg: PerseusConfig) -> int:
-    """Train with Megatron-core's schedules on CUDA until the loop stops; returns iterations."""
+    """Train with Megatron-core's schedules on CUDA until the loop stops; returns iterations.
+
+    :func:`check` ran before (the registry's :func:`perseus.train.frameworks.run`).
+    """
     import torch
     import torch.distributed as dist
 
-    check_supported(cfg, torch.cuda.is_available())
     if not dist.is_initialized():
         dist.init_process_group("nccl")
     torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
@@ -175,3 +177,10 @@ def train(cfg: PerseusConfig) -> int:
 
         write_rank_steps(Path(cfg.output_dir), dist.get_rank())
     return steps
+
+
+def check(cfg: PerseusConfig) -> None:
+    """Where this job cannot run (see :func:`check_supported`), before any rank starts."""
+    import torch
+
+    check_supported(cfg, torch.cuda.is_available())

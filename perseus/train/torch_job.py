@@ -5,15 +5,22 @@ accumulation) and one optimizer step; the Perseus hooks are called around them, 
 emulated GPU every pass lasts its profiled time. With ``energy=power_limit`` the power-limit
 optimizer (:mod:`perseus.power_limit`) walks the GPU power limits, measures each, and keeps the
 best one; its table goes to ``power_limit.json`` (the report's ``power_limit`` section).
+
+Device placement: with CUDA, each rank uses CUDA device ``LOCAL_RANK`` (made current before
+the NCCL process group starts), its model and batches live there, DDP is given that device,
+and the Perseus hooks drive that same GPU (``RankInfo.local_gpu_index``). Without CUDA
+everything stays on the CPU over gloo. If the start-up check put the GPU in measure-only mode
+(``gpu.on_unsupported=measure_only``), the power-limit optimizer is not started.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
@@ -22,12 +29,43 @@ from perseus.runtime.types import RankInfo
 logger = logging.getLogger(__name__)
 
 
-def _init_distributed() -> None:
+def local_rank() -> int:
+    """The rank of this process on its node (torchrun's ``LOCAL_RANK``; 0 without it)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def rank_device(local_index: int) -> Any:
+    """CUDA device ``local_index`` (made the current device) when CUDA is usable, else the CPU.
+
+    Raises:
+        ConfigError: CUDA is usable but has no device ``local_index``.
+    """
     import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if not 0 <= local_index < count:
+        raise ConfigError(
+            f"local rank {local_index} has no GPU: this process sees {count} CUDA device(s); "
+            "start at most that many ranks per node (or fix CUDA_VISIBLE_DEVICES)"
+        )
+    torch.cuda.set_device(local_index)
+    return torch.device("cuda", local_index)
+
+
+def ddp_options(device: Any) -> Dict[str, Any]:
+    """DistributedDataParallel's device arguments for a module on ``device``."""
+    if device.type == "cuda":
+        return {"device_ids": [device.index], "output_device": device.index}
+    return {}
+
+
+def _init_distributed(device: Any) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
 def run(cfg: PerseusConfig) -> int:
@@ -36,7 +74,6 @@ def run(cfg: PerseusConfig) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from perseus.launcher.preflight import check_torch_parallelism
     from perseus.models.build import build_sequential
     from perseus.models.data import batches
     from perseus.models.losses import loss_fn
@@ -45,12 +82,14 @@ def run(cfg: PerseusConfig) -> int:
     from perseus.train.loop import run_loop, write_rank_steps
 
     par = cfg.parallelism
-    check_torch_parallelism(par)
-    _init_distributed()
+    local_index = local_rank()
+    device = rank_device(local_index)
+    _init_distributed(device)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.train.seed)
     description = describe(cfg.model)
-    model = DistributedDataParallel(build_sequential(description))
+    module = build_sequential(description).to(device)
+    model = DistributedDataParallel(module, **ddp_options(device))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
     data = batches(
         description,
@@ -60,18 +99,26 @@ def run(cfg: PerseusConfig) -> int:
         shard=rank,
         num_shards=world,
     )
-    info = RankInfo(stage=0, num_stages=1, dp_rank=rank, rank=rank, world_size=world)
+    info = RankInfo(
+        stage=0,
+        num_stages=1,
+        dp_rank=rank,
+        rank=rank,
+        world_size=world,
+        local_gpu_index=local_index,
+    )
     hooks = context.optimizer_for(info, key=model)
     plo = _power_limit_optimizer(cfg, hooks) if cfg.energy.policy == "power_limit" else None
 
     def step() -> float:
-        if plo is not None:
+        hooks.on_step_begin()  # synchronizes the device first: the power-limit window starts
+        if plo is not None:  # after the previous step's work, as it ends after this one's
             plo.on_step_begin()
-        hooks.on_step_begin()
         optimizer.zero_grad()
         total = 0.0
         for index in range(par.num_microbatches):
             inputs, labels = next(data)
+            inputs, labels = inputs.to(device), labels.to(device)
             sync = index == par.num_microbatches - 1
             with model.no_sync() if not sync else nullcontext():
                 hooks.on_instruction_begin("forward")
@@ -106,11 +153,16 @@ def run(cfg: PerseusConfig) -> int:
 
 
 def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
+    from perseus.gpu.preflight import capabilities_of
     from perseus.power_limit import PowerLimitOptimizer
 
     gpu = getattr(hooks, "gpu", None)
     if gpu is None:
         raise ConfigError("energy=power_limit needs the Perseus optimizer's GPU (runtime hooks)")
+    caps = capabilities_of(gpu)
+    if caps is not None and caps.measure_only:
+        logger.warning("energy=power_limit: measure-only mode, the power limit stays as it is")
+        return None
     state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
     return PowerLimitOptimizer.for_gpus(
         [gpu], cfg.energy.power_limit, cfg.energy.eta, state_dir=state_dir, job_id=cfg.model.name
@@ -127,3 +179,17 @@ def _power_limit_done(cfg: PerseusConfig, plo: Any) -> Callable[[int], bool]:
         return steps_done - settled["at"] >= cfg.train.measure_steps
 
     return done
+
+
+def check(cfg: PerseusConfig) -> None:
+    """``framework=torch`` is plain data parallel: no pipeline, no tensor parallelism.
+
+    Raises:
+        ConfigError: naming the setting to change.
+    """
+    par = cfg.parallelism
+    if par.pp != 1 or par.tp != 1:
+        raise ConfigError(
+            f"framework=torch is plain data parallel: set parallelism.pp=1 and parallelism.tp=1 "
+            f"(got pp={par.pp}, tp={par.tp}); use framework=deepspeed for pipelines"
+        )

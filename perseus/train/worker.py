@@ -14,30 +14,18 @@ from pathlib import Path
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.train import frameworks
 
 logger = logging.getLogger("perseus.train")
 
+RANK_STORE_PORT_ENV = "PERSEUS_RANK_STORE_PORT"
+"""Ranks in another interpreter (``train.python``) meet on their own torch store at this port,
+named by the launcher: the elastic agent's store may speak another torch version's protocol."""
+
 
 def run(cfg: PerseusConfig) -> int:
-    """Train with the configured framework; returns iterations run."""
-    name = cfg.framework.name
-    if name == "deepspeed":
-        from perseus.train import deepspeed_job
-
-        return deepspeed_job.run(cfg)
-    if name == "torch":
-        from perseus.train import torch_job
-
-        return torch_job.run(cfg)
-    if name == "megatron":
-        from perseus.train import megatron_job
-
-        return megatron_job.run(cfg)
-    if name == "merak":
-        from perseus.launcher.preflight import merak_error
-
-        raise merak_error()
-    raise ConfigError(f"framework={name!r}: choose deepspeed, megatron or torch")
+    """Train with the configured framework (checked first); returns iterations run."""
+    return frameworks.run(cfg)
 
 
 def _setup_logging(cfg: PerseusConfig) -> None:

@@ -8,6 +8,7 @@ editable install this environment runs on.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
+    built = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -38,7 +39,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         check=True,
         capture_output=True,
+        text=True,
     )
+    assert "would be ignored" not in built.stdout + built.stderr  # no packaging warning
     (found,) = out.glob("perseus_energy-*.whl")
     return found
 
@@ -51,6 +54,32 @@ def test_wheel_has_no_top_level_adapters_or_conf(wheel: Path) -> None:
     assert "perseus/conf/perseus_train.yaml" in names
     assert any(n.startswith("perseus/conf/energy/") for n in names)
     assert any(n.startswith("perseus/data/") and n.endswith(".csv") for n in names)
+    # Every source folder with files is packaged (setup.py finds them; none listed by hand).
+    folders = set()
+    for root, installed in (("perseus", "perseus"), ("adapters", "perseus/adapters")):
+        folders |= _file_folders(ROOT / root, installed)
+    folders |= _file_folders(ROOT / "conf", "perseus/conf")
+    packaged = {n.rsplit("/", 1)[0] for n in names}
+    assert sorted(folders - packaged) == []
+
+
+def _file_folders(root: Path, installed: str) -> set:
+    return {
+        "/".join((installed, *p.parent.relative_to(root).parts))
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def test_core_dependencies_and_extras(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist")]
+    core = sorted(re.split(r"[<>=!~;\s]", r)[0] for r in requires if "extra ==" not in r)
+    assert core == ["nvidia-ml-py", "omegaconf"]
+    extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra")}
+    assert {"planner", "server", "train", "deepspeed", "megatron", "all"} <= extras
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import perseus
-from perseus.plan import load_plan
+from perseus.formats.plan_json import load_plan
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ class JobSetup:
     time_scale: float = 0.1
     blocking_power_w: float = 83.64
     energy_noise: float = 0.01
-    max_steps: int = 80
+    max_steps: int = 120
     out_dir: str = ""
     profiler: Dict[str, Any] = field(default_factory=dict)
     server: Dict[str, Any] = field(default_factory=dict)
@@ -39,6 +39,10 @@ class JobSetup:
     keep_records: bool = False
     # How long a stage waits for its neighbour before giving up (a dead peer).
     queue_timeout_s: float = 60.0
+    # Ranks join a torch.distributed (gloo) world: a stage's replicas combine their
+    # measurements and only the stage leader talks to the server.
+    distributed: bool = False
+    master_port: int = 0
 
 
 def build_config(setup: JobSetup) -> Any:
@@ -59,11 +63,11 @@ def build_config(setup: JobSetup) -> Any:
 
 
 def make_gpu(setup: JobSetup, rank: int, seed: int = 0) -> Any:
+    from perseus.formats.profile_csv import read_profile_csv
     from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-    from perseus.profile import load_profile
 
     return EmulatedGPU(
-        load_profile(default_device_profile_path()),
+        read_profile_csv(default_device_profile_path()),
         blocking_power_w=setup.blocking_power_w,
         time_scale=setup.time_scale,
         energy_noise=setup.energy_noise,
@@ -95,8 +99,17 @@ def rank_main(
     )
     cfg = build_config(setup)
     gpu = make_gpu(setup, rank)
+    if setup.distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{setup.master_port}",
+            rank=rank,
+            world_size=setup.pp * setup.dp,
+        )
     source = build_online_source(cfg, info, gpu)
-    opt = PerseusOptimizer(info, gpu, source)
+    opt = PerseusOptimizer.on_gpu(info, gpu, source)
     order = stage_order("1f1b", setup.pp, setup.num_microbatches)[stage]
     fwd_in = queues.get(f"f{dp_rank}-{stage - 1}")
     fwd_out = queues.get(f"f{dp_rank}-{stage}")
@@ -142,6 +155,8 @@ def rank_main(
         "wall_s": time.monotonic() - t0,
         "phases": phases,
         "source_failed": source.failed,
+        "source_offline": source.offline,
+        "leader": source.link is not None,
         "locked_before_close": locked_before_close,
         "locked_after_close": gpu.locked_sm_clocks_mhz,
     }
@@ -151,6 +166,8 @@ def rank_main(
 
         records = [asdict(r) for r in opt.steps]
         Path(setup.out_dir, f"records{rank}.json").write_text(json.dumps(records))
+    if setup.distributed:
+        os._exit(0)  # gloo's threads must not meet interpreter finalization
 
 
 class Launch:
@@ -158,6 +175,10 @@ class Launch:
 
     def __init__(self, setup: JobSetup) -> None:
         ctx = mp.get_context("spawn")
+        if setup.distributed and not setup.master_port:
+            from perseus.server.process import free_port
+
+            setup.master_port = free_port()
         self.setup = setup
         Path(setup.out_dir).mkdir(parents=True, exist_ok=True)
         queues = {}

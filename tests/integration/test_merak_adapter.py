@@ -1,122 +1,126 @@
-"""The Merak adapter against a real Merak (skipped where Merak is not importable).
+"""The Merak adapter on real merak-zeus ``PipelineEngine`` objects: 2 CPU ranks over gloo.
 
-Merak pins Python 3.9 and torch 1.10 and is not on PyPI, so CI tests the adapter against a
-stand-in (tests/unit/adapters/test_merak_standin.py). To run this module against the real engine:
-check out github.com/ml-energy/merak-zeus outside this repository, use Python 3.9 with
-torch 1.10.1 and Merak's requirements, install Perseus into that environment, then
-``PYTHONPATH=/path/to/merak-zeus python -m pytest tests/integration/test_merak_adapter.py``.
-
-The real engine's ``_exec_schedule`` runs Merak's own schedules; the instruction bodies are
-replaced by recorders before the adapter wraps them (a full Merak launch needs GPUs and its
-Hugging Face stack), so what is checked is Merak's dispatch through ``_INSTRUCTION_MAP`` as the
-adapter sees it.
+The ranks run in the Merak environment (``scripts/merak-env``: Python 3.9, torch 1.10, a clone of
+github.com/ml-energy/merak-zeus) as separate processes, so ``import Merak``'s process-wide patches
+(``torch.nn.Linear``) never reach this test process; CUDA calls Merak hard-codes are redirected
+to the CPU there (``_support/merak_cpu.py``). What each rank saw comes back from
+``_support/merak_worker.py``. Without the environment this module skips; with
+``PERSEUS_REQUIRE_MERAK=1`` it fails, saying what is missing.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict, Iterator, List
+from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
-from perseus.adapters._instruction_map import ACTIVE_HOOKS
 
+from perseus.runtime.types import RankInfo
 from perseus.schedule import stage_order
-from tests.integration._support.recording import RecordingHooks
+from tests.integration._support.launch import run_ranks
+from tests.integration._support.merak_env import merak_python
+from tests.integration._support.recording import assert_plan_reached_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.merak]
 
-pipe_engine = pytest.importorskip("Merak.runtime.pipe_engine")
-schedule = importlib.import_module("Merak.runtime.schedule")
+NUM_MICROBATCHES = [1, 2, 3, 5]
+SCHEDULES = {
+    "1f1b": "MergeP2PTrainSchedule",
+    "ds_default": "TrainSchedule",
+    "early_recompute_1f1b": "PreRecomputeTrainSchedule",
+    "last_no_recompute_1f1b": "LastNoRecomputeTrainSchedule",
+}
+SLOW_S = 0.2
 
 
-class _NullHooks:
-    def on_step_begin(self) -> None:
-        pass
-
-    def on_step_end(self) -> None:
-        pass
-
-    def on_instruction_begin(self, name: str) -> None:
-        pass
-
-    def on_instruction_end(self, name: str) -> None:
-        pass
-
-
-@pytest.fixture
-def recorded_engine() -> Iterator[Any]:
-    """The real PipelineEngine class with do-nothing instruction bodies, then patched."""
-    adapter = importlib.import_module("perseus.adapters.merak")
-    adapter.unpatch()
-    cls = pipe_engine.PipelineEngine
-    originals: Dict[Any, Any] = dict(cls._INSTRUCTION_MAP)
-    for instruction in originals:
-        cls._INSTRUCTION_MAP[instruction] = lambda self, **kwargs: None
-    adapter.patch()
-    try:
-        yield cls
-    finally:
-        adapter.unpatch()
-        cls._INSTRUCTION_MAP.update(originals)
-        adapter.patch()
-
-
-def _bare_engine(cls: type, hooks: Any) -> Any:
-    engine = object.__new__(cls)  # no torch.distributed: only what _exec_schedule reads
-    state = vars(engine)
-    state.update(
-        is_profiling=False,
-        fwd_outputs=[],
-        pipe_buffers={},
-        num_pipe_buffers=0,
-        pipeline_frequency_optimizer=_NullHooks(),
-        _reserve_pipe_buffers=lambda num_buffers: None,
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    python = merak_python()
+    state_dir: Path = tmp_path_factory.mktemp("guard-state")
+    results = run_ranks(
+        "tests.integration._support.merak_worker:main",
+        {"num_microbatches": NUM_MICROBATCHES, "state_dir": str(state_dir)},
+        python=python,
+        timeout_s=600,
     )
-    state[ACTIVE_HOOKS] = hooks
-    return engine
+    return sorted(results, key=lambda r: r["rank_info"].rank)
 
 
-def test_import_patches_and_unpatch_restores() -> None:
-    adapter = importlib.import_module("perseus.adapters.merak")
-    cls = pipe_engine.PipelineEngine
-    adapter.unpatch()
-    originals = dict(cls._INSTRUCTION_MAP)
-    adapter.patch()
-    assert adapter.is_patched()
-    assert cls._INSTRUCTION_MAP[schedule.ForwardPass] is not originals[schedule.ForwardPass]
-    assert getattr(cls._INSTRUCTION_MAP[schedule.BackwardPass], "__perseus_wrapped__", False)
-    adapter.unpatch()
-    assert all(cls._INSTRUCTION_MAP[k] is v for k, v in originals.items())
-    adapter.patch()
+def test_import_patches_and_replaces_zeus(ranks: List[Dict[str, Any]]) -> None:
+    assert all(r["patched"] and r["zeus_replaced"] for r in ranks)
 
 
-# Merak's 1F1B schedules: DeepSpeed's, merged P2P, and the two with activation recomputation
-# (PreCheckpointForwardPass / RecomputeRecvGrad). full_critical_path_1f1b reorders
-# instructions: it is not 1F1B, so it is not checked against that order.
-ONE_F_ONE_B_SCHEDULES = [
-    "TrainSchedule",
-    "MergeP2PTrainSchedule",
-    "PreRecomputeTrainSchedule",
-    "LastNoRecomputeTrainSchedule",
-]
-
-
-@pytest.mark.parametrize("schedule_name", ONE_F_ONE_B_SCHEDULES)
-@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (2, 4), (4, 6)])
-def test_train_schedule_dispatch_is_1f1b(
-    recorded_engine: Any, stages: int, micro_batches: int, schedule_name: str
+def test_every_schedule_reports_1f1b_for_every_microbatch_count(
+    ranks: List[Dict[str, Any]],
 ) -> None:
-    from perseus.runtime.types import RankInfo
+    for r in ranks:
+        stage = r["rank_info"].stage
+        assert r["errors"] == []
+        assert r["schedule_class"] == SCHEDULES
+        for name in SCHEDULES:
+            for n in NUM_MICROBATCHES:
+                expected = [step for step, _ in stage_order("1f1b", 2, n)[stage]]
+                assert r["steps"][(name, n)] == [expected], (name, n)
 
-    schedule_class = getattr(schedule, schedule_name)
-    for stage in range(stages):
-        hooks = RecordingHooks(RankInfo(stage=stage, num_stages=stages))
-        engine = _bare_engine(recorded_engine, hooks)
-        hooks.on_step_begin()
-        engine._exec_schedule(
-            schedule_class(micro_batches=micro_batches, stages=stages, stage_id=stage)
-        )
-        hooks.on_step_end()
-        assert hooks.errors == []
-        expected: List[str] = [n for n, _ in stage_order("1f1b", stages, micro_batches)[stage]]
-        assert hooks.steps == [expected]
+
+def test_a_schedule_that_is_not_1f1b_fails_before_any_work(ranks: List[Dict[str, Any]]) -> None:
+    for r in ranks:
+        assert "FullCriticalPathTrainSchedule" in r["not_1f1b"]
+        assert "early_recompute_1f1b" in r["not_1f1b"]  # names the schedules to use
+        assert r["not_1f1b_events"] == 0
+
+
+def test_rank_info_comes_from_the_grid(ranks: List[Dict[str, Any]]) -> None:
+    assert [r["rank_info"] for r in ranks] == [
+        RankInfo(stage=0, num_stages=2, rank=0, world_size=2, local_gpu_index=0),
+        RankInfo(stage=1, num_stages=2, rank=1, world_size=2, local_gpu_index=1),
+    ]
+
+
+def test_eval_batch_is_not_reported(ranks: List[Dict[str, Any]]) -> None:
+    for r in ranks:
+        assert set(r["eval_events"].values()) == {0}
+
+
+def test_plan_clocks_reach_the_gpu_in_plan_order(ranks: List[Dict[str, Any]]) -> None:
+    for r in ranks:
+        for name in SCHEDULES:
+            assert_plan_reached_gpu(r["plan_gpu"][name], r["rank_info"].stage, num_steps=2)
+
+
+def test_training_identical_with_and_without_adapter(ranks: List[Dict[str, Any]]) -> None:
+    for r in ranks:
+        for name in SCHEDULES:
+            with_adapter, without = r["with_adapter"][name], r["without_adapter"][name]
+            assert len(with_adapter["grads"]) == 2 and with_adapter["params"]
+            assert with_adapter == without, name  # losses, every gradient, parameters: exact
+
+
+def test_recompute_wait_for_the_gradient_is_not_backward_time(
+    ranks: List[Dict[str, Any]],
+) -> None:
+    stage0, stage1 = (r["recompute_timing"] for r in ranks)
+    for name in ("early_recompute_1f1b", "last_no_recompute_1f1b"):
+        first, last = stage0[name], stage1[name]
+        assert (first["stage"], last["stage"]) == (0, 1)
+        # The last stage's backward passes sleep SLOW_S, so stage 0 really waited that long for
+        # the gradient inside RecomputeRecvGrad ...
+        assert all(b >= SLOW_S for b in last["backward_s"])
+        assert first["recomputed"] and len(first["receive_waits_s"]) == len(first["recomputed"])
+        assert all(w > 0.75 * SLOW_S for w in first["receive_waits_s"])
+        # ... yet the recorded backward of every recomputed microbatch is its own work only.
+        for index in first["recomputed"]:
+            assert first["backward_s"][index] < 0.25 * SLOW_S, (name, first)
+
+
+def test_merak_own_frequency_optimizer_never_sets_a_clock(ranks: List[Dict[str, Any]]) -> None:
+    for r in ranks:
+        assert r["zeus_events_with_adapter"] == []
+        assert r["nvml_set_calls_with_adapter"] == 0
+        # The spy works: without the adapter, building an engine builds Zeus's optimizer.
+        assert r["zeus_without_adapter"] == ["PipelineFrequencyOptimizer.__init__"]
+        assert r["merak_own_optimizer_calls"] > 0
+
+
+def test_unpatch_restores_merak(ranks: List[Dict[str, Any]]) -> None:
+    assert all(r["restored"] for r in ranks)

@@ -11,7 +11,10 @@ is reproduced here, written for these tests:
 * ``Merak.runtime.pipe_engine.PipelineEngine``: a class-level ``_INSTRUCTION_MAP`` captured at
   class definition, ``_exec_schedule`` calling ``self._INSTRUCTION_MAP[type(cmd)](self, ...)``,
   ``_exec_forward_pass`` computing the loss on the last stage, ``_exec_backward_pass``,
-  ``train_batch`` / ``eval_batch``.
+  ``train_batch`` / ``eval_batch``; ``_exec_recompute_recv_grads`` recomputing and then calling
+  the module's ``recv_backward``; and, as merak-zeus does, a Zeus-style frequency optimizer
+  built from the module's ``PipelineFrequencyOptimizer`` in every engine and called around
+  every forward and backward (here it records the clocks it would set).
 
 Stages are engines in one process that run in threads and exchange activations and gradients
 through queues, so a whole pipeline trains a real torch model without ``torch.distributed``.
@@ -46,8 +49,26 @@ from tests.integration._support.fake_merak_schedule import (
     SendGrad,
     TrainSchedule,
 )
+from tests.integration._support.merak_cpu import RecordingFrequencyOptimizer
 
 # ------------------------------------------------------------------------ pipe_engine module
+
+PIPE_ENGINE = "Merak.runtime.pipe_engine"
+
+ZeusStyleFrequencyOptimizer = RecordingFrequencyOptimizer
+"""merak-zeus's per-engine Zeus optimizer; records ``(rank, instruction)`` of each clock it
+would set in ``RecordingFrequencyOptimizer.calls``."""
+
+
+def recv_backward(channel: queue.Queue[torch.Tensor]) -> torch.Tensor:
+    """Merak's ``p2p_communication.recv_backward``: block until the gradient arrives."""
+    return channel.get(timeout=60)
+
+
+def _module() -> types.ModuleType:
+    # Merak's methods resolve recv_backward and PipelineFrequencyOptimizer in their module's
+    # namespace when they run; the stand-in's module object is the installed one.
+    return sys.modules[PIPE_ENGINE]
 
 
 class Channels:
@@ -106,6 +127,7 @@ class PipelineEngine:
         self.pipe_buffers: Dict[str, Dict[int, Any]] = {}
         self.executed: List[str] = []
         self._compute_loss = True
+        self.pipeline_frequency_optimizer = _module().PipelineFrequencyOptimizer(stage_id)
 
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
@@ -143,7 +165,12 @@ class PipelineEngine:
                 if type(cmd) not in self._INSTRUCTION_MAP:
                     raise RuntimeError(f"{type(self).__name__} does not understand {cmd!r}")
                 self.executed.append(cmd.name)
+                name = {ForwardPass: "forward", BackwardPass: "backward"}.get(type(cmd))
+                if name is not None:
+                    self.pipeline_frequency_optimizer.on_instruction_begin(name)
                 self._INSTRUCTION_MAP[type(cmd)](self, **cmd.kwargs)
+                if name is not None:
+                    self.pipeline_frequency_optimizer.on_instruction_end(name)
 
     # -- instructions -------------------------------------------------------------------------
     def _exec_load_micro_batch(self, buffer_id: int) -> None:
@@ -181,7 +208,8 @@ class PipelineEngine:
 
     def _exec_recompute_recv_grads(self, buffer_id: int) -> None:
         self.pipe_buffers["outputs"][buffer_id] = self.module(self._stage_inputs(buffer_id))
-        self._exec_recv_grads(buffer_id)
+        channel = self.channels.get(self.stage_id + 1, self.stage_id, "grad")
+        self.pipe_buffers["grads"][buffer_id] = _module().recv_backward(channel)
 
     def _exec_restore_recompute_status(self) -> None:
         pass
@@ -265,8 +293,10 @@ def build_modules(
     schedule = types.ModuleType("Merak.runtime.schedule")
     for name in _SCHEDULE_NAMES:
         setattr(schedule, name, getattr(fake_merak_schedule, name))
-    pipe_engine = types.ModuleType("Merak.runtime.pipe_engine")
+    pipe_engine = types.ModuleType(PIPE_ENGINE)
     pipe_engine.PipelineEngine = engine_class  # type: ignore[attr-defined]
+    pipe_engine.PipelineFrequencyOptimizer = ZeusStyleFrequencyOptimizer  # type: ignore[attr-defined]
+    pipe_engine.recv_backward = recv_backward  # type: ignore[attr-defined]
     pipe_engine.schedule = schedule  # type: ignore[attr-defined]
     merak.runtime = runtime  # type: ignore[attr-defined]
     runtime.schedule = schedule  # type: ignore[attr-defined]
@@ -283,7 +313,7 @@ def installed(modules: Optional[Dict[str, types.ModuleType]] = None) -> Iterator
     saved = {name: sys.modules.get(name) for name in modules}
     sys.modules.update(modules)
     try:
-        yield modules["Merak.runtime.pipe_engine"]
+        yield modules[PIPE_ENGINE]
     finally:
         for name, module in saved.items():
             if module is None:

@@ -66,10 +66,12 @@ def run_ranks(
     world_size: int = 2,
     timeout_s: float = 300.0,
     env: Optional[Dict[str, str]] = None,
+    python: Optional[str] = None,
 ) -> List[Any]:
     """Run ``target`` (``"package.module:function"``) on ``world_size`` ranks.
 
-    The function is called as ``function(rank, world_size, args)`` in a fresh interpreter.
+    The function is called as ``function(rank, world_size, args)`` in a fresh interpreter:
+    ``python`` (another environment's, e.g. Merak's) or this one.
 
     Returns:
         What each rank's function returned, by rank.
@@ -88,7 +90,7 @@ def run_ranks(
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
+                        python or sys.executable,
                         "-m",
                         __name__,
                         target,

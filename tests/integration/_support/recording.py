@@ -20,6 +20,7 @@ class RecordingHooks:
         self.events: List[Event] = []
         self.steps: List[List[str]] = []
         self._open: Optional[str] = None
+        self._waiting = False
         self._in_step = False
         self.errors: List[str] = []
 
@@ -49,6 +50,19 @@ class RecordingHooks:
         if self._open != name:
             self.errors.append(f"end {name} while {self._open} open")
         self._open = None
+        self._waiting = False
+
+    def on_wait_begin(self) -> None:
+        self.events.append(("wait_begin", self._open))
+        if self._open is None or self._waiting:
+            self.errors.append(f"wait_begin with open={self._open} waiting={self._waiting}")
+        self._waiting = True
+
+    def on_wait_end(self) -> None:
+        self.events.append(("wait_end", self._open))
+        if not self._waiting:
+            self.errors.append("wait_end without wait_begin")
+        self._waiting = False
 
 
 class HookLog:
@@ -93,7 +107,7 @@ class ClockLogGPU(RecordingGPU):
 
 def cycling_plan(num_stages: int, num_microbatches: int, clocks_mhz: Sequence[int]) -> Any:
     """A 1F1B plan whose clock changes at every position (so every change reaches the GPU)."""
-    from perseus.plan import Plan, PlanStep
+    from perseus.formats.plan_json import Plan, PlanStep
     from perseus.schedule import stage_order
 
     stages = []
@@ -111,20 +125,16 @@ def plan_optimizer_factory(plan: Any, state_dir: str, gpus: Dict[int, ClockLogGP
     """A factory building the real PerseusOptimizer in plan mode on a :class:`ClockLogGPU`."""
     from pathlib import Path
 
-    from perseus.gpu.guard import GPUGuard
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.sources import PlanSource
 
     def build(rank: RankInfo) -> PerseusOptimizer:
         gpu = gpus.setdefault(rank.stage, ClockLogGPU())
-        guard = GPUGuard(gpu, state_dir=Path(state_dir), owner=f"test rank {rank.rank}")
-        guard.acquire()
-        return PerseusOptimizer(
+        return PerseusOptimizer.on_gpu(
             rank,
             gpu,
             PlanSource(plan, rank.stage),
-            guard=guard,
-            owns_guard=True,
+            state_dir=Path(state_dir),
             synchronous_clocks=True,
         )
 

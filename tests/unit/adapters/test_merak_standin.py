@@ -6,6 +6,7 @@ import copy
 import importlib
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
@@ -131,12 +132,104 @@ def test_recomputation_runs_inside_the_backward_instruction(merak: Any, hook_log
     assert seen == [("begin", "backward")]
     stage0 = {h.rank.stage: h for h in hook_log.built}[0]
     assert stage0.steps == [["forward", "forward", "backward", "forward", "backward", "backward"]]
-    # A recomputed backward is begun once and ended once, like a plain one.
+    # A recomputed backward is begun once and ended once, like a plain one; the gradient
+    # receive between the recomputation and the backward pass is a wait inside it.
     assert [e for e in stage0.events if e[1] == "backward"] == [
         ("begin", "backward"),
         ("end", "backward"),
-    ] * 3
+    ] * 2 + [
+        ("begin", "backward"),
+        ("wait_begin", "backward"),
+        ("wait_end", "backward"),
+        ("end", "backward"),
+    ]
     assert stage0.errors == []
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward pass takes ``SLOW_S`` (a slow next stage)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLOW_S)
+        return grad
+
+
+class _Slow(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SlowBackward.apply(x)
+
+
+SLOW_S = 0.2
+
+
+def test_the_wait_for_the_gradient_is_not_backward_time(merak: Any, tmp_path: Path) -> None:
+    from perseus.runtime.optimizer import PerseusOptimizer
+    from perseus.runtime.sources import MeasureSource
+    from tests.unit.runtime.fakes import RecordingGPU
+
+    built: dict = {}
+
+    def factory(rank: Any) -> PerseusOptimizer:
+        built[rank.stage] = PerseusOptimizer.on_gpu(rank, RecordingGPU(fast=True), MeasureSource())
+        return built[rank.stage]
+
+    context.reset()
+    context.configure(factory=factory)
+    try:
+        engines = _pipeline(merak.PipelineEngine, 2, 3, recompute=True)
+        engines[1].module = torch.nn.Sequential(_Slow(), engines[1].module)
+        fake_merak.run_pipeline(engines, _batches(3))
+    finally:
+        context.reset()
+    stage0 = built[0].last_step
+    stage1 = built[1].last_step
+    assert stage0 is not None and stage1 is not None
+    backward0 = [r.end_s - r.start_s for r in stage0.instructions if r.instruction == "backward"]
+    backward1 = [r.end_s - r.start_s for r in stage1.instructions if r.instruction == "backward"]
+    # Stage 1's backward passes really take SLOW_S; stage 0's last one (recomputed) waited for
+    # that gradient inside RecomputeRecvGrad, but its record is its own work only.
+    assert all(b >= SLOW_S for b in backward1)
+    assert backward0[2] < SLOW_S / 2
+    assert stage0.iteration_time_s > 2 * SLOW_S
+
+
+def test_zeus_style_optimizer_sets_no_clock_with_the_adapter(merak: Any, hook_log: HookLog) -> None:
+    adapter = importlib.import_module("perseus.adapters.merak")
+    fake_merak.RecordingFrequencyOptimizer.calls.clear()
+    engines = _pipeline(merak.PipelineEngine, 2, 3, recompute=True)
+    _train(engines, 3, steps=1)
+    assert fake_merak.RecordingFrequencyOptimizer.calls == []
+    assert all(
+        isinstance(e.pipeline_frequency_optimizer, adapter.NoFrequencyOptimizer) for e in engines
+    )
+    adapter.unpatch()
+    try:
+        _train(_pipeline(merak.PipelineEngine, 2, 3), 3, steps=1)
+    finally:
+        adapter.patch()
+    # Without Perseus, Merak's own optimizer sets a clock for every instruction.
+    assert len(fake_merak.RecordingFrequencyOptimizer.calls) == 2 * 2 * 3
+
+
+def test_engine_built_before_the_import_loses_its_zeus_optimizer(
+    merak: Any, hook_log: HookLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    adapter = importlib.import_module("perseus.adapters.merak")
+    adapter.unpatch()
+    try:
+        engines = _pipeline(merak.PipelineEngine, 2, 2)
+    finally:
+        adapter.patch()
+    fake_merak.RecordingFrequencyOptimizer.calls.clear()
+    with caplog.at_level("WARNING", logger="perseus.adapters.merak"):
+        _train(engines, 2, steps=2)
+    assert fake_merak.RecordingFrequencyOptimizer.calls == []
+    assert sum("before `import perseus.adapters.merak`" in r.message for r in caplog.records) == 2
 
 
 def test_losses_and_parameters_identical_with_and_without_adapter(
@@ -222,6 +315,17 @@ def test_plan_frequencies_reach_the_gpu_in_plan_order(merak: Any, tmp_path: Path
         context.reset()
     for stage in (0, 1):
         assert_plan_reached_gpu(plan_record(plan, stage, gpus[stage]), stage, num_steps=2)
+
+
+def test_schedule_that_is_not_1f1b_fails_before_any_work(merak: Any, hook_log: HookLog) -> None:
+    class FullCriticalPathTrainSchedule:
+        pass
+
+    (engine,) = _pipeline(merak.PipelineEngine, 1, 2)
+    engine.train_sched = FullCriticalPathTrainSchedule()
+    with pytest.raises(AdapterError, match="FullCriticalPathTrainSchedule.*1F1B.*1f1b"):
+        engine.train_batch(iter(_batches(2)))
+    assert engine.executed == [] and hook_log.total_events() == 0
 
 
 def test_unsupported_version_names_version_and_support() -> None:

@@ -11,10 +11,10 @@ import pytest
 from perseus.apps.plan import run_plan, solver_options
 from perseus.config import EnergyConfig, PerseusConfig
 from perseus.errors import ConfigError, ProfileError
-from perseus.plan import load_plan
+from perseus.formats.plan_json import load_plan
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate
-from perseus.profile import Profile, load_profile
 
 FREQS = [800, 950, 1100, 1250, 1400]
 
@@ -51,7 +51,7 @@ def test_outputs_are_complete_and_consistent(tmp_path: Path) -> None:
     assert df.is_allmax.sum() == 1 and df.is_chosen.sum() == 1
     assert summary["num_plans"] == len(df) == len(list((out / "plans").glob("*.json")))
     # Every frontier row is the re-simulation of its plan file.
-    problem = PlanningProblem(load_profile(profile), 4, 40.0)
+    problem = PlanningProblem(read_profile_csv(profile), 4, 40.0)
     for row in df.itertuples():
         plan = load_plan(out / row.plan_file)
         sim = simulate(problem, [plan.frequencies(s) for s in range(plan.num_stages)])
@@ -106,7 +106,7 @@ def test_hint_when_nothing_saves_without_slowdown(tmp_path: Path, caplog) -> Non
     from perseus.apps.plan import _hint_nearest_saving
     from perseus.planner.frontier import build_frontier
 
-    problem = PlanningProblem(load_profile(_write_profile(tmp_path / "p.csv")), 4, 40.0)
+    problem = PlanningProblem(read_profile_csv(_write_profile(tmp_path / "p.csv")), 4, 40.0)
     slower = [list(stage) for stage in problem.allmax_freqs()]
     slower[0][-1] = FREQS[-2]  # stage 0's last backward ends the iteration: slightly slower
     frontier = build_frontier(problem, [slower])
@@ -127,7 +127,7 @@ def test_lowtime_no_slowdown_note_in_summary(tmp_path: Path) -> None:
     # all-max plan; summary.json says why and what to do.
     from perseus.gpu.emulated import bundled_profile_path
 
-    full = load_profile(bundled_profile_path("gpt3-175b+a100_sxm_bf16"))
+    full = read_profile_csv(bundled_profile_path("gpt3-175b+a100_sxm_bf16"))
     rows = [(s - 4, i, f, t, e) for s, i, f, t, e in full.rows() if s >= 4]
     profile = Profile.from_rows(rows).write(tmp_path / "profile.csv")
     cfg = _cfg(profile, solver="lowtime", time_unit_s=0.002, plots=False)

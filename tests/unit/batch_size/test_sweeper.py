@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -9,22 +10,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-APP = Path(__file__).parent / "hydra_app" / "recurring_job.py"
+APPS = Path(__file__).parent / "hydra_app"
 
 
-def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _multirun(
+    tmp_path: Path,
+    *overrides: str,
+    app: str = "recurring_job.py",
+    sizes: str = "[16,32,64,128,256]",
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
         [
             sys.executable,
-            str(APP),
+            str(APPS / app),
             "-m",
             "hydra/sweeper=perseus_batch_size",
             f"hydra.sweep.dir={tmp_path / 'multirun'}",
             f"hydra.sweeper.db_path={tmp_path / 'bso.db'}",
-            "hydra.sweeper.batch_sizes=[16,32,64,128,256]",
+            f"hydra.sweeper.batch_sizes={sizes}",
             "hydra.sweeper.default_batch_size=64",
-            "hydra.sweeper.num_pruning_rounds=1",
             "hydra.sweeper.max_power_w=100",
             *overrides,
         ],
@@ -32,35 +37,37 @@ def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
         text=True,
         env=env,
         cwd=tmp_path,
-        timeout=180,
+        timeout=300,
     )
 
 
 def _runs(tmp_path: Path) -> list:
     con = sqlite3.connect(tmp_path / "bso.db")
     return con.execute(
-        "SELECT batch_size, phase, status, cost, reason FROM runs ORDER BY run_id"
+        "SELECT batch_size, phase, status, cost, reason FROM runs WHERE superseded=0"
+        " AND generation=(SELECT generation FROM jobs) ORDER BY run_id"
     ).fetchall()
 
 
 @pytest.mark.parametrize("report", ["epochs", "return"])
 def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) -> None:
     out = _multirun(
-        tmp_path, "hydra.sweeper.num_runs=7", "hydra.sweeper.max_epochs=6", f"report={report}"
+        tmp_path, "hydra.sweeper.num_runs=7", "hydra.sweeper.max_epochs=5", f"report={report}"
     )
     assert out.returncode == 0, out.stderr
     runs = _runs(tmp_path)
-    # pruning: 64, down 32, 16, up 128, 256 (never converges); then the bandit
-    assert [r[0] for r in runs[:5]] == [64, 32, 16, 128, 256]
-    assert [r[2] for r in runs[:5]] == ["reached"] * 4 + ["failed"]
+    # pruning: 64 (400), 32 (500) is dearer so up: 128 (300), 256 (never), then down: 16
+    assert [r[0] for r in runs[:5]] == [64, 32, 128, 256, 16]
     assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 2
     assert {r[0] for r in runs[5:]} <= {16, 32, 64, 128}
     # cost per epoch 0.5 * 100 J + 0.5 * 100 W * 1 s = 100; 128 converges in 3 epochs
-    assert runs[3][3] == pytest.approx(300.0)
-    if report == "epochs":  # the job applied the sweeper's max_epochs=6 (beta would stop at 7)
-        assert runs[4][3:] == (pytest.approx(600.0), "target_missed")
-    else:  # returned totals: 10 s, 1000 J
-        assert runs[4][3] == pytest.approx(1000.0)
+    assert runs[2][3] == pytest.approx(300.0)
+    if report == "epochs":  # the job applied the sweeper's max_epochs=5 to 256 and to 16
+        assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed"] * 2
+        assert runs[3][3:] == (pytest.approx(500.0), "target_missed")
+    else:  # returned totals: 256 took 10 s and 1000 J; 16 converged at 600 (= 2 x 300)
+        assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed", "reached"]
+        assert runs[3][3] == pytest.approx(1000.0)
     # the job saw its batch size as an override
     assert (tmp_path / "multirun" / "0" / ".hydra" / "overrides.yaml").read_text().count(
         "batch_size=64"
@@ -69,6 +76,58 @@ def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) 
     again = _multirun(tmp_path, "hydra.sweeper.num_runs=2", f"report={report}")
     assert again.returncode == 0, again.stderr
     assert len(_runs(tmp_path)) == 9
+
+
+def test_an_exhausted_search_stops_the_sweep_and_can_go_on(tmp_path: Path) -> None:
+    # every batch size needs 7+ epochs: with max_epochs=6 all of them fail
+    out = _multirun(tmp_path, "hydra.sweeper.num_runs=8", "hydra.sweeper.max_epochs=6", "slow=true")
+    assert out.returncode != 0
+    assert "every batch size tried in pruning round 1 failed" in out.stderr
+    assert "hydra.sweeper.retry_failed=true" in out.stderr
+    assert len(_runs(tmp_path)) == 5  # the sweep stopped instead of launching more
+    # with a larger epoch budget the failed round is retried
+    out = _multirun(
+        tmp_path,
+        "hydra.sweeper.num_runs=3",
+        "hydra.sweeper.max_epochs=12",
+        "hydra.sweeper.retry_failed=true",
+        "slow=true",
+    )
+    assert out.returncode == 0, out.stderr
+    assert [r[2] for r in _runs(tmp_path)] == ["reached"] * 3
+    # reset starts the search over
+    out = _multirun(tmp_path, "hydra.sweeper.num_runs=1", "hydra.sweeper.reset=true")
+    assert out.returncode == 0, out.stderr
+    assert [(r[0], r[2]) for r in _runs(tmp_path)] == [(64, "reached")]
+
+
+def test_recurring_job_object_under_the_sweeper(tmp_path: Path) -> None:
+    out = _multirun(
+        tmp_path,
+        "hydra.sweeper.num_runs=6",
+        "hydra.sweeper.max_epochs=8",
+        app="recurring_loop.py",
+        sizes="[32,64,128,256]",
+    )
+    assert out.returncode == 0, out.stderr
+    runs = _runs(tmp_path)
+    # an epoch of 2048 / b steps of equal cost: 64 costs 4 x 32 steps, 32 needs 6 x 64 (more
+    # than twice that: stopped), 128 takes 3 x 16, 256 never converges within max_epochs=8
+    assert [r[0] for r in runs[:4]] == [64, 32, 128, 256]
+    assert [(r[2], r[4]) for r in runs[:4]] == [
+        ("reached", None),
+        ("failed", "cost_exceeded"),
+        ("reached", None),
+        ("failed", "target_missed"),
+    ]
+    assert [r[0] for r in runs[4:]] == [128, 128]
+    con = sqlite3.connect(tmp_path / "bso.db")
+    epochs = con.execute("SELECT COUNT(*), SUM(energy_j), SUM(steady_energy_j) FROM epochs")
+    count, energy_j, steady_j = epochs.fetchone()
+    assert count > 10 and energy_j > 0 and steady_j > 0
+    # the power limit was profiled in the first run of each batch size, next to the database
+    profiles = json.loads((tmp_path / "bso.db.power_limits.json").read_text())["profiles"]
+    assert sorted(p["key"]["batch_size"] for p in profiles) == sorted({r[0] for r in runs})
 
 
 def test_sweeper_rejects_other_sweeps(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@
 checks its signature — with pynvml's real constants and exception classes put back (so
 ``except pynvml.NVMLError`` and ``NVML_DEVICE_MIG_ENABLE`` behave), and plausible A100 answers.
 Handles are the strings ``"handle-<index>"``, so ``mock_calls`` compare exactly, even as reprs
-written by a child process. Install it with ``patched_pynvml(m)`` (Perseus imports pynvml
-lazily, so replacing the module in ``sys.modules`` is the seam).
+written by a child process. The instant power field answers 90 W, ``nvmlDeviceGetPowerUsage``
+85 W; the SM clock read back is the one locked (1410 MHz unlocked). Install it with
+``patched_pynvml(m)`` (Perseus imports pynvml lazily, so replacing the module in
+``sys.modules`` is the seam).
 
 Also used by other test packages (runtime NVML-sequence tests): keep the defaults stable.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 from unittest import mock
 
 import pynvml
@@ -31,10 +33,28 @@ def uuid_of(index: int) -> str:
     return f"GPU-00000000-0000-0000-0000-00000000000{index}"
 
 
+INSTANT_POWER_MW = 90_000
+
+
+def field_value(value: int, status: int = pynvml.NVML_SUCCESS) -> Any:
+    """A real ``nvmlFieldValue_t`` as nvmlDeviceGetFieldValues returns it."""
+    v = pynvml.c_nvmlFieldValue_t()
+    v.fieldId = pynvml.NVML_FI_DEV_POWER_INSTANT
+    v.nvmlReturn = status
+    v.value.uiVal = value
+    return v
+
+
 def make_pynvml_mock(
-    num_gpus: int = 1, mig_enabled: bool = False, power_limit_mw: int = DEFAULT_LIMIT_MW
+    num_gpus: int = 1,
+    mig_enabled: bool = False,
+    power_limit_mw: int = DEFAULT_LIMIT_MW,
+    names: Optional[List[str]] = None,
 ) -> Any:
-    """An autospec'd pynvml with real constants/exceptions and fixed answers."""
+    """An autospec'd pynvml with real constants/exceptions and fixed answers.
+
+    ``names``: the model of each GPU (default: all A100).
+    """
     m = mock.create_autospec(pynvml)
     for name in dir(pynvml):
         if name.startswith(("NVML_", "NVMLError")):
@@ -54,11 +74,15 @@ def make_pynvml_mock(
         return f"handle-{index}"
 
     m.nvmlDeviceGetCount.return_value = num_gpus
+    m.nvmlSystemGetDriverVersion.return_value = "550.54.15"
+    m.nvmlSystemGetNVMLVersion.return_value = "12.550.54.15"
     m.nvmlDeviceGetHandleByIndex.side_effect = by_index
     m.nvmlDeviceGetHandleByUUID.side_effect = by_uuid
     mig = pynvml.NVML_DEVICE_MIG_ENABLE if mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
     m.nvmlDeviceGetMigMode.return_value = [mig, mig]
-    m.nvmlDeviceGetName.return_value = "NVIDIA A100-SXM4-40GB"
+    models = names or ["NVIDIA A100-SXM4-40GB"] * num_gpus
+    m.nvmlDeviceGetName.side_effect = lambda handle: models[handles[handle]]
+    m.nvmlDeviceGetIndex.side_effect = lambda handle: handles[handle]
     m.nvmlDeviceGetUUID.side_effect = lambda handle: uuid_of(handles[handle])
     m.nvmlDeviceGetSupportedMemoryClocks.return_value = list(A100_MEMORY_CLOCKS_MHZ)
     m.nvmlDeviceGetSupportedGraphicsClocks.return_value = list(A100_SM_CLOCKS_MHZ)
@@ -67,6 +91,21 @@ def make_pynvml_mock(
     m.nvmlDeviceGetPowerManagementDefaultLimit.return_value = DEFAULT_LIMIT_MW
     m.nvmlDeviceGetTotalEnergyConsumption.return_value = 123_456_789
     m.nvmlDeviceGetPowerUsage.return_value = 85_000
+    m.nvmlDeviceGetFieldValues.side_effect = lambda handle, ids: [field_value(INSTANT_POWER_MW)]
+    m.nvmlDeviceGetPersistenceMode.return_value = pynvml.NVML_FEATURE_ENABLED
+    locked: Dict[str, int] = {}
+
+    def lock(handle: str, lo: int, hi: int) -> None:
+        locked[handle] = hi
+
+    def unlock(handle: str) -> None:
+        locked.pop(handle, None)
+
+    m.nvmlDeviceSetGpuLockedClocks.side_effect = lock
+    m.nvmlDeviceResetGpuLockedClocks.side_effect = unlock
+    m.nvmlDeviceGetClockInfo.side_effect = lambda handle, kind: locked.get(
+        handle, A100_SM_CLOCKS_MHZ[0]
+    )
     return m
 
 
@@ -75,16 +114,53 @@ def patched_pynvml(m: Optional[Any] = None) -> Any:
     return mock.patch.dict(sys.modules, {"pynvml": m if m is not None else make_pynvml_mock()})
 
 
-def opening_calls(index: int = 0) -> list:
-    """The exact calls ``NVMLGPU(index)`` makes with CUDA_VISIBLE_DEVICES unset."""
+def opening_calls(index: int = 0, num_gpus: int = 1) -> list:
+    """The exact calls ``NVMLGPU(index)`` makes with CUDA_VISIBLE_DEVICES unset, no CUDA.
+
+    With several GPUs and CUDA_DEVICE_ORDER unset, opening checks they are all one model.
+    """
     h = f"handle-{index}"
+    model_check = []
+    if num_gpus > 1:
+        for i in range(num_gpus):
+            model_check += [
+                mock.call.nvmlDeviceGetHandleByIndex(i),
+                mock.call.nvmlDeviceGetName(f"handle-{i}"),
+            ]
     return [
         mock.call.nvmlInit(),
         mock.call.nvmlDeviceGetCount(),
+        *model_check,
         mock.call.nvmlDeviceGetHandleByIndex(index),
         mock.call.nvmlDeviceGetMigMode(h),
         mock.call.nvmlDeviceGetName(h),
         mock.call.nvmlDeviceGetUUID(h),
+    ]
+
+
+def uuid_opening_calls(index: int) -> list:
+    """The exact calls ``NVMLGPU.from_uuid(uuid_of(index))`` makes (recovery by UUID)."""
+    h = f"handle-{index}"
+    return [
+        mock.call.nvmlInit(),
+        mock.call.nvmlDeviceGetHandleByUUID(uuid_of(index)),
+        mock.call.nvmlDeviceGetMigMode(h),
+        mock.call.nvmlDeviceGetName(h),
+        mock.call.nvmlDeviceGetUUID(h),
+        mock.call.nvmlDeviceGetIndex(h),
+    ]
+
+
+def preflight_calls(index: int = 0, top_mhz: int = 1410) -> list:
+    """The start-up check of a rank that locks SM clocks (plan, max_speed, online modes)."""
+    h = f"handle-{index}"
+    return [
+        mock.call.nvmlDeviceGetPersistenceMode(h),
+        mock.call.nvmlDeviceGetTotalEnergyConsumption(h),
+        mock.call.nvmlDeviceGetSupportedMemoryClocks(h),
+        mock.call.nvmlDeviceGetSupportedGraphicsClocks(h, A100_MEMORY_CLOCKS_MHZ[0]),
+        mock.call.nvmlDeviceSetGpuLockedClocks(h, top_mhz, top_mhz),
+        mock.call.nvmlDeviceResetGpuLockedClocks(h),
     ]
 
 

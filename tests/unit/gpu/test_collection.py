@@ -14,7 +14,13 @@ from perseus.gpu.emulated import EmulatedGPU
 from perseus.gpu.monitor import EnergyMonitor
 from perseus.gpu.nvml import NVMLGPU
 
-from .nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml, uuid_of
+from .nvml_mock import (
+    INSTANT_POWER_MW,
+    make_pynvml_mock,
+    opening_calls,
+    patched_pynvml,
+    uuid_of,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -30,18 +36,18 @@ def test_opens_every_visible_nvml_gpu_and_sums_them():
         assert [g.uuid for g in gpus] == [uuid_of(0), uuid_of(1)]
         assert all(isinstance(g, NVMLGPU) for g in gpus)
         assert gpus.total_energy_mj() == 2 * 123_456_789
-        assert gpus.power_mw() == 2 * 85_000
+        assert gpus.power_mw() == 2 * INSTANT_POWER_MW
         gpus.close()
     assert m.mock_calls == [
         call.nvmlInit(),
         call.nvmlDeviceGetCount(),
         call.nvmlShutdown(),
-        *opening_calls(0),
-        *opening_calls(1),
+        *opening_calls(0, num_gpus=2),
+        *opening_calls(1, num_gpus=2),
         call.nvmlDeviceGetTotalEnergyConsumption("handle-0"),
         call.nvmlDeviceGetTotalEnergyConsumption("handle-1"),
-        call.nvmlDeviceGetPowerUsage("handle-0"),
-        call.nvmlDeviceGetPowerUsage("handle-1"),
+        call.nvmlDeviceGetFieldValues("handle-0", [pynvml.NVML_FI_DEV_POWER_INSTANT]),
+        call.nvmlDeviceGetFieldValues("handle-1", [pynvml.NVML_FI_DEV_POWER_INSTANT]),
         call.nvmlShutdown(),
         call.nvmlShutdown(),
     ]
@@ -54,7 +60,7 @@ def test_cuda_visible_devices_picks_the_gpus(monkeypatch):
     with patched_pynvml(m), GPUs.open(GPUConfig(backend="nvml")) as gpus:
         assert [(g.index, g.uuid) for g in gpus] == [(0, uuid_of(1))]
     # Counted from the variable (no NVML count first); visible GPU 0 is physical GPU 1.
-    assert m.mock_calls == [*opening_calls(1), call.nvmlShutdown()]
+    assert m.mock_calls == [*opening_calls(1, num_gpus=2), call.nvmlShutdown()]
 
 
 def test_a_failure_closes_the_gpus_opened_before_it():

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
 import pytest
 
 from perseus.errors import ConfigError, GPUError, GPUValueError
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.gpu.device_profiles import blocking_power_for, resolve_profile_path
 from perseus.gpu.emulated import (
     EmulatedGPU,
@@ -18,7 +18,6 @@ from perseus.gpu.emulated import (
     load_device_profile,
     map_stage,
 )
-from perseus.profile import Profile, load_profile
 
 A100 = "gpt3-175b+a100_sxm_bf16"
 BLOCK_W = 83.64
@@ -66,7 +65,7 @@ def test_bundled_profiles_ship_with_license_and_source():
 def test_stdlib_loader_matches_pandas_loader():
     for name in bundled_profile_names():
         path = bundled_profile_path(name)
-        assert load_device_profile(path).rows() == load_profile(path).rows()
+        assert load_device_profile(path).rows() == read_profile_csv(path).rows()
 
 
 def test_blocking_power_of_bundled_profiles(tmp_path):
@@ -83,12 +82,15 @@ def test_blocking_power_of_bundled_profiles(tmp_path):
 
 
 # -- the main promise: it reproduces its profile -----------------------------------------------
-def _measure(gpu: EmulatedGPU, stage: int, instruction: str, n: int) -> tuple[float, float]:
-    """Median wall time per instruction, and energy per instruction from the counter.
+def _measure(
+    gpu: EmulatedGPU, stage: int, instruction: str, n: int, true_time_s: float
+) -> tuple[float, float]:
+    """Shortest wall time of an instruction, and energy per instruction from the counter.
 
     The window runs from one counter update to another (so it holds whole update periods of
-    energy), and the energy of the time outside instructions (loop overhead, late wake-ups on
-    a busy machine) is taken off at the blocking power — the bookkeeping a profiler does.
+    energy). Everything in it outside the instructions' own duration (loop overhead, and late
+    wake-ups, which a busy machine makes long) runs at the blocking power and is taken off, so
+    the energy does not depend on how busy the machine is.
     """
 
     def wait_for_update() -> tuple[float, int]:
@@ -106,20 +108,23 @@ def _measure(gpu: EmulatedGPU, stage: int, instruction: str, n: int) -> tuple[fl
         times.append(time.perf_counter() - begin)
     u1, e1 = wait_for_update()
     assert u1 - u0 >= 10 * gpu.energy_update_period_s  # many counter updates in the window
-    median_s = statistics.median(times)
-    return median_s, ((e1 - e0) / 1000.0 - BLOCK_W * (u1 - u0 - n * median_s)) / n
+    return min(times), ((e1 - e0) / 1000.0 - BLOCK_W * (u1 - u0 - n * true_time_s)) / n
 
 
 def test_reproduces_profile_within_one_percent(profile):
-    """Real sleeping, 20 ms counter updates, 1 % update noise; ~2.6 s in total."""
+    """Real sleeping, 20 ms counter updates, 1 % update noise; ~2.6 s on a quiet machine.
+
+    An instruction never ends before its profiled time (a busy machine only wakes it late), and
+    the counter holds the profiled energy of every instruction plus blocking power for the rest.
+    """
     gpu = EmulatedGPU(profile, blocking_power_w=BLOCK_W, time_scale=0.05, energy_noise=0.01)
     cases = [(0, "forward", 1410, 240), (0, "backward", 1005, 120), (7, "forward", 855, 160)]
     for stage, instruction, freq, n in cases:
         gpu.lock_sm_clocks_mhz(freq, freq)
         want = gpu.true_measurement(stage, instruction, freq)
         assert want.time_s == pytest.approx(profile.lookup(stage, instruction, freq).time_s * 0.05)
-        time_s, energy_j = _measure(gpu, stage, instruction, n)
-        assert time_s == pytest.approx(want.time_s, rel=0.01), (stage, instruction, freq)
+        shortest_s, energy_j = _measure(gpu, stage, instruction, n, want.time_s)
+        assert shortest_s >= want.time_s * 0.999, (stage, instruction, freq)
         assert energy_j == pytest.approx(want.energy_j, rel=0.01), (stage, instruction, freq)
 
 
@@ -322,3 +327,44 @@ def test_thread_safe_clock_changes_while_running(profile):
         )
     )
     assert gpu.true_energy_j() - e0 >= low * 0.9
+
+
+# -- asynchronous mode ------------------------------------------------------------------------
+def test_asynchronous_hooks_return_at_once_and_synchronize_waits(profile):
+    gpu, clock = fake_gpu(profile, asynchronous=True)
+    t0, e0 = clock.t, gpu.true_energy_j()
+    for name in ("forward", "backward"):
+        gpu.instruction_begin(0, name)
+        gpu.instruction_end(name)
+    assert clock.t == t0  # queued, like a CUDA launch
+    fwd, bwd = (profile.lookup(0, n, 1410) for n in ("forward", "backward"))
+    gpu.synchronize()
+    assert clock.t == pytest.approx(t0 + fwd.time_s + bwd.time_s)
+    assert gpu.true_energy_j() - e0 == pytest.approx(fwd.energy_j + bwd.energy_j)
+    assert [(w.instruction, w.clocks_mhz, w.start_s) for w in gpu.executed] == [
+        ("forward", [1410], pytest.approx(t0)),
+        ("backward", [1410], pytest.approx(t0 + fwd.time_s)),
+    ]
+    clock.t += 1.0  # idle: blocking power
+    assert gpu.true_energy_j() - e0 == pytest.approx(fwd.energy_j + bwd.energy_j + BLOCK_W)
+
+
+def test_asynchronous_clock_change_applies_to_the_work_running_then(profile):
+    gpu, clock = fake_gpu(profile, asynchronous=True)
+    fast, slow = profile.lookup(0, "forward", 1410), profile.lookup(0, "forward", 1005)
+    t0, e0 = clock.t, gpu.true_energy_j()
+    gpu.instruction_begin(0, "forward")
+    gpu.instruction_end("forward")
+    clock.t += fast.time_s / 2  # half of it done at 1410 MHz ...
+    gpu.lock_sm_clocks_mhz(1005, 1005)  # ... the rest at 1005 MHz
+    assert gpu.sm_clock_mhz() == 1005
+    gpu.synchronize()
+    (work,) = gpu.executed
+    assert work.clocks_mhz == [1410, 1005]
+    assert clock.t - t0 == pytest.approx(fast.time_s / 2 + slow.time_s / 2)
+    assert gpu.true_energy_j() - e0 == pytest.approx(fast.energy_j / 2 + slow.energy_j / 2)
+
+
+def test_asynchronous_mode_needs_sleep(profile):
+    with pytest.raises(GPUValueError, match="asynchronous=true needs gpu.emulated.sleep"):
+        EmulatedGPU(profile, blocking_power_w=BLOCK_W, asynchronous=True, sleep=False)

@@ -9,12 +9,18 @@ import pynvml
 import pytest
 
 from perseus.config import EmulatedGPUConfig, GPUConfig
-from perseus.errors import ConfigError, GPUNotSupportedError
+from perseus.errors import ConfigError, GPUNotFoundError, GPUNotSupportedError
 from perseus.gpu.emulated import EmulatedGPU, bundled_profile_path
 from perseus.gpu.factory import build_gpu, nvml_usable
 from perseus.gpu.nvml import NVMLGPU
 
-from .nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml, write_dead_owner_state
+from .nvml_mock import (
+    make_pynvml_mock,
+    opening_calls,
+    patched_pynvml,
+    uuid_opening_calls,
+    write_dead_owner_state,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +111,7 @@ def test_nvml_start_restores_what_a_killed_owner_left(tmp_path):
         gpu = build_gpu(GPUConfig(backend="nvml", state_dir=str(tmp_path / "state")))
     assert isinstance(gpu, NVMLGPU)
     assert m.mock_calls == [
-        *opening_calls(0),  # the recovery opens the recorded GPU ...
+        *uuid_opening_calls(0),  # the recovery opens the recorded GPU by UUID ...
         call.nvmlDeviceResetGpuLockedClocks("handle-0"),
         call.nvmlDeviceGetPowerManagementLimitConstraints("handle-0"),
         call.nvmlDeviceSetPowerManagementLimit("handle-0", 350_000),
@@ -128,3 +134,46 @@ def test_dry_run_start_keeps_a_killed_owners_state(tmp_path):
         GPUGuard(gpu, state_dir=tmp_path / "state").acquire().release()
     assert m.mock_calls == opening_calls(0)  # nothing restored, nothing changed
     assert state.exists()  # a later real start restores it
+
+
+@pytest.fixture
+def nvidia_devices(tmp_path, monkeypatch):
+    """This machine has an NVIDIA GPU device file (a folder standing in for /dev)."""
+    from perseus.gpu import nvml_support
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").touch()
+    monkeypatch.setattr(nvml_support, "DEV_DIR", str(dev))
+    monkeypatch.setattr(nvml_support, "PROC_DRIVER_DIR", str(tmp_path / "no-proc"))
+
+
+def test_auto_with_a_library_mismatch_stops_with_the_fix(nvidia_devices):
+    m = make_pynvml_mock()
+    m.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    with patched_pynvml(m), pytest.raises(GPUNotFoundError) as info:
+        build_gpu(GPUConfig())
+    message = str(info.value)
+    assert "NVML/RM version mismatch" in message  # NVML's own error
+    assert "reboot the node" in message and "modprobe nvidia" in message  # the fix
+    assert "set gpu=emulated" in message  # the way to emulate on purpose
+    assert m.mock_calls == [call.nvmlInit()]
+
+
+def test_auto_without_any_nvidia_device_emulates(monkeypatch, tmp_path):
+    from perseus.gpu import nvml_support
+
+    monkeypatch.setattr(nvml_support, "DEV_DIR", str(tmp_path))  # no nvidia* here
+    monkeypatch.setattr(nvml_support, "PROC_DRIVER_DIR", str(tmp_path / "no-proc"))
+    m = make_pynvml_mock()
+    m.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    with patched_pynvml(m):
+        assert isinstance(build_gpu(GPUConfig()), EmulatedGPU)
+
+
+def test_auto_with_devices_but_no_pynvml_says_install_it(nvidia_devices, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    with pytest.raises(GPUNotFoundError, match="install nvidia-ml-py"):
+        build_gpu(GPUConfig())

@@ -156,7 +156,9 @@ CHILD = textwrap.dedent(
         atexit.register(dump)
     from perseus.gpu.guard import GPUGuard
     from perseus.gpu.nvml import NVMLGPU
-    guard = GPUGuard(NVMLGPU(0), state_dir=state_dir).acquire()
+    # No watchdog here: these tests check the in-process paths and recover_stale themselves
+    # (tests/unit/gpu/test_watchdog.py covers the watchdog).
+    guard = GPUGuard(NVMLGPU(0), state_dir=state_dir, watchdog=False).acquire()
     guard.lock_sm_clocks_mhz(1410, 1410)
     guard.set_power_limit_mw(300_000)
     open(ready, "w").close()
@@ -285,3 +287,51 @@ def test_acquire_restores_dead_owners_leftovers(tmp_path):
         call.nvmlDeviceResetMemoryLockedClocks(H0),
     ]
     assert not (tmp_path / STATE_NAME).exists()
+
+
+FORK_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path[:0] = [{helpers!r}, {repo!r}]
+    from nvml_mock import make_pynvml_mock
+    sys.modules["pynvml"] = make_pynvml_mock()
+    from perseus import process_exit
+    from perseus.gpu import restore_hooks
+    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard_files import LockFile
+    from perseus.gpu.nvml import NVMLGPU
+    guard = GPUGuard(NVMLGPU(0), state_dir=sys.argv[1], watchdog=False).acquire()
+    guard.lock_sm_clocks_mhz(1005, 1005)
+    pid = os.fork()
+    if pid == 0:  # a data-loader worker: not the owner
+        seen = {{
+            "acquired": guard.acquired,
+            "live": len(restore_hooks._live),
+            "closers": len(process_exit._closers),
+        }}
+        with open(sys.argv[2], "w") as f:
+            json.dump(seen, f)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    # The parent still owns the GPU: a second owner is refused.
+    other = LockFile(guard._lock_file.path)
+    print(json.dumps({{"parent_acquired": guard.acquired, "other": other.try_acquire()}}))
+    guard.release()
+    """
+)
+
+
+def test_forked_child_neither_owns_nor_restores_the_gpu(tmp_path):
+    script, seen = tmp_path / "fork.py", tmp_path / "child.json"
+    script.write_text(FORK_CHILD.format(helpers=str(HELPERS), repo=str(REPO)))
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "state"), str(seen)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(seen.read_text()) == {"acquired": False, "live": 0, "closers": 0}
+    assert json.loads(proc.stdout) == {"parent_acquired": True, "other": False}

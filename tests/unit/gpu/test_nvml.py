@@ -20,6 +20,8 @@ from perseus.gpu.nvml_support import visible_devices
 
 from .nvml_mock import (
     A100_SM_CLOCKS_MHZ,
+    INSTANT_POWER_MW,
+    field_value,
     make_pynvml_mock,
     no_permission,
     opening_calls,
@@ -72,7 +74,8 @@ def test_changes_call_nvml_exactly():
         gpu.reset_memory_clocks()
         gpu.reset_power_limit()
         assert gpu.total_energy_mj() == 123_456_789
-        assert gpu.power_mw() == 85_000
+        assert gpu.power_mw() == 90_000  # the instant field
+        assert gpu.sm_clock_mhz() == 1410
     assert m.mock_calls == [
         call.nvmlDeviceSetGpuLockedClocks(H0, 1005, 1005),
         call.nvmlDeviceSetMemoryLockedClocks(H0, 1215, 1215),
@@ -83,7 +86,8 @@ def test_changes_call_nvml_exactly():
         call.nvmlDeviceGetPowerManagementDefaultLimit(H0),
         call.nvmlDeviceSetPowerManagementLimit(H0, 400_000),
         call.nvmlDeviceGetTotalEnergyConsumption(H0),
-        call.nvmlDeviceGetPowerUsage(H0),
+        call.nvmlDeviceGetFieldValues(H0, [pynvml.NVML_FI_DEV_POWER_INSTANT]),
+        call.nvmlDeviceGetClockInfo(H0, pynvml.NVML_CLOCK_SM),
     ]
 
 
@@ -237,13 +241,13 @@ def test_no_driver_is_not_found():
 )
 def test_error_mapping(code, error):
     m = make_pynvml_mock()
-    m.nvmlDeviceGetTotalEnergyConsumption.side_effect = pynvml.NVMLError(code)
+    m.nvmlDeviceGetPowerManagementLimit.side_effect = pynvml.NVMLError(code)
     with patched_pynvml(m):
         gpu = NVMLGPU(0)
         with pytest.raises(error) as info:
-            gpu.total_energy_mj()
+            gpu.power_limit_mw()
     assert type(info.value) is error
-    assert "nvmlDeviceGetTotalEnergyConsumption" in str(info.value)
+    assert "nvmlDeviceGetPowerManagementLimit" in str(info.value)
 
 
 def test_power_limit_outside_constraints_rejected_before_nvml():
@@ -262,3 +266,50 @@ def test_visible_devices_parsing():
     assert visible_devices("") == []
     assert visible_devices("0, 2,x,3") == ["0", "2"]
     assert visible_devices("GPU-ab,MIG-cd") == ["GPU-ab", "MIG-cd"]
+
+
+def test_instant_power_field_where_available_else_power_usage(caplog):
+    fields = call.nvmlDeviceGetFieldValues(H0, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    usage = call.nvmlDeviceGetPowerUsage(H0)
+    with_field = make_pynvml_mock()
+    with patched_pynvml(with_field):
+        gpu = NVMLGPU(0)
+        with_field.reset_mock()
+        assert [gpu.power_mw(), gpu.power_mw()] == [INSTANT_POWER_MW] * 2
+        assert gpu.power_source == "instant field"
+    assert with_field.mock_calls == [fields, fields]
+
+    caplog.set_level(logging.INFO, logger="perseus.gpu.nvml")
+    for broken in (
+        # the driver knows the call but not the field (status in the value) ...
+        lambda m: setattr(
+            m.nvmlDeviceGetFieldValues,
+            "side_effect",
+            lambda h, ids: [field_value(0, pynvml.NVML_ERROR_NOT_SUPPORTED)],
+        ),
+        # ... or an old driver lacks the call altogether
+        lambda m: setattr(
+            m.nvmlDeviceGetFieldValues,
+            "side_effect",
+            pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
+        ),
+    ):
+        m = make_pynvml_mock()
+        broken(m)
+        with patched_pynvml(m):
+            gpu = NVMLGPU(0)
+            m.reset_mock()
+            assert [gpu.power_mw(), gpu.power_mw()] == [85_000, 85_000]
+            assert gpu.power_source == "nvmlDeviceGetPowerUsage"
+        assert m.mock_calls == [fields, usage, usage]  # tried once, then the fallback only
+    assert "no instant power field" in caplog.text
+
+
+def test_old_bindings_without_the_field_constant_use_power_usage(monkeypatch):
+    m = make_pynvml_mock()
+    monkeypatch.delattr(m, "NVML_FI_DEV_POWER_INSTANT")
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0)
+        m.reset_mock()
+        assert gpu.power_mw() == 85_000
+    assert m.mock_calls == [call.nvmlDeviceGetPowerUsage(H0)]

@@ -10,12 +10,12 @@ from omegaconf import OmegaConf
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.launcher.job import needs_local_server, prepare_config, write_config
 from perseus.launcher.report import (
     measured_from_steps,
     report_from_steps,
     report_from_summary,
 )
+from perseus.launcher.train_run import needs_local_server, prepare_config, write_config
 from perseus.runtime.context import load_config_file
 from perseus.train.megatron_job import check_supported
 
@@ -122,7 +122,8 @@ def test_megatron_on_cpu_fails_with_cuda_message() -> None:
 def test_train_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_module
 
-    from perseus.config import register_configs, to_object
+    from perseus.apps.common import register_configs
+    from perseus.config import to_object
 
     register_configs()
     monkeypatch.setenv("NNODES", "2")

@@ -9,8 +9,8 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.launcher.job import prepare_config, write_config
 from perseus.launcher.ranks import RankFailedError, launch_ranks, plan_launch
+from perseus.launcher.train_run import prepare_config, write_config
 
 
 def make_cfg(**train: object) -> PerseusConfig:
@@ -52,7 +52,8 @@ def test_bad_geometry_names_the_keys(train: dict, message: str) -> None:
 
 @pytest.mark.timeout(180)  # the other ranks are stopped, not waited for
 def test_failing_rank_error_and_traceback_reach_the_launcher(tmp_path: Path) -> None:
-    # framework=merak makes every worker raise right after reading its configuration.
+    # framework=merak without Merak's environment makes every worker raise right after reading
+    # its configuration.
     cfg = prepare_config(make_cfg(), tmp_path)
     cfg.parallelism.dp = 1
     cfg.framework.name = "merak"
@@ -63,7 +64,7 @@ def test_failing_rank_error_and_traceback_reach_the_launcher(tmp_path: Path) -> 
         launch_ranks(plan, path, tmp_path / "logs")
     message = str(err.value)
     assert "training rank" in message and "failed (exit code 1)" in message
-    assert "framework=merak: perseus-train cannot build Merak jobs" in message  # the rank's error
+    assert "framework=merak: this rank's Python cannot import Merak" in message  # the rank's error
     assert "Traceback" in message or "worker.py" in message
     assert os.environ["PERSEUS_CONFIG"] == str(path)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from perseus.launcher.sweep import SweepSummaryCallback, collect_rows
+from perseus.launcher.multirun_summary import SweepSummaryCallback, collect_rows
 
 
 def _run(sweep: Path, num: int, overrides: list, report: dict) -> None:

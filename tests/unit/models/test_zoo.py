@@ -45,8 +45,11 @@ REFERENCE_M = {
     "wide-resnet101_2": 126.89,
     "wide-resnet101_4": 419.63,
     "wide-resnet101_8": 1517.37,
+    # BigScience's model cards (exact counts: 3,002,557,440 and 176,247,271,424).
+    "bloom-3b": 3002.557440,
+    "bloom-176b": 176247.271424,
 }
-TINY = ["gpt3-tiny", "bert-tiny", "t5-tiny", "wide-resnet-tiny"]
+TINY = ["gpt3-tiny", "bert-tiny", "t5-tiny", "bloom-tiny", "wide-resnet-tiny"]
 
 
 def load(name: str) -> ModelConfig:

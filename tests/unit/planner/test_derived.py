@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ConfigError
+from perseus.formats.profile_csv import INSTRUCTIONS, read_profile_csv
 from perseus.planner.cases import case_profile, profile_path
 from perseus.planner.derived import (
     deepen_profile,
@@ -12,7 +13,6 @@ from perseus.planner.derived import (
     select_stages,
     source_stages,
 )
-from perseus.profile import INSTRUCTIONS, load_profile
 
 from ._profiles import synthetic_profile
 
@@ -41,7 +41,7 @@ def test_select_stages_renumbers() -> None:
 
 
 def test_deepen_profile_is_deterministic_and_keeps_power() -> None:
-    source = load_profile(profile_path("gpt3-175b+a100_sxm_bf16"))
+    source = read_profile_csv(profile_path("gpt3-175b+a100_sxm_bf16"))
     assert source_stages(8, 16) == [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 7]
     deep = deepen_profile(source, 16, seed=0, spread=0.03)
     assert deep.num_stages == 16

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from perseus.formats.profile_csv import read_profile_csv
 from perseus.planner import plan_frontier
 from perseus.planner.frontier import MAX_GAP_REL, build_frontier, density_gaps, max_gap_rel
 from perseus.planner.problem import PlanningProblem
@@ -15,7 +16,6 @@ from perseus.planner.solvers.lp.gaps import between_options, gap_deadlines, reli
 from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.model import HullLP
 from perseus.planner.solvers.lp.rounding import Rounder
-from perseus.profile import load_profile
 
 from ._profiles import synthetic_profile
 
@@ -76,7 +76,7 @@ def test_gap_filling_makes_a_published_frontier_dense() -> None:
     # curve leaves a step over 0.5 %; the gap filling closes it with Pareto-optimal plans.
     # Every limit is a count (MILPs, branch-and-bound nodes), so the result is the same on
     # any machine.
-    problem = PlanningProblem(load_profile(DATA / "gpt3-175b+a100_sxm_bf16.csv"), 12, 83.64)
+    problem = PlanningProblem(read_profile_csv(DATA / "gpt3-175b+a100_sxm_bf16.csv"), 12, 83.64)
     plans = LPSolver(max_gap_rel=0.0, polish_nodes=0).solve_choices(problem)
     sparse = build_frontier(problem, plans)
     assert max_gap_rel(sparse) > MAX_GAP_REL

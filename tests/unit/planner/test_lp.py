@@ -8,6 +8,7 @@ import pytest
 
 from perseus.config import EnergyConfig
 from perseus.errors import ConfigError, SolverError
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.planner import plan_frontier
 from perseus.planner.policies import choose
 from perseus.planner.problem import PlanningProblem
@@ -17,7 +18,6 @@ from perseus.planner.solvers.base import Progress
 from perseus.planner.solvers.lp import LPSolver
 from perseus.planner.solvers.lp.hull import group_hulls, lower_hull
 from perseus.planner.solvers.lp.model import HullLP, fractional_classes
-from perseus.profile import Profile, load_profile
 
 from ._profiles import synthetic_profile
 
@@ -123,7 +123,7 @@ def test_published_profile_no_slowdown_saving() -> None:
     path = DATA / "bloom+a100_sxm_bf16.csv"
     if not path.exists():
         pytest.skip("published profiles not bundled")
-    problem = PlanningProblem(load_profile(path), 12, p2p_power_w=83.64)
+    problem = PlanningProblem(read_profile_csv(path), 12, p2p_power_w=83.64)
     frontier = plan_frontier(problem)
     saving = frontier.saving(choose(frontier, EnergyConfig(policy="no_slowdown")))
     model = HullLP(problem, group_hulls(problem))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from perseus.formats.profile_csv import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.lp import LPSolver
@@ -12,7 +13,6 @@ from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.model import HullLP
 from perseus.planner.solvers.lp.refine import JumpRefiner, hull_below
 from perseus.planner.solvers.lp.rounding import Rounder
-from perseus.profile import Profile
 
 FREQS = (1400, 1350, 1300, 1250, 1200, 1150, 1100, 1000)
 

@@ -1,18 +1,30 @@
-"""A small deterministic GPU whose power limit sets step time and energy (virtual clock)."""
+"""Test helpers: a deterministic GPU whose power limit sets step time and energy, virtual time."""
 
 from __future__ import annotations
 
+import socket
 from typing import List, Tuple
 
 from perseus.gpu.base import GPU
 
 
 class VirtualClock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.now_s = start_s
 
     def __call__(self) -> float:
         return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        """Sleeping only moves the virtual clock (pass as the emulated GPU's ``sleeper``)."""
+        self.now_s += seconds
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (for a gloo process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class PowerModelGPU(GPU):

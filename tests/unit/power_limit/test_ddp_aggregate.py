@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from perseus.config import PowerLimitConfig
 from perseus.power_limit import PowerLimitOptimizer
-from tests.unit.power_limit.fakes import PowerModelGPU, RecordingGuard, VirtualClock
+from tests.unit.power_limit.fakes import PowerModelGPU, RecordingGuard, VirtualClock, free_port
 
 DEMAND_W = {0: 320.0, 1: 200.0}
 
@@ -35,16 +34,10 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.integration
 def test_two_gloo_ranks_aggregate(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, str(tmp_path))) for r in (0, 1)]
     for p in procs:
         p.start()

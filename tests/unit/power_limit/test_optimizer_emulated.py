@@ -11,26 +11,16 @@ from perseus.config import PowerLimitConfig
 from perseus.errors import GPUOwnershipError
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.gpu.guard import GPUGuard
-from perseus.power_limit import PowerLimitOptimizer, select_power_limit, zeus_cost_j
+from perseus.power_limit import PowerLimitOptimizer, select_power_limit
 from perseus.power_limit.selectors import PowerLimitMeasurement
+from tests.unit.power_limit.fakes import VirtualClock
 
 SELECTORS = ["zeus_cost", "energy", "time", "max_slowdown"]
 PROFILE = load_device_profile(default_device_profile_path())
 
 
-class VirtualTime:
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
 def _gpu(
-    clock: Optional[VirtualTime] = None, time_scale: float = 1.0, period_s: float = 1e-4
+    clock: Optional[VirtualClock] = None, time_scale: float = 1.0, period_s: float = 1e-4
 ) -> EmulatedGPU:
     kwargs = {} if clock is None else {"clock": clock, "sleeper": clock.sleep}
     return EmulatedGPU(
@@ -75,7 +65,7 @@ def _run(
 @pytest.mark.parametrize("stage", [0, 7])
 @pytest.mark.parametrize("selector", SELECTORS)
 def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stage: int) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=25, warmup_steps=1, profile_steps=3, selector=selector)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
@@ -94,7 +84,7 @@ def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stag
 
 
 def test_selectors_pick_different_limits_on_the_a100_profile(tmp_path: Path) -> None:
-    gpu = _gpu(VirtualTime())
+    gpu = _gpu(VirtualClock(100.0))
     limits = list(range(400_000, 99_999, -25_000))
     truth = _truth(gpu, limits, 0)
     picks = {
@@ -105,7 +95,7 @@ def test_selectors_pick_different_limits_on_the_a100_profile(tmp_path: Path) -> 
 
 
 def test_interrupted_windows_are_retried_on_the_emulator(tmp_path: Path) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=100, warmup_steps=2, profile_steps=3)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
@@ -131,27 +121,32 @@ def test_interrupted_windows_are_retried_on_the_emulator(tmp_path: Path) -> None
 
 
 def test_real_clock_with_sleeping_emulator(tmp_path: Path) -> None:
-    """Wall-clock timing (small time_scale): noisy on a loaded machine, so the choice is checked
-    by its true cost (within 3 %: 400 W and <= 275 W are 4-6 % worse), not its exact limit."""
+    """Wall-clock timing (the emulator sleeps through each instruction).
+
+    How long a sleep overshoots depends on the machine's load, so only what holds under any
+    load is checked: every limit is measured, a window never looks faster than its
+    instructions are, the choice follows the measured table, and the GPU's limit is set and
+    put back. (Choosing the exhaustive best is checked in virtual time above.)
+    """
     gpu = _gpu(time_scale=0.2, period_s=1e-3)
     cfg = PowerLimitConfig(step_w=50, warmup_steps=1, profile_steps=3)
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
         opt = PowerLimitOptimizer([guard], cfg, eta=0.5)
         _run(opt, lambda: _train_step(gpu, 0), epochs=1, steps_per_epoch=30)
+        assert opt.state == "done"
+        assert [m.power_limit_mw for m in opt.measurements] == opt.power_limits_mw
         truth = {m.power_limit_mw: m for m in _truth(gpu, opt.power_limits_mw, 0)}
-        chosen = truth[opt.chosen_limit_mw]  # type: ignore[index]
-
-        def cost(m: PowerLimitMeasurement) -> float:
-            return zeus_cost_j(m.time_per_step_s, m.energy_per_step_j, eta=0.5, max_power_w=400)
-
-        assert cost(chosen) <= 1.03 * min(cost(m) for m in truth.values())
         for m in opt.measurements:
             true = truth[m.power_limit_mw]
-            assert m.time_per_step_s == pytest.approx(true.time_per_step_s, rel=0.25)
+            assert m.time_per_step_s >= true.time_per_step_s * (1 - 1e-6)
+            assert m.energy_per_step_j > 0.5 * true.energy_per_step_j
+        best = select_power_limit(opt.measurements, "zeus_cost", eta=0.5, max_power_w=400)
+        assert opt.chosen_limit_mw == best.power_limit_mw == gpu.power_limit_mw()
+    assert gpu.power_limit_mw() == 400_000
 
 
 def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
-    clock = VirtualTime()
+    clock = VirtualClock(100.0)
     gpu = _gpu(clock)
     cfg = PowerLimitConfig(step_w=100, warmup_steps=0, profile_steps=2, selector="energy")
     opt = PowerLimitOptimizer.for_gpus([gpu], cfg, state_dir=tmp_path, clock=clock)
@@ -168,7 +163,7 @@ def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
 
 
 def test_for_gpus_fails_when_someone_else_owns_the_gpu(tmp_path: Path) -> None:
-    gpu = _gpu(VirtualTime())
+    gpu = _gpu(VirtualClock(100.0))
     with GPUGuard(gpu, state_dir=tmp_path, owner="clock-controller"):
         with pytest.raises(GPUOwnershipError, match="clock-controller"):
             PowerLimitOptimizer.for_gpus([gpu], PowerLimitConfig(), state_dir=tmp_path)

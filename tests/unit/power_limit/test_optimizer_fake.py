@@ -162,6 +162,46 @@ def test_saved_profile_skips_profiling(tmp_path: Path) -> None:
     assert other.state == "warmup" and not other.loaded_profile
 
 
+def test_saved_profiles_are_kept_per_batch_size(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    cfg = PowerLimitConfig(step_w=50, warmup_steps=1, profile_steps=2, profile_path=str(path))
+    small, gpu = _make(cfg, job_id="job", batch_size=64)
+    _train(small, gpu, epochs=1, steps=20)
+    assert small.state == "done" and small.report()["batch_size"] == 64
+    # another batch size of the same job profiles on its own (its steps cost differently)
+    large, gpu = _make(cfg, job_id="job", batch_size=256)
+    assert large.state == "warmup" and not large.loaded_profile
+    _train(large, gpu, epochs=1, steps=20)
+    again, _ = _make(cfg, job_id="job", batch_size=64)
+    assert again.loaded_profile and again.chosen_limit_mw == small.chosen_limit_mw
+    keys = [entry["key"] for entry in json.loads(path.read_text())["profiles"]]
+    assert [k["batch_size"] for k in keys] == [64, 256]
+    # a job whose batch size is not given keeps the key it always had (older files match)
+    plain, gpu = _make(cfg, job_id="job")
+    _train(plain, gpu, epochs=1, steps=20)
+    keys = [entry["key"] for entry in json.loads(path.read_text())["profiles"]]
+    assert "batch_size" not in keys[-1] and set(keys[-1]) == {
+        "job_id",
+        "gpu_name",
+        "num_gpus",
+        "power_limits_mw",
+    }
+
+
+def test_queued_gpu_work_is_waited_for_at_window_edges() -> None:
+    calls: List[float] = []
+    cfg = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
+    clock = VirtualClock()
+    gpu = PowerModelGPU(clock)
+    opt = PowerLimitOptimizer(
+        [RecordingGuard(gpu)], cfg, clock=clock, synchronize=lambda: calls.append(clock.now_s)
+    )
+    _train(opt, gpu, epochs=1, steps=9)
+    assert opt.state == "done" and len(opt.power_limits_mw) == 3
+    # one wait when each window opens and one when it closes, nothing per step
+    assert len(calls) == 2 * 3
+
+
 def test_corrupt_profile_file_is_named(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     path.write_text("{not json")

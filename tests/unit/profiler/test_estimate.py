@@ -8,10 +8,10 @@ import statistics
 import pytest
 
 from perseus.profiler import JobProfiler, StageEstimator, StageSweep, sweep_clocks_mhz
+from perseus.profiler.virtual_run import profile_errors, virtual_gpu
+from perseus.profiler.virtual_run import run_step as run_virtual_step
 from perseus.schedule import stage_order
 from tests.unit.profiler.sim import CounterTimeline, run_step
-from tests.unit.profiler.virtual import profile_errors, virtual_gpu
-from tests.unit.profiler.virtual import run_step as run_virtual_step
 
 ORDER = [
     ("forward", 0),

@@ -8,9 +8,9 @@ import pytest
 
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
+from perseus.profiler.virtual_run import run_step, virtual_gpu
 from perseus.runtime.types import InstructionRecord
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import run_step, virtual_gpu
 
 
 def _profile(seed: int, time_scale: float, overrun_p: float, pp: int = 4):

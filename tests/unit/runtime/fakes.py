@@ -3,10 +3,44 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
+from perseus.formats.plan_json import Plan, PlanStep
 from perseus.gpu.base import GPU
-from perseus.plan import Plan, PlanStep
+
+if TYPE_CHECKING:
+    from perseus.gpu.guard import GPUGuard
+    from perseus.runtime.optimizer import PerseusOptimizer
+    from perseus.runtime.types import FrequencySource, RankInfo
+
+
+def owning_optimizer(
+    rank: RankInfo,
+    gpu: GPU,
+    source: FrequencySource,
+    guard: Optional[GPUGuard] = None,
+    *,
+    synchronous_clocks: bool = True,
+    **kwargs: Any,
+) -> PerseusOptimizer:
+    """An optimizer that closes ``gpu`` and the acquired ``guard`` given (a guard built by the
+    test, e.g. without the watchdog or with a short restore timeout), as a device it owns."""
+    from perseus.runtime.controller import ClockController
+    from perseus.runtime.device import RankDevice
+    from perseus.runtime.optimizer import PerseusOptimizer
+
+    with ExitStack() as stack:
+        stack.callback(gpu.close)
+        controller = None
+        if guard is not None:
+            stack.callback(guard.release)
+            controller = ClockController(guard, synchronous=synchronous_clocks)
+            stack.callback(controller.close)
+        device = RankDevice(gpu, guard, controller, closing=stack.pop_all())
+    closing = ExitStack()
+    closing.enter_context(device)
+    return PerseusOptimizer(rank, device, source, closing=closing, **kwargs)
 
 
 class RecordingGPU(GPU):

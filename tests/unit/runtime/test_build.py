@@ -98,7 +98,7 @@ def test_plan_mode_checks_the_pipeline_shape(tmp_path: Path) -> None:
 
 
 def test_strict_flag_reaches_the_source(tmp_path: Path) -> None:
-    path = make_plan(2, 3).write(tmp_path / "plan.json")
+    path = make_plan(2, 3, clocks_mhz=(1410, 1200, 1005)).write(tmp_path / "plan.json")
     opt = PerseusOptimizer.from_config(_cfg(tmp_path, "plan", plan=str(path)), RANK1)
     opt.on_step_begin()
     with pytest.raises(ScheduleMismatchError, match="expected forward of microbatch 0"):
@@ -142,7 +142,7 @@ def test_bad_mode_is_a_config_error(tmp_path: Path) -> None:
 def test_context_builds_from_perseus_config_env(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plan_path = make_plan(2, 3).write(tmp_path / "plan.json")
+    plan_path = make_plan(2, 3, clocks_mhz=(1410, 1200, 1005)).write(tmp_path / "plan.json")
     yaml = tmp_path / "config.yaml"
     yaml.write_text(
         "gpu:\n  backend: emulated\n  state_dir: " + str(tmp_path / "state") + "\n"

@@ -21,7 +21,7 @@ def test_factory_builds_once_per_stage_and_key() -> None:
 
     def factory(rank: RankInfo) -> PerseusOptimizer:
         built.append(rank)
-        return PerseusOptimizer(rank, RecordingGPU(), MeasureSource())
+        return PerseusOptimizer.on_gpu(rank, RecordingGPU(), MeasureSource())
 
     context.configure(factory=factory)
     r0, r1 = RankInfo(stage=0, num_stages=2), RankInfo(stage=1, num_stages=2)

@@ -7,10 +7,9 @@ from typing import Any, List, Tuple
 
 import pytest
 
+from perseus.formats.plan_json import Plan
+from perseus.formats.profile_csv import Profile
 from perseus.gpu.emulated import EmulatedGPU
-from perseus.gpu.guard import GPUGuard
-from perseus.plan import Plan
-from perseus.profile import Profile
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, PlanSource
 from perseus.runtime.types import RankInfo
@@ -56,14 +55,11 @@ def _gpu(num_stages: int) -> WatchedEmulatedGPU:
 def test_plan_runs_at_planned_clocks_on_emulated_gpu(tmp_path: Path, stage: int) -> None:
     plan: Plan = make_plan(3, 5, clocks_mhz=CLOCKS_MHZ)
     gpu = _gpu(3)
-    guard = GPUGuard(gpu, state_dir=tmp_path).acquire()
-    opt = PerseusOptimizer(
-        RankInfo(stage=stage, num_stages=3),
-        gpu,
-        PlanSource(plan, stage),
-        guard=guard,
-        owns_guard=True,
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=3), gpu, PlanSource(plan, stage), state_dir=tmp_path
     )
+    guard = opt.guard
+    assert guard is not None
     assert opt._controller is not None and opt._controller.synchronous  # fast_clock_changes
     for _ in range(2):
         run_iteration(opt, one_f_one_b(3, stage, 5))
@@ -81,8 +77,11 @@ def test_plan_runs_at_planned_clocks_on_emulated_gpu(tmp_path: Path, stage: int)
 
 def test_max_speed_on_emulated_gpu(tmp_path: Path) -> None:
     gpu = _gpu(2)
-    opt = PerseusOptimizer(
-        RankInfo(stage=1, num_stages=2), gpu, MaxSpeedSource(max(gpu.supported_sm_clocks_mhz()))
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(stage=1, num_stages=2),
+        gpu,
+        MaxSpeedSource(max(gpu.supported_sm_clocks_mhz())),
+        state_dir=tmp_path,
     )
     run_iteration(opt, one_f_one_b(2, 1, 3))
     assert {f for _, _, f in gpu.ran} == {1410}

@@ -10,12 +10,16 @@ from unittest import mock
 
 import pytest
 
-from perseus.gpu.guard import GPUGuard
 from perseus.gpu.nvml import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
 from perseus.runtime.types import RankInfo
-from tests.unit.gpu.nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml
+from tests.unit.gpu.nvml_mock import (
+    make_pynvml_mock,
+    opening_calls,
+    patched_pynvml,
+    preflight_calls,
+)
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,17 +49,15 @@ def test_plan_over_two_iterations_exact_nvml_calls(
     order = one_f_one_b(2, stage, 3)
     nvml = make_pynvml_mock()
     with patched_pynvml(nvml):
-        gpu = NVMLGPU(0)
-        guard = GPUGuard(gpu, state_dir=tmp_path, owner="test").acquire()
-        opt = PerseusOptimizer(
+        opt = PerseusOptimizer.on_gpu(
             RankInfo(stage=stage, num_stages=2),
-            gpu,
+            NVMLGPU(0),
             PlanSource(plan, stage),
-            guard=guard,
-            owns_guard=True,
-            owns_gpu=True,
+            state_dir=tmp_path,
             synchronous_clocks=synchronous,
         )
+        guard = opt.guard
+        assert guard is not None
         for _ in range(2):
             opt.on_step_begin()
             for name, _mb in order:
@@ -80,17 +82,14 @@ def test_exception_mid_iteration_restores_with_exact_calls(tmp_path: Path) -> No
     plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
     nvml = make_pynvml_mock()
     with patched_pynvml(nvml), pytest.raises(KeyError, match="data loader"):
-        gpu = NVMLGPU(0)
-        guard = GPUGuard(gpu, state_dir=tmp_path).acquire()
-        with PerseusOptimizer(
+        opt = PerseusOptimizer.on_gpu(
             RankInfo(stage=0, num_stages=2),
-            gpu,
+            NVMLGPU(0),
             PlanSource(plan, 0),
-            guard=guard,
-            owns_guard=True,
-            owns_gpu=True,
+            state_dir=tmp_path,
             synchronous_clocks=True,
-        ) as opt:
+        )
+        with opt:
             opt.on_step_begin()
             opt.on_instruction_begin("forward")
             try:
@@ -116,15 +115,12 @@ sys.modules["pynvml"] = nvml
 out = {out!r}
 atexit.register(lambda: open(out, "w").write("\\n".join(repr(c) for c in nvml.mock_calls)))
 from pathlib import Path
-from perseus.gpu.guard import GPUGuard
 from perseus.gpu.nvml import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource
 from perseus.runtime.types import RankInfo
-gpu = NVMLGPU(0)
-guard = GPUGuard(gpu, state_dir=Path({state!r})).acquire()
-opt = PerseusOptimizer(RankInfo(), gpu, MaxSpeedSource(1410), guard=guard, owns_guard=True,
-                       owns_gpu=True)
+opt = PerseusOptimizer.on_gpu(RankInfo(), NVMLGPU(0), MaxSpeedSource(1410),
+                              state_dir=Path({state!r}))
 opt.on_step_begin()
 opt.on_instruction_begin("forward")
 opt.flush_clocks()
@@ -181,9 +177,11 @@ def test_two_engines_in_one_process_share_the_gpu(tmp_path: Path) -> None:
             context.reset()
     energy = mock.call.nvmlDeviceGetTotalEnergyConsumption(H)
     lock = mock.call.nvmlDeviceSetGpuLockedClocks
-    # One device opened once; one clock record: 1410 is not re-locked when engine b starts.
+    # One device opened once and checked once before step 1 (preflight_calls); one clock
+    # record: 1410 is not re-locked when engine b starts.
     assert nvml.mock_calls == [
         *opening_calls(0),
+        *preflight_calls(),
         energy,
         lock(H, 1410, 1410),
         lock(H, 1200, 1200),

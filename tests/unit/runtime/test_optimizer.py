@@ -9,6 +9,8 @@ import pytest
 from perseus import PerseusOptimizer
 from perseus.errors import GPUPermissionError, ScheduleMismatchError
 from perseus.gpu.guard import GPUGuard
+from perseus.runtime.controller import ClockController
+from perseus.runtime.device import RankDevice
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
 from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU, make_plan, one_f_one_b, run_iteration
@@ -16,8 +18,7 @@ from tests.unit.runtime.fakes import RecordingGPU, make_plan, one_f_one_b, run_i
 
 def _optimizer(tmp_path: Path, gpu: RecordingGPU, source: Any, **kw: Any) -> PerseusOptimizer:
     rank = kw.pop("rank", RankInfo(stage=0, num_stages=2))
-    guard = GPUGuard(gpu, state_dir=tmp_path / "state").acquire()
-    return PerseusOptimizer(rank, gpu, source, guard=guard, owns_guard=True, **kw)
+    return PerseusOptimizer.on_gpu(rank, gpu, source, state_dir=tmp_path / "state", **kw)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
@@ -80,7 +81,7 @@ def test_mismatch_raises_from_the_hook(tmp_path: Path) -> None:
 
 def test_measure_mode_never_touches_clocks(tmp_path: Path) -> None:
     gpu = RecordingGPU()
-    opt = PerseusOptimizer(RankInfo(), gpu, MeasureSource())
+    opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, MeasureSource())
     assert opt.guard is None
     for _ in range(3):
         run_iteration(opt, one_f_one_b(1, 0, 4))
@@ -95,7 +96,7 @@ def test_measure_mode_never_touches_clocks(tmp_path: Path) -> None:
 
 def test_max_speed_locks_once_and_restores(tmp_path: Path) -> None:
     gpu = RecordingGPU(fast=True)
-    opt = PerseusOptimizer(RankInfo(), gpu, MaxSpeedSource(1410))  # builds its own guard
+    opt = _optimizer(tmp_path, gpu, MaxSpeedSource(1410))  # opens a device of its own
     assert opt.guard is not None and opt._controller is not None
     assert opt._controller.synchronous  # fast_clock_changes
     for _ in range(2):
@@ -107,7 +108,7 @@ def test_max_speed_locks_once_and_restores(tmp_path: Path) -> None:
 
 def test_restores_on_exception_in_with_block(tmp_path: Path) -> None:
     gpu = RecordingGPU()
-    opt = _optimizer(tmp_path, gpu, MaxSpeedSource(1200))
+    opt = _optimizer(tmp_path, gpu, MaxSpeedSource(1200), synchronous_clocks=True)
     with pytest.raises(RuntimeError, match="boom"), opt:
         opt.on_step_begin()
         opt.on_instruction_begin("forward")
@@ -124,12 +125,12 @@ def test_borrowed_guard_only_resets_sm_clocks(tmp_path: Path) -> None:
     gpu = RecordingGPU()
     guard = GPUGuard(gpu, state_dir=tmp_path).acquire()
     guard.set_power_limit_mw(250_000)  # someone else's change: must survive close
-    opt = PerseusOptimizer(
-        RankInfo(), gpu, MaxSpeedSource(1000), guard=guard, synchronous_clocks=True
-    )
+    device = RankDevice(gpu, guard, ClockController(guard, synchronous=True))  # caller's parts
+    opt = PerseusOptimizer(RankInfo(), device, MaxSpeedSource(1000))
     run_iteration(opt, [("forward", 0), ("backward", 0)])
     opt.close()
-    assert gpu.limit_mw == 250_000 and guard.acquired
+    device.close()
+    assert gpu.limit_mw == 250_000 and guard.acquired and not gpu.closed
     assert gpu.clock_calls() == [("lock_sm", 1000, 1000), ("reset_sm",)]
     guard.release()
     assert gpu.limit_mw == 300_000
@@ -142,7 +143,7 @@ def test_controller_error_surfaces_on_next_hook(tmp_path: Path) -> None:
     opt.on_step_begin()
     opt.on_instruction_begin("forward")  # request handed to the thread
     assert opt._controller is not None
-    opt._controller._thread.join(5)  # type: ignore[union-attr]
+    opt._controller._thread.join(60)  # type: ignore[union-attr]
     with pytest.raises(GPUPermissionError, match="run as root"):
         opt.on_instruction_end("forward")
     with pytest.raises(GPUPermissionError):
@@ -178,6 +179,7 @@ def test_trace_csv(tmp_path: Path) -> None:
         "frequency_mhz",
         "start_s",
         "end_s",
+        "applied_mhz",
     ]
     assert len(rows) == 2 * len(order)
     expected = [
@@ -195,7 +197,7 @@ def test_trace_csv(tmp_path: Path) -> None:
 
 
 def test_hook_misuse_messages(tmp_path: Path) -> None:
-    opt = PerseusOptimizer(RankInfo(), RecordingGPU(), MeasureSource())
+    opt = PerseusOptimizer.on_gpu(RankInfo(), RecordingGPU(), MeasureSource())
     with pytest.raises(ScheduleMismatchError, match="call on_step_begin"):
         opt.on_instruction_begin("forward")
     opt.on_step_begin()
@@ -214,7 +216,7 @@ def test_steps_are_bounded_and_energy_per_instruction(tmp_path: Path) -> None:
         wants_energy = True
 
     gpu = RecordingGPU()
-    opt = PerseusOptimizer(RankInfo(), gpu, Wanting(), max_steps_kept=3)
+    opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, Wanting(), max_steps_kept=3)
     for _ in range(5):
         run_iteration(opt, [("forward", 0), ("backward", 0)])
     assert [s.step for s in opt.steps] == [2, 3, 4]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from perseus.profiler.virtual_run import run_step, virtual_gpu
 from perseus.schedule import stage_order
-from tests.unit.profiler.virtual import run_step, virtual_gpu
 
 
 class VirtualRanks:
@@ -30,6 +30,9 @@ class VirtualRanks:
         self.rng = random.Random(0)
         self.step = 0
         self.extra_s: Dict[int, float] = {}  # dp_rank -> extra seconds per iteration
+        # (step, phase, clocks) -> extra seconds of that iteration (e.g. a plan slower than
+        # predicted).
+        self.delay: Optional[Callable[[int, str, List[Any]], float]] = None
         spec = {
             "job_id": job_id,
             "num_stages": pp,
@@ -71,7 +74,10 @@ class VirtualRanks:
         records = run_step(
             gpu, clock, stage, self.orders[stage], answer["frequencies_mhz"], self.rng, 0.002
         )
-        clock.sleep(self.extra_s.get(dp_rank, 0.0))
+        extra_s = self.extra_s.get(dp_rank, 0.0)
+        if self.delay is not None:
+            extra_s += self.delay(self.step, answer["phase"], answer["frequencies_mhz"])
+        clock.sleep(extra_s)
         report = {
             "rank": rank,
             "step": self.step,
@@ -82,7 +88,8 @@ class VirtualRanks:
         assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
         return answer["phase"]
 
-    def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 60.0) -> None:
+    def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 600.0) -> None:
+        """Run steps until ``phase`` (``max_steps`` bounds the logic; ``timeout_s`` a hang)."""
         deadline = time.monotonic() + timeout_s
         while self.summary()["phase"] != phase:
             assert self.step < max_steps and time.monotonic() < deadline, self.summary()

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from perseus.config import ServerConfig
-from perseus.plan import load_plan
-from perseus.profile import load_profile
+from perseus.formats.plan_json import load_plan
+from perseus.formats.profile_csv import read_profile_csv
 from perseus.server.app import create_app
 from tests.unit.server.flow import VirtualRanks
 
@@ -36,7 +36,7 @@ def test_phases_profile_plan_and_measure(client: TestClient, tmp_path: Path, mod
     assert pred["iteration_time_s"] <= pred["allmax_iteration_time_s"] * (1 + 1e-6)
     assert 0.05 < pred["energy_saving_fraction"] < 0.3
     job_dir = tmp_path / "flow"
-    profile = load_profile(job_dir / "profile.csv")
+    profile = read_profile_csv(job_dir / "profile.csv")
     assert profile.num_stages == 4
     plan = load_plan(job_dir / "plan.json")
     assert plan.num_stages == 4 and plan.num_microbatches == 8

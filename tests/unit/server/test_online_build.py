@@ -10,6 +10,7 @@ from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
 from perseus.schedule import stage_order
 from perseus.server.process import start_local_server
+from tests.unit.server.stage_ranks import wait_prefetched
 
 
 def test_from_config_online_mode_talks_to_the_server(tmp_path: Path) -> None:
@@ -24,11 +25,12 @@ def test_from_config_online_mode_talks_to_the_server(tmp_path: Path) -> None:
         cfg.server.url, cfg.server.job_id = handle.url, "built"
         rank = RankInfo(stage=1, num_stages=2, rank=1, world_size=2)
         opt = PerseusOptimizer.from_config(cfg, rank)
-        for _ in range(3):
+        for step in range(3):
             opt.on_step_begin()
             for name, _mb in stage_order("1f1b", 2, 2)[1]:
                 opt.on_instruction_begin(name)
                 opt.on_instruction_end(name)
+            wait_prefetched(opt.source, step + 1)  # the test's pace: nothing waits in training
             opt.on_step_end()
         top = max(opt.gpu.supported_sm_clocks_mhz())
         assert [i.frequency_mhz for i in opt.last_step.instructions] == [top] * 4

@@ -8,19 +8,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List
 from urllib.parse import parse_qs, urlparse
 
+from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.profile import load_profile
+from perseus.profiler.virtual_run import VirtualClock
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
-from tests.unit.profiler.virtual import VirtualClock
+from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+from tests.unit.server.stage_ranks import wait_prefetched
 
 ORDER = ["forward", "forward", "backward", "backward"]
 
 
 class _Server(BaseHTTPRequestHandler):
-    """Profiles steps 0-1, then runs a plan; records every request."""
+    """Profiles steps 0-2, then runs a plan; records every request."""
 
     seen: List[str] = []
 
@@ -29,14 +31,14 @@ class _Server(BaseHTTPRequestHandler):
         type(self).seen.append(f"{self.command} {url.path}")
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        body: dict = {"job_id": "j"}
+        answer: object = Ack()
+        if url.path == Route.JOBS:
+            answer = JobCreated(job_id="j", created=True)
         if url.path.endswith("/schedule"):
             step = int(parse_qs(url.query)["step"][0])
-            body = {
-                "phase": "profiling" if step < 2 else "running",
-                "frequencies_mhz": [1410] * len(ORDER),
-            }
-        data = json.dumps(body).encode()
+            phase = Phase.profiling if step < 3 else Phase.running
+            answer = Schedule(step, phase, [1410] * len(ORDER))
+        data = json.dumps(to_json(answer)).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -66,7 +68,7 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
     try:
         clock = VirtualClock()
         gpu = _CountingGPU(
-            load_profile(default_device_profile_path()),
+            read_profile_csv(default_device_profile_path()),
             blocking_power_w=80.0,
             time_scale=0.01,
             num_pipeline_stages=1,
@@ -74,20 +76,24 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
             sleeper=clock.sleep,
         )
         client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", max_retries=0)
-        source = OnlineSource(client, {"job_id": "j"}, RankInfo(), [1410, 1395])
-        opt = PerseusOptimizer(RankInfo(), gpu, source, synchronous_clocks=True)
+        spec = JobSpec(job_id="j", num_stages=1, num_microbatches=2)
+        source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
+        opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, source, synchronous_clocks=True)
         reads_per_step = []
-        for _ in range(4):
+        for step in range(5):
             before = gpu.reads
             opt.on_step_begin()
             for name in ORDER:
                 opt.on_instruction_begin(name)
                 opt.on_instruction_end(name)
+            wait_prefetched(source, step + 1)  # the test's pace, not the training's
             opt.on_step_end()
             reads_per_step.append(gpu.reads - before)
-        # Profiling: two reads per instruction plus the step's two; running: the step's only.
-        assert reads_per_step == [2 * len(ORDER) + 2] * 2 + [2] * 2
+        # Step 0 has no schedule yet (nothing waits for one); profiling: two reads per
+        # instruction plus the step's two; running: the step's only.
+        assert reads_per_step == [2] + [2 * len(ORDER) + 2] * 2 + [2] * 2
         assert [s.instructions[0].energy_begin_mj is None for s in opt.steps] == [
+            True,
             False,
             False,
             True,

@@ -8,32 +8,59 @@ import pytest
 
 from perseus.profiler import JobProfiler, StageSweep
 from perseus.runtime.types import InstructionRecord
+from perseus.server.plan_switching import DriftWatcher
 from perseus.server.steps import JobStep, RankStep, StepTable, inliers, typical_step
-from perseus.server.switching import DriftWatcher
 
 
 def test_step_completes_when_every_live_rank_reported() -> None:
     table = StepTable()
     table.add(5, RankStep(0, 0, 0, 1.0, 10.0, 0.8))
     table.add(5, RankStep(1, 1, 0, 1.2, 12.0, 1.1))
-    assert table.take_complete(5, {0, 1, 2}) is None
+    assert table.stage_complete(5, 0, {0, 2}) is False  # rank 2 of stage 0 is missing
+    assert table.stage_complete(5, 1, {1}) is True
+    assert table.take_complete(5, [0, 1]) is None
     table.add(5, RankStep(2, 0, 1, 1.1, 11.0, None))
     assert table.stage_complete(5, 0, {0, 2}) is True
     assert table.stage_complete(5, 0, {0, 2}) is False  # reported once
-    step = table.take_complete(5, {0, 1, 2})
+    step = table.take_complete(5, [0, 1])
     assert step is not None
     assert step.iteration_time_s == 1.2  # slowest rank
     assert step.energy_j == pytest.approx(33.0)  # every GPU
     assert step.replica_time_s == {0: 1.1, 1: 1.1}  # compute time, else iteration time
-    assert table.take_complete(5, {0, 1, 2}) is None
+    assert table.take_complete(5, [0, 1]) is None
     table.add(5, RankStep(0, 0, 0, 9.0, 9.0))  # late duplicate of a finished step: ignored
     assert table.pending_steps() == []
+
+
+def test_a_leaders_report_covers_its_stage_and_replicas() -> None:
+    table = StepTable()
+    # Stage 0's leader (rank 0) speaks for ranks 2 and 4 (replicas 1 and 2 of stage 0).
+    leader = RankStep(
+        0, 0, 0, 1.3, 30.0, 1.2, frozenset({2, 4}), ((0, 1.0), (1, 1.2), (2, 0.9)), True
+    )
+    table.add(7, leader)
+    assert table.stage_complete(7, 0, {0, 2, 4}) is True
+    table.add(7, RankStep(1, 1, 0, 1.1, 12.0, 1.0, frozenset({3, 5}), ((0, 1.0), (1, 0.8))))
+    assert table.stage_complete(7, 1, {1, 3, 5}) is True
+    step = table.take_complete(7, [0, 1])
+    assert step is not None and step.clean
+    assert step.energy_j == pytest.approx(42.0)
+    assert step.replica_time_s == {0: 1.0, 1: 1.2, 2: 0.9}
+
+
+def test_an_unscheduled_report_makes_the_step_unclean() -> None:
+    table = StepTable()
+    table.add(3, RankStep(0, 0, 0, 1.0, 10.0, scheduled=False))
+    assert table.stage_complete(3, 0, {0})
+    step = table.take_complete(3, [0])
+    assert step is not None and not step.clean
 
 
 def test_missing_energy_makes_the_step_energy_unknown() -> None:
     table = StepTable()
     table.add(0, RankStep(0, 0, 0, 1.0, None))
-    step = table.take_complete(0, {0})
+    table.stage_complete(0, 0, {0})
+    step = table.take_complete(0, [0])
     assert step is not None and step.energy_j is None
     assert typical_step([step])["energy_j"] is None
 
@@ -43,7 +70,8 @@ def test_typical_step_time_is_the_median_energy_the_mean_without_outliers() -> N
     steps = []
     for i, t in enumerate([1.0, 1.1, 5.0]):
         table.add(i, RankStep(0, 0, 0, t, 10 * t))
-        steps.append(table.take_complete(i, {0}))
+        table.stage_complete(i, 0, {0})
+        steps.append(table.take_complete(i, [0]))
     typ = typical_step(steps)
     # The delayed iteration (5 s, 50 J) moves neither.
     assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == pytest.approx(10.5)

@@ -1,0 +1,430 @@
+"""One object for a recurring training job: batch size, power limit, epochs, early stopping.
+
+For single-GPU jobs and single-node data-parallel jobs (one process per GPU)::
+
+    from perseus.batch_size import RecurringJob
+
+    with RecurringJob("nightly-resnet", [64, 128, 256, 512], 256, target_metric=0.75) as job:
+        loader = job.data_loader(train_set, shuffle=True)    # job.local_batch_size per rank
+        for epoch in job.epochs():                           # ends at the target or early
+            for inputs, labels in job.steps(loader):         # power-limit profiling per step
+                train_step(inputs, labels)
+            job.report_metric(evaluate(model))               # once per epoch
+    print(job.result)
+
+On entering, the job's batch size for this run is chosen (:class:`BatchSizeOptimizer`, state
+in the SQLite file ``db_path``; under the Hydra sweeper, the run the sweeper started), and the
+power-limit optimizer takes this process's GPU: the first run of each batch size profiles the
+power limits inside its first steps, and every later run of that batch size starts at the
+limit chosen then (the profile file is keyed by job, batch size, GPU model and GPU count).
+Every epoch is measured (time, energy of all GPUs of the job) and reported with what it would
+have cost at the chosen limit, so the batch size is judged at its best power limit; the loop
+ends when the metric reaches the target, when the next epoch would cost more than ``beta`` x the
+cheapest converged run, or after ``max_epochs``. Leaving the ``with`` block reports the run
+(a run that raised counts as failed) and puts the GPU's power limit back.
+
+Under ``torch.distributed`` (initialised before entering) every rank creates the object: rank 0
+chooses the batch size and decides when to stop, and the others follow; batch sizes are global
+(``local_batch_size = batch_size // world_size``); epochs count the energy of every rank's GPU
+and the time of the slowest.
+
+Power-limit problems (no permission, a GPU owned by another controller) never stop training:
+one warning, and the run goes on at the GPU's current limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
+
+from perseus.batch_size.env import current_run
+from perseus.batch_size.optimizer import REASON_ERROR, BatchSizeOptimizer
+from perseus.config import GPUConfig, PowerLimitConfig
+from perseus.errors import ConfigError, PerseusError
+from perseus.gpu.base import GPU
+from perseus.power_limit import aggregate
+from perseus.power_limit.optimizer import DONE, PowerLimitOptimizer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RecurringJob:
+    """A recurring job's batch size, power limit and epochs, driven from the training loop.
+
+    Args:
+        job_id: Name of the recurring job (the key of its state and power-limit profiles).
+        batch_sizes: Candidate (global) batch sizes.
+        default_batch_size: The batch size the job used so far (where the search starts).
+        target_metric: Validation metric that counts as converged.
+        higher_is_better: Metrics at or above the target converge (accuracy), else at or below.
+        max_epochs: Epoch budget of one run.
+        eta: Weight of energy in the cost ``eta * E + (1 - eta) * P_max * T``.
+        beta: Stop a run whose next epoch would take it past ``beta`` x the cheapest run.
+        db_path: SQLite file of the batch-size search (shared by all runs of the job).
+        power_limit: Power-limit optimizer settings; its ``profile_path`` defaults to
+            ``<database>.power_limits.json`` (next to the sweeper's database under the sweeper).
+        optimize_power_limit: False keeps the GPUs at their current power limit.
+        gpu: How to open this process's GPU (default: ``gpu.backend=auto``).
+        gpus: Already opened GPUs of this process (then ``gpu`` is not used; not closed here).
+        seed: Seeds the batch-size search.
+        clock: Wall clock in seconds (tests pass a virtual one).
+        synchronize: Waits for queued GPU work before time and energy are read (default:
+            CUDA's, when this process uses CUDA).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        batch_sizes: Sequence[int],
+        default_batch_size: int,
+        *,
+        target_metric: float,
+        higher_is_better: bool = True,
+        max_epochs: int = 100,
+        eta: float = 0.5,
+        beta: float = 2.0,
+        db_path: Union[str, Path] = "perseus_batch_size.db",
+        power_limit: Optional[PowerLimitConfig] = None,
+        optimize_power_limit: bool = True,
+        gpu: Optional[GPUConfig] = None,
+        gpus: Optional[Sequence[GPU]] = None,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        synchronize: Callable[[], None] = aggregate.synchronize_devices,
+    ) -> None:
+        self.job_id = job_id
+        self.batch_sizes = [int(b) for b in batch_sizes]
+        self.default_batch_size = int(default_batch_size)
+        self.target_metric = target_metric
+        self.higher_is_better = higher_is_better
+        self.max_epochs = max_epochs
+        self.eta = eta
+        self.beta = beta
+        self.db_path = Path(db_path)
+        self.power_limit_cfg = dataclasses.replace(power_limit or PowerLimitConfig())
+        self.optimize_power_limit = optimize_power_limit
+        self.gpu_cfg = gpu or GPUConfig()
+        self.seed = seed
+        self._clock = clock
+        self._synchronize = synchronize
+        self._given_gpus = gpus
+        self.gpus: List[GPU] = list(gpus or [])
+        self._owned_gpus: Any = None
+        self.rank, self.world_size = 0, 1
+        self.batch_size = 0
+        self.local_batch_size = 0
+        self.optimizer: Optional[BatchSizeOptimizer] = None
+        self.power_limit: Optional[PowerLimitOptimizer] = None
+        self.result: Optional[Dict[str, Any]] = None
+        self._metric: Optional[float] = None
+        self._epoch = 0
+        self._epoch_start: Optional[tuple] = None
+        self._done_at: Optional[tuple] = None
+        # Epochs that ended while power limits were still being profiled: (time, energy, steps).
+        self._profiling_epochs: List[aggregate.WindowTotals] = []
+        self._profiling_steps = 0
+        self._epoch_steps = 0
+        self._started = False
+        self._warned_metric = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> RecurringJob:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(failed=exc_type is not None)
+
+    def start(self) -> int:
+        """Choose this run's batch size, take the GPU(s); returns the batch size.
+
+        Raises:
+            BatchSizeError: When the search is exhausted (every batch size failed; the message
+                says how to go on).
+            ConfigError: When the batch size does not split over the data-parallel ranks.
+        """
+        if self._started:
+            return self.batch_size
+        self.rank, self.world_size = aggregate.rank_and_world()
+        if self._given_gpus is None:
+            from perseus.gpu import GPUs
+
+            local_index = _local_device_index()
+            self._owned_gpus = GPUs.open(self.gpu_cfg, indices=[local_index])
+            self.gpus = list(self._owned_gpus)
+        try:
+            self._choose_batch_size()
+            self._start_power_limit()
+        except BaseException:
+            self.close(failed=True)
+            raise
+        self._started = True
+        log.info(
+            "job %s: batch size %d (%d per rank), power limit %s",
+            self.job_id,
+            self.batch_size,
+            self.local_batch_size,
+            "profiled/applied" if self.power_limit is not None else "unchanged",
+        )
+        return self.batch_size
+
+    def close(self, *, failed: bool = False) -> None:
+        """End the run, restore the power limit, release the GPUs and the database.
+
+        A run still open is reported now: as failed (``error``) when ``failed``.
+        """
+        if self.optimizer is not None and self.optimizer.run_id is not None:
+            self._finish(reason=REASON_ERROR if failed else None)
+        if self.power_limit is not None:
+            try:
+                self.power_limit.close()
+            finally:
+                self.power_limit = None
+        self._close_gpus()
+        if self.optimizer is not None:
+            self.optimizer.close()
+            self.optimizer = None
+
+    # -- the training loop -----------------------------------------------------------------------
+    def epochs(self) -> Iterator[int]:
+        """Epoch numbers (1, 2, ...) until the run ends; call :meth:`report_metric` in each.
+
+        When the loop ends, :attr:`result` holds what was recorded for the run (on every rank).
+        """
+        self.start()
+        for epoch in range(1, self.max_epochs + 1):
+            self._epoch = epoch
+            self._metric = None
+            self._epoch_steps = 0
+            self._done_at = None
+            self._epoch_start = self._read()
+            yield epoch
+            if self._end_epoch():
+                break
+        if self.optimizer is not None and self.optimizer.run_id is not None:
+            self._finish()
+        self.result = aggregate.broadcast_object(self.result)  # type: ignore[assignment]
+
+    def steps(self, iterable: Iterable[T]) -> Iterator[T]:
+        """One epoch of a data loader, with the power-limit optimizer around each step."""
+        self._call_power_limit("on_epoch_begin")
+        try:
+            for item in iterable:
+                self._call_power_limit("on_step_begin")
+                yield item
+                self._epoch_steps += 1
+                was_done = self.power_limit is None or self.power_limit.state == DONE
+                self._call_power_limit("on_step_end")
+                plo = self.power_limit
+                if not was_done and plo is not None and plo.state == DONE:
+                    self._done_at = (*self._read(), self._epoch_steps)
+        finally:
+            self._call_power_limit("on_epoch_end")
+
+    def report_metric(self, metric: float) -> None:
+        """The validation metric after this epoch (every rank may call it; rank 0's counts)."""
+        self._metric = float(metric)
+
+    @contextmanager
+    def instruction(self, name: str) -> Iterator[None]:
+        """Mark a forward or backward pass (``name``) for the emulated GPU; real GPUs ignore it.
+
+        The emulated device only spends time and energy inside such marks; training on a real
+        GPU does not need them.
+        """
+        for gpu in self.gpus:
+            gpu.instruction_begin(0, name)
+        try:
+            yield
+        finally:
+            for gpu in self.gpus:
+                gpu.instruction_end(name)
+
+    def data_loader(self, dataset: Any, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.DataLoader`` at this rank's batch size (sharded under DDP)."""
+        from torch.utils.data import DataLoader
+
+        self.start()
+        if self.world_size > 1 and "sampler" not in kwargs:
+            from torch.utils.data.distributed import DistributedSampler
+
+            shuffle = bool(kwargs.pop("shuffle", False))
+            kwargs["sampler"] = DistributedSampler(dataset, shuffle=shuffle)
+        return DataLoader(dataset, batch_size=self.local_batch_size, **kwargs)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _choose_batch_size(self) -> None:
+        choice: Dict[str, Any] = {}
+        if self.rank == 0:
+            try:
+                choice["batch_size"] = self._open_run()
+                assert self.optimizer is not None
+                choice["db_path"] = str(self.optimizer.store.path)
+            except PerseusError as exc:
+                choice["error"] = exc
+        choice = dict(aggregate.broadcast_object(choice))  # type: ignore[call-overload]
+        if "error" in choice:
+            raise choice["error"]
+        self.batch_size = int(choice["batch_size"])
+        if self.power_limit_cfg.profile_path is None:
+            self.power_limit_cfg.profile_path = f"{choice['db_path']}.power_limits.json"
+        if self.batch_size % self.world_size:
+            raise ConfigError(
+                f"batch size {self.batch_size} does not split over {self.world_size} ranks; "
+                f"use batch sizes divisible by {self.world_size}"
+            )
+        self.local_batch_size = self.batch_size // self.world_size
+
+    def _open_run(self) -> int:
+        run = current_run()
+        if run is not None:  # launched by the Hydra sweeper: its run, its job
+            self.optimizer = run
+            if run.job_id != self.job_id:
+                log.info("using the sweeper's job %r (not %r)", run.job_id, self.job_id)
+                self.job_id = run.job_id
+            assert run.run_id is not None
+            return run.store.run(run.run_id).batch_size
+        self.optimizer = BatchSizeOptimizer(
+            self.db_path,
+            self.job_id,
+            self.batch_sizes,
+            self.default_batch_size,
+            eta=self.eta,
+            beta=self.beta,
+            max_epochs=self.max_epochs,
+            target_metric=self.target_metric,
+            higher_is_better=self.higher_is_better,
+            max_power_w=self._max_power_w(),
+            seed=self.seed,
+        )
+        return self.optimizer.next_batch_size()
+
+    def _max_power_w(self) -> float:
+        local = sum(gpu.power_limit_constraints_mw()[1] for gpu in self.gpus) / 1000.0
+        return local * self.world_size
+
+    def _start_power_limit(self) -> None:
+        if not self.optimize_power_limit:
+            return
+        state_dir = Path(self.gpu_cfg.state_dir) if self.gpu_cfg.state_dir else None
+        try:
+            self.power_limit = PowerLimitOptimizer.for_gpus(
+                self.gpus,
+                self.power_limit_cfg,
+                self.eta,
+                state_dir=state_dir,
+                job_id=self.job_id,
+                batch_size=self.batch_size,
+                clock=self._clock,
+                synchronize=self._synchronize,
+            )
+        except PerseusError as exc:
+            self._drop_power_limit(exc)
+
+    def _call_power_limit(self, name: str) -> None:
+        if self.power_limit is None:
+            return
+        try:
+            getattr(self.power_limit, name)()
+        except PerseusError as exc:
+            self._drop_power_limit(exc)
+
+    def _drop_power_limit(self, exc: Exception) -> None:
+        log.warning(
+            "power-limit optimization is off for this run (%s); training goes on at the GPU's "
+            "current power limit",
+            exc,
+        )
+        if self.power_limit is not None:
+            try:
+                self.power_limit.close()
+            except PerseusError as close_exc:
+                log.warning("restoring the power limit failed: %s", close_exc)
+            self.power_limit = None
+
+    def _read(self) -> tuple:
+        self._synchronize()
+        return self._clock(), sum(gpu.total_energy_mj() for gpu in self.gpus) / 1000.0
+
+    def _end_epoch(self) -> bool:
+        """Measure and report the epoch; returns whether the run stops (same on every rank)."""
+        assert self._epoch_start is not None
+        end_s, end_j = self._read()
+        start_s, start_j = self._epoch_start
+        local = aggregate.WindowTotals(end_s - start_s, end_j - start_j)
+        total = aggregate.torch_distributed(local)
+        steady = self._steady(total, end_s, end_j)
+        stop = False
+        if self.rank == 0 and self.optimizer is not None and self.optimizer.run_id is not None:
+            if self._metric is None and not self._warned_metric:
+                self._warned_metric = True
+                log.warning(
+                    "epoch %d ended without report_metric(...): the run cannot reach the target "
+                    "(call it once per epoch)",
+                    self._epoch,
+                )
+            self.optimizer.report_epoch(
+                self._metric,
+                total.time_s,
+                total.energy_j,
+                steady_time_s=steady[0],
+                steady_energy_j=steady[1],
+            )
+            stop = self.optimizer.should_stop()
+        return bool(aggregate.broadcast_object(stop))
+
+    def _steady(self, total: aggregate.WindowTotals, end_s: float, end_j: float) -> tuple:
+        """The epoch at the chosen limit.
+
+        The steps spent profiling are priced at the chosen limit's measured per-step time and
+        energy, the rest of the epoch is as measured. Epochs that ended before the choice was
+        made were reported as measured; the epoch in which it is made takes their correction.
+        """
+        plo = self.power_limit
+        done_s, done_j, steps = self._done_at or (end_s, end_j, 0)
+        # Every rank takes part in the reduction, whatever its own state.
+        after = aggregate.torch_distributed(aggregate.WindowTotals(end_s - done_s, end_j - done_j))
+        if plo is None or plo.state != DONE or self._done_at is None:
+            if plo is not None and plo.state != DONE:
+                self._profiling_epochs.append(total)
+                self._profiling_steps += self._epoch_steps
+            return total.time_s, total.energy_j
+        chosen = plo.chosen_measurement
+        assert chosen is not None
+        steps += self._profiling_steps
+        earlier_s = sum(e.time_s for e in self._profiling_epochs)
+        earlier_j = sum(e.energy_j for e in self._profiling_epochs)
+        self._profiling_epochs, self._profiling_steps = [], 0
+        return (
+            after.time_s + steps * chosen.time_per_step_s - earlier_s,
+            after.energy_j + steps * chosen.energy_per_step_j - earlier_j,
+        )
+
+    def _finish(self, reason: Optional[str] = None) -> None:
+        assert self.optimizer is not None
+        summary = self.optimizer.report_run(reason=reason)
+        if self.power_limit is not None:
+            summary["power_limit"] = self.power_limit.report()
+        self.result = summary
+        log.info("job %s: run %s", self.job_id, summary)
+
+    def _close_gpus(self) -> None:
+        if self._owned_gpus is not None:
+            owned, self._owned_gpus = self._owned_gpus, None
+            owned.close()
+
+
+def _local_device_index() -> int:
+    """The index of this process's GPU: ``LOCAL_RANK`` under torchrun, else 0."""
+    import os
+
+    value = os.environ.get("LOCAL_RANK", "0")
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ConfigError(f"LOCAL_RANK={value!r}: not an integer") from exc

@@ -1,0 +1,126 @@
+"""Profiling of a whole job in one process: one sweep per stage, the job's estimates.
+
+:class:`JobProfiler` drives the sweeps (:mod:`perseus.profiler.stage_sweep`) with the estimates
+(:mod:`perseus.profiler.job_estimates`) right away, in the caller's thread: the profiler's
+benchmarks and tests use it. The coordination server keeps the sweeps itself and runs the
+estimates in a worker process (:mod:`perseus.server.job_profiling`); both use the same rules
+(:func:`sweep_update`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+from perseus.formats.profile_csv import Profile
+from perseus.profiler.estimate import TypeEstimate
+from perseus.profiler.job_estimates import JobEstimates, Key
+from perseus.profiler.stage_sweep import StageSweep
+from perseus.runtime.types import InstructionRecord
+
+
+def sweep_update(sweep: StageSweep, estimates: JobEstimates, stage: int) -> None:
+    """After a reported step: feed the stop rule, or order the re-measurements."""
+    if sweep.observing:
+        sweep.observe(estimates.stage_energies(stage))
+    elif sweep.refine_priority is None:
+        sweep.prioritize(estimates.least_certain_clocks(stage, sweep.swept_mhz))
+
+
+class JobProfiler:
+    """Profiles every stage of a job.
+
+    Args:
+        sweeps: One :class:`StageSweep` per stage.
+    """
+
+    def __init__(self, sweeps: Sequence[StageSweep]) -> None:
+        self.sweeps = list(sweeps)
+        self.estimates = JobEstimates(len(self.sweeps))
+
+    @property
+    def num_stages(self) -> int:
+        """Number of pipeline stages."""
+        return len(self.sweeps)
+
+    def schedule(self, stage: int, step: int) -> List[int]:
+        """Frequencies of every position of ``step`` on ``stage``."""
+        return self.sweeps[stage].frequencies_for_step(step)
+
+    def add_report(
+        self,
+        stage: int,
+        rank_key: Hashable,
+        step: int,
+        instructions: Sequence[InstructionRecord],
+        update_period_s: Optional[float] = 0.02,
+        num_gpus: int = 1,
+    ) -> None:
+        """One rank's records of a profiling step of its stage (ignored unless assigned)."""
+        sweep = self.sweeps[stage]
+        if step not in sweep.assigned:
+            return
+        self.estimates.add_step(
+            stage, rank_key, instructions, sweep.warmup.get(step, ()), update_period_s, num_gpus
+        )
+
+    def add_reference_step(
+        self,
+        stage: int,
+        rank_key: Hashable,
+        instructions: Sequence[InstructionRecord],
+        update_period_s: Optional[float] = 0.02,
+        num_gpus: int = 1,
+    ) -> None:
+        """Records of an iteration outside the sweep (e.g. the baseline at the highest clock).
+
+        They add samples (and counter equations) for whatever clocks they ran at.
+        """
+        self.estimates.add_step(stage, rank_key, instructions, (), update_period_s, num_gpus)
+
+    def complete_step(self, stage: int, step: int) -> None:
+        """Every live rank of ``stage`` reported ``step``: update the stop rule."""
+        sweep = self.sweeps[stage]
+        if step not in sweep.assigned:
+            return
+        sweep.mark_reported(step)
+        sweep_update(sweep, self.estimates, stage)
+
+    def energy_models(self) -> List[Dict[str, str]]:
+        """Per stage, which counter model each rank's estimator uses (``exact`` or ``lag``)."""
+        return self.estimates.energy_models()
+
+    def finish(self) -> None:
+        """Stop every sweep where it is (iteration budget spent)."""
+        for sweep in self.sweeps:
+            sweep.finish()
+
+    def forget_rank(self, stage: int, rank_key: Hashable) -> None:
+        """Drop a dead rank's data."""
+        self.estimates.forget_rank(stage, rank_key)
+
+    @property
+    def done(self) -> bool:
+        """Every stage finished its sweep."""
+        return all(s.done for s in self.sweeps)
+
+    @property
+    def num_steps(self) -> int:
+        """Profiling iterations so far (the longest stage's)."""
+        return max((s.num_steps for s in self.sweeps), default=0)
+
+    # -- results --------------------------------------------------------------------------------
+    def stage_estimates(self, stage: int) -> Tuple[Dict[Key, TypeEstimate], Optional[float]]:
+        """Combined estimates of one stage: time max over ranks, energy and power summed."""
+        return self.estimates.stage_estimates(stage)
+
+    def profile(self, source: str = "online profiler") -> Profile:
+        """The measured profile (see :meth:`JobEstimates.profile`)."""
+        return self.estimates.profile(source)
+
+    def complete_estimates(self) -> List[Dict[Key, TypeEstimate]]:
+        """Per stage, the estimates plus borrowed powers (see :class:`JobEstimates`)."""
+        return self.estimates.complete_estimates()
+
+    def blocking_power_w(self, fallback_w: float) -> List[float]:
+        """Measured blocking (P2P) power per stage; ``fallback_w`` per GPU where unknown."""
+        return self.estimates.blocking_power_w(fallback_w)

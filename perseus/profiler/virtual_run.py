@@ -1,0 +1,112 @@
+"""The real emulated GPU on a virtual clock, read the way the optimizer reads it.
+
+No sleeping and no host jitter: iterations run as fast as the machine computes them, and the
+outcome does not depend on how busy it is. The profiler's accuracy benchmark
+(``scripts/online_profiling_accuracy.py``) and its tests drive profiles through this.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
+from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
+from perseus.runtime.types import InstructionRecord
+
+
+class VirtualClock:
+    """A clock that only moves when someone sleeps on it.
+
+    Args:
+        start_s: The first reading (seconds).
+    """
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        """The current time (seconds)."""
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` (negative: not at all)."""
+        self.now_s += max(0.0, seconds)
+
+
+def virtual_gpu(
+    num_stages: int,
+    *,
+    time_scale: float = 0.1,
+    noise: float = 0.01,
+    period_s: float = 0.02,
+    seed: int = 0,
+) -> Tuple[EmulatedGPU, VirtualClock]:
+    """The bundled default device on its own virtual clock (``seed`` offsets the clock)."""
+    clock = VirtualClock(1000.0 + 0.0137 * seed)
+    gpu = EmulatedGPU(
+        read_profile_csv(default_device_profile_path()),
+        blocking_power_w=83.64,
+        time_scale=time_scale,
+        energy_update_period_s=period_s,
+        energy_noise=noise,
+        seed=seed,
+        num_pipeline_stages=num_stages,
+        clock=clock,
+        sleeper=clock.sleep,
+    )
+    return gpu, clock
+
+
+def run_step(
+    gpu: EmulatedGPU,
+    clock: VirtualClock,
+    stage: int,
+    order: Sequence[Tuple[str, int]],
+    freqs: Sequence[Optional[int]],
+    rng: random.Random,
+    mean_gap_s: float,
+    overrun_p: float = 0.0,
+) -> List[InstructionRecord]:
+    """One iteration: random blocking gaps, then each instruction at its clock.
+
+    With ``overrun_p``, that fraction of instructions overrun: the host ran 2-10 ms late and
+    the GPU waited (host jitter).
+    """
+    out = []
+    clock.sleep(mean_gap_s * 3)  # between iterations (optimizer step etc.)
+    for pos, ((instruction, mb), freq) in enumerate(zip(order, freqs)):
+        clock.sleep(mean_gap_s * 2 * rng.random())
+        if freq is None:
+            gpu.reset_sm_clocks()
+        else:
+            gpu.lock_sm_clocks_mhz(freq, freq)
+        e0 = gpu.total_energy_mj()
+        gpu.instruction_begin(stage, instruction)
+        t0 = clock()
+        if overrun_p and rng.random() < overrun_p:
+            clock.sleep(0.002 + 0.008 * rng.random())
+        gpu.instruction_end(instruction)
+        t1 = clock()
+        out.append(InstructionRecord(pos, instruction, mb, freq, t0, t1, e0, gpu.total_energy_mj()))
+    return out
+
+
+def profile_errors(
+    profile: Profile, truth: Callable[[int, str, int], Measurement]
+) -> Tuple[List[float], List[float]]:
+    """Relative time and energy errors of every row of ``profile`` against ``truth``.
+
+    Args:
+        profile: A measured profile.
+        truth: ``(stage, instruction, frequency_mhz) -> Measurement``, e.g. an emulated GPU's
+            ``true_measurement``.
+    """
+    time_err, energy_err = [], []
+    for stage in profile.stages():
+        for instruction in ("forward", "backward"):
+            for m in profile.measurements(stage, instruction):
+                true = truth(stage, instruction, m.frequency_mhz)
+                time_err.append(abs(m.time_s / true.time_s - 1))
+                energy_err.append(abs(m.energy_j / true.energy_j - 1))
+    return time_err, energy_err

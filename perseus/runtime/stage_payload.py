@@ -1,0 +1,157 @@
+"""What a stage's ranks exchange once per iteration, as one flat list of floats.
+
+Every rank contributes its measurements of the iteration that just ended; the stage leader also
+contributes the schedule of the next iteration (the clocks of the stage's default plan and, for
+a straggler's replica, another set with a bit mask of the replicas that run it). All numbers fit
+a float64 exactly (clocks, steps, microbatches, 48-bit masks). Layout, with ``P`` the stage's
+number of instructions per iteration::
+
+    [flags, step, iteration_time_s, compute_time_s, energy_j (NaN: unknown),
+     mismatch position (-1: none), mismatch item, next step, next phase,
+     P clocks (0: default clocks), P override clocks, ceil(dp / 48) replica mask words]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from perseus.wire import Phase, Schedule
+
+FLAGS, STEP, ITERATION, COMPUTE, ENERGY, MISMATCH_AT, MISMATCH_ITEM, NEXT_STEP, NEXT_PHASE = range(
+    9
+)
+HEADER = 9
+#: This rank's iteration ran the stage's schedule (its measurements are clean).
+SCHEDULED = 1
+#: (Leader) the payload carries the next step's schedule.
+HAS_NEXT = 2
+#: (Leader) Perseus stops for this job: default clocks from now on, no further exchanges.
+STOP = 4
+MASK_BITS = 48
+PHASES = list(Phase)
+
+
+def payload_size(num_positions: int, dp: int) -> int:
+    """Length of every payload of a stage with ``num_positions`` instructions, ``dp`` replicas."""
+    return HEADER + 2 * num_positions + math.ceil(max(1, dp) / MASK_BITS)
+
+
+def encode_item(item: str) -> float:
+    """``"F3"`` -> 4, ``"B3"`` -> -4, ``"end"`` -> 0."""
+    if item == "end":
+        return 0.0
+    value = int(item[1:]) + 1
+    return float(value if item[0] == "F" else -value)
+
+
+def decode_item(value: float) -> str:
+    """The inverse of :func:`encode_item`."""
+    number = int(value)
+    if number == 0:
+        return "end"
+    return ("F" if number > 0 else "B") + str(abs(number) - 1)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One rank's contribution, decoded."""
+
+    scheduled: bool
+    step: int
+    iteration_time_s: float
+    compute_time_s: float
+    energy_j: Optional[float]
+    mismatch: Optional[Tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class NextSchedule:
+    """The leader's schedule of the next step, decoded for one replica."""
+
+    step: int
+    phase: Phase
+    frequencies_mhz: List[Optional[int]]
+
+
+def pack(
+    size: int,
+    *,
+    scheduled: bool,
+    step: int,
+    iteration_time_s: float,
+    compute_time_s: float,
+    energy_j: Optional[float],
+    mismatch: Optional[Tuple[int, str]],
+    num_positions: int,
+    next_schedule: Optional[Schedule] = None,
+    stop: bool = False,
+) -> List[float]:
+    """One rank's payload (``next_schedule``/``stop``: the leader's part)."""
+    out = [0.0] * size
+    flags = SCHEDULED if scheduled else 0
+    out[STEP] = float(step)
+    out[ITERATION] = float(iteration_time_s)
+    out[COMPUTE] = float(compute_time_s)
+    out[ENERGY] = math.nan if energy_j is None else float(energy_j)
+    out[MISMATCH_AT] = -1.0 if mismatch is None else float(mismatch[0])
+    out[MISMATCH_ITEM] = 0.0 if mismatch is None else encode_item(mismatch[1])
+    if next_schedule is not None and len(next_schedule.frequencies_mhz) == num_positions:
+        flags |= HAS_NEXT
+        out[NEXT_STEP] = float(next_schedule.step)
+        out[NEXT_PHASE] = float(PHASES.index(next_schedule.phase))
+        _put_clocks(out, HEADER, next_schedule.frequencies_mhz)
+        override = next_schedule.overrides[0] if next_schedule.overrides else None
+        if override is not None and len(override.frequencies_mhz) == num_positions:
+            _put_clocks(out, HEADER + num_positions, override.frequencies_mhz)
+            base = HEADER + 2 * num_positions
+            for dp in override.dp_ranks:
+                word, bit = divmod(int(dp), MASK_BITS)
+                if base + word < size:
+                    out[base + word] = float(int(out[base + word]) | (1 << bit))
+    if stop:
+        flags |= STOP
+    out[FLAGS] = float(flags)
+    return out
+
+
+def _put_clocks(out: List[float], offset: int, clocks: Sequence[Optional[int]]) -> None:
+    for i, mhz in enumerate(clocks):
+        out[offset + i] = 0.0 if mhz is None else float(mhz)
+
+
+def measured(payload: Sequence[float]) -> Measured:
+    """A rank's measurements from its payload."""
+    energy = payload[ENERGY]
+    at = int(payload[MISMATCH_AT])
+    return Measured(
+        scheduled=bool(int(payload[FLAGS]) & SCHEDULED),
+        step=int(payload[STEP]),
+        iteration_time_s=float(payload[ITERATION]),
+        compute_time_s=float(payload[COMPUTE]),
+        energy_j=None if math.isnan(energy) else float(energy),
+        mismatch=None if at < 0 else (at, decode_item(payload[MISMATCH_ITEM])),
+    )
+
+
+def stops(leader: Sequence[float]) -> bool:
+    """The leader said Perseus stops for this job."""
+    return bool(int(leader[FLAGS]) & STOP)
+
+
+def next_schedule(
+    leader: Sequence[float], num_positions: int, dp_rank: int
+) -> Optional[NextSchedule]:
+    """The next step's schedule for replica ``dp_rank``, if the leader's payload has one."""
+    if not int(leader[FLAGS]) & HAS_NEXT:
+        return None
+    word, bit = divmod(dp_rank, MASK_BITS)
+    base = HEADER + 2 * num_positions
+    index = base + word
+    overridden = index < len(leader) and (int(leader[index]) >> bit) & 1
+    offset = HEADER + num_positions if overridden else HEADER
+    clocks: List[Optional[int]] = [
+        int(v) if v > 0 else None for v in leader[offset : offset + num_positions]
+    ]
+    return NextSchedule(int(leader[NEXT_STEP]), PHASES[int(leader[NEXT_PHASE])], clocks)

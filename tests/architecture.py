@@ -1,0 +1,249 @@
+"""The package's layers and import graph, read from the source with :mod:`ast` (test support).
+
+``docs/design.md`` ("Layers") states the rules these serve: every package sits in one layer and
+imports only from its own layer or below; there is no import circle; and what a training process
+imports (the training-process modules below and everything they import) needs nothing but the
+standard library and the core dependencies. Both module-level and function-level imports count;
+imports under ``if TYPE_CHECKING:`` are type-only (never executed) and do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Where each installed package's source lives in the repository.
+ROOTS = {"perseus": REPO / "perseus", "perseus.adapters": REPO / "adapters"}
+
+# Bottom to top. A module belongs to the longest matching prefix.
+LAYERS: List[Tuple[str, List[str]]] = [
+    (
+        "foundation",
+        [
+            "perseus.errors",
+            "perseus.config",
+            "perseus.config_enums",
+            "perseus.schedule",
+            "perseus.process_exit",
+            "perseus.wire",
+            "perseus.formats",
+        ],
+    ),
+    ("gpu", ["perseus.gpu"]),
+    # The package root re-exports PerseusOptimizer (lazily): it sits with the runtime.
+    ("runtime", ["perseus.runtime", "perseus"]),
+    (
+        "profiler/planner",
+        [
+            "perseus.profiler",
+            "perseus.planner",
+            "perseus.power_limit",
+            "perseus.batch_size",
+            "perseus.models",
+            "perseus.adapters",  # outside the stack: imports runtime and below only
+        ],
+    ),
+    ("server", ["perseus.server", "perseus.train"]),
+    ("launcher", ["perseus.launcher"]),
+    ("apps", ["perseus.apps"]),
+]
+
+# The modules a training process imports (a user's script with an adapter, a perseus-train
+# rank's runtime); they and all they import must run with only the core dependencies.
+TRAINING_PROCESS = [
+    *dict(LAYERS)["foundation"],
+    *dict(LAYERS)["gpu"],
+    *dict(LAYERS)["runtime"],
+    "perseus.adapters",
+]
+# Import names of the core dependencies (pyproject's ``dependencies``) and what they bring.
+CORE_IMPORTS = {"omegaconf", "yaml", "antlr4", "pynvml"}
+# The frameworks the adapters patch: the user's process already has them.
+PATCHED_FRAMEWORKS = {"torch", "deepspeed", "megatron", "Merak"}
+
+# A Merak rank: ``perseus.train.worker`` running ``perseus.train.merak_job`` in Merak's Python 3.9
+# environment (scripts/merak-env), where Perseus is installed without its dependencies beside
+# scripts/merak-requirements.txt. It imports these and what they import.
+MERAK_RANK = ["perseus.train.worker", "perseus.train.merak_job"]
+# Import name -> the distribution scripts/merak-requirements.txt must list for it (Merak itself is
+# the clone on the environment's path).
+MERAK_RANK_IMPORTS = {
+    "omegaconf": "omegaconf",
+    "yaml": "omegaconf",  # omegaconf's own dependencies
+    "antlr4": "omegaconf",
+    "pynvml": "nvidia-ml-py",
+    "torch": "torch",
+    "numpy": "numpy",
+    "tqdm": "tqdm",
+}
+MERAK_REQUIREMENTS = REPO / "scripts" / "merak-requirements.txt"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, as found in ``source`` at ``line``."""
+
+    source: str
+    target: str
+    line: int
+    in_function: bool
+
+
+def module_files() -> Dict[str, Path]:
+    """Every module of the installed packages, by dotted name."""
+    out: Dict[str, Path] = {}
+    for package, root in ROOTS.items():
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def layer_of(module: str) -> Optional[int]:
+    """Index of ``module``'s layer in :data:`LAYERS` (longest prefix), or None."""
+    best: Tuple[int, int] = (-1, -1)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
+                best = (len(prefix), index)
+    return None if best[1] < 0 else best[1]
+
+
+def imports_of(module: str, path: Path) -> Iterator[Import]:
+    """Every executed import of one module (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    yield from _walk(tree, module, package, in_function=False)
+
+
+def _walk(node: ast.AST, module: str, package: str, in_function: bool) -> Iterator[Import]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for sub in child.orelse:
+                yield from _walk(sub, module, package, in_function)
+            continue
+        nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(child, ast.Import):
+            for alias in child.names:
+                yield Import(module, alias.name, child.lineno, in_function)
+        elif isinstance(child, ast.ImportFrom):
+            base = _resolve(child, package)
+            for alias in child.names:
+                # ``from pkg import mod`` imports pkg.mod when that is a module.
+                yield Import(module, f"{base}.{alias.name}", child.lineno, in_function)
+        yield from _walk(child, module, package, nested)
+
+
+def _resolve(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = parts[: len(parts) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def graph() -> Dict[str, List[Import]]:
+    """``module -> its imports``, the internal targets mapped to the module they name."""
+    modules = module_files()
+    out: Dict[str, List[Import]] = {}
+    for module, path in modules.items():
+        edges = []
+        for imp in imports_of(module, path):
+            target = _internal(imp.target, modules)
+            edges.append(Import(imp.source, target or imp.target, imp.line, imp.in_function))
+        out[module] = edges
+    return out
+
+
+def _internal(target: str, modules: Dict[str, Path]) -> Optional[str]:
+    """The repository module ``target`` names (``a.b.name`` -> ``a.b``), or None."""
+    while target:
+        if target in modules:
+            return target
+        target = target.rpartition(".")[0]
+    return None
+
+
+def is_internal(target: str) -> bool:
+    """Whether ``target`` is one of this repository's modules."""
+    return target.split(".")[0] == "perseus"
+
+
+def third_party(target: str) -> Optional[str]:
+    """The top-level name of a non-standard-library import, or None."""
+    top = target.split(".")[0]
+    if is_internal(target) or top in sys.stdlib_module_names or top == "__future__":
+        return None
+    return top
+
+
+def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def training_process_modules() -> List[str]:
+    """The training-process modules as found on disk (new ones are covered too)."""
+    prefixes = [p for p in TRAINING_PROCESS if p != "perseus"]
+    return [
+        m
+        for m in module_files()
+        if m == "perseus" or any(m == p or m.startswith(p + ".") for p in prefixes)
+    ]
+
+
+def closure(roots: List[str], edges: Dict[str, List[Import]]) -> Set[str]:
+    """The repository modules ``roots`` import, directly or not (``roots`` included)."""
+    seen: Set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(i.target for i in edges.get(module, []) if i.target in edges)
+    return seen

@@ -1,0 +1,59 @@
+"""One rank of a 2 stages x 2 replicas gloo world exchanging one iteration's payloads.
+
+Run as ``python exchange_worker.py RANK PORT REPO``; prints one JSON line. Needs only torch and
+the core package (it runs under Merak's Python 3.9 / torch 1.10 too).
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    rank, port, repo = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    sys.path.insert(0, repo)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    from perseus.runtime import stage_payload as payloads
+    from perseus.runtime.stage_exchange import torch_stage_exchange
+    from perseus.wire import Phase, Schedule
+
+    stage, dp_rank = rank % 2, rank // 2
+    clocks = [1410, 1395 - 15 * rank]
+    exchange = torch_stage_exchange(rank, stage, dp_rank, 0, clocks, 0.02)
+    assert exchange is not None
+    size = payloads.payload_size(4, 2)
+    upcoming = Schedule(1, Phase.baseline, [1410, 1395, 1410, None])
+    mine = payloads.pack(
+        size,
+        scheduled=True,
+        step=0,
+        iteration_time_s=1.0 + rank,
+        compute_time_s=0.5,
+        energy_j=2.0,
+        mismatch=None,
+        num_positions=4,
+        next_schedule=upcoming if exchange.index == 0 else None,
+    )
+    everyone = exchange.start(mine).wait()
+    nxt = payloads.next_schedule(everyone[0], 4, dp_rank)
+    assert nxt is not None
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "index": exchange.index,
+                "members": [m.rank for m in exchange.members],
+                "clocks": [list(m.clocks_mhz) for m in exchange.members],
+                "next": nxt.frequencies_mhz,
+                "times": [payloads.measured(p).iteration_time_s for p in everyone],
+            }
+        ),
+        flush=True,
+    )
+    os._exit(0)  # gloo's threads must not meet interpreter finalization
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""RecurringJob on the emulated GPU (virtual time: deterministic, independent of machine load)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from perseus.batch_size import RecurringJob
+from perseus.config import GPUConfig, PowerLimitConfig
+from perseus.errors import BatchSizeError
+from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.gpu.guard import GPUGuard
+from tests.unit.power_limit.fakes import VirtualClock, free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+PROFILE = load_device_profile(default_device_profile_path())
+# epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
+EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
+LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
+
+
+def _gpu(clock: VirtualClock) -> EmulatedGPU:
+    return EmulatedGPU(
+        PROFILE,
+        blocking_power_w=80.0,
+        clock=clock,
+        sleeper=clock.sleep,
+        energy_update_period_s=1e-4,
+    )
+
+
+def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
+    args = dict(
+        target_metric=1.0,
+        max_epochs=8,
+        db_path=tmp_path / "bso.db",
+        power_limit=LIMITS,
+        gpus=[device],
+        clock=clock,
+        synchronize=lambda: None,
+    )
+    args.update(kwargs)
+    return RecurringJob("job", list(EPOCHS), 64, **args)
+
+
+def _train(job: RecurringJob, epochs: Dict[int, Optional[int]] = EPOCHS) -> None:
+    needed = epochs[job.batch_size]
+    for epoch in job.epochs():
+        for _ in job.steps(range(1024 // job.batch_size)):
+            with job.instruction("forward"):
+                pass
+            with job.instruction("backward"):
+                pass
+        job.report_metric(0.0 if needed is None else min(1.0, epoch / needed))
+
+
+def _recur(tmp_path: Path, times: int, **kwargs) -> List[dict]:  # type: ignore[no-untyped-def]
+    results = []
+    for _ in range(times):
+        clock = VirtualClock()
+        gpu = _gpu(clock)
+        with _job(tmp_path, clock, gpu, **kwargs) as job:
+            _train(job)
+        assert gpu.power_limit_mw() == 400_000  # given back as found
+        assert job.result is not None
+        results.append(job.result)
+    return results
+
+
+def test_each_run_gets_its_batch_size_and_each_batch_size_its_power_limit(tmp_path: Path) -> None:
+    results = _recur(tmp_path, 7)
+    assert [r["batch_size"] for r in results[:4]] == [64, 32, 128, 256]
+    assert [r["status"] for r in results[:4]] == ["reached", "failed", "reached", "failed"]
+    assert [r["batch_size"] for r in results[4:]] == [128] * 3
+    reports = [r["power_limit"] for r in results]
+    # profiled inside the first run of each batch size, reused by the next runs of it
+    assert [p["loaded_profile"] for p in reports] == [False] * 4 + [True] * 3
+    assert {p["batch_size"] for p in reports[:4]} == {32, 64, 128, 256}
+    saved = json.loads((tmp_path / "bso.db.power_limits.json").read_text())["profiles"]
+    assert sorted(e["key"]["batch_size"] for e in saved) == [32, 64, 128, 256]
+    assert all(e["key"]["num_gpus"] == 1 and "emulated" in e["key"]["gpu_name"] for e in saved)
+    # the batch size is judged at its chosen limit: the first run of 128 (which spent steps
+    # on other limits) costs what the later runs of 128 cost, though it measured more
+    first, later = results[2], results[4]
+    assert first["cost"] == pytest.approx(later["cost"], rel=0.002)
+    assert first["measured_cost"] > later["measured_cost"] * 1.01
+    assert later["measured_cost"] == pytest.approx(later["cost"], rel=1e-6)
+
+
+def test_runs_stop_early_when_they_would_cost_too_much(tmp_path: Path) -> None:
+    results = _recur(tmp_path, 3)
+    # 32 needs 6 epochs of 32 steps = 192 steps; 64 took 4 x 16 = 64: the bound (2 x 64 steps)
+    # is passed after 4 epochs of 32, so the run ends before its 5th
+    assert results[1]["reason"] == "cost_exceeded"
+    assert results[1]["cost"] == pytest.approx(2.0 * results[0]["cost"], rel=1e-3)
+
+
+def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    gpu = _gpu(clock)
+    with pytest.raises(RuntimeError, match="boom"), _job(tmp_path, clock, gpu) as job:
+        for epoch in job.epochs():
+            for step in job.steps(range(16)):
+                with job.instruction("forward"):
+                    pass
+                if epoch == 2 and step == 3:
+                    raise RuntimeError("boom")
+            job.report_metric(0.0)
+    assert gpu.power_limit_mw() == 400_000
+    assert job.result is not None
+    assert (job.result["status"], job.result["reason"]) == ("failed", "error")
+    # the next run goes on with the search
+    assert _recur(tmp_path, 1)[0]["batch_size"] == 32
+
+
+def test_forgetting_report_metric_warns_and_fails_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = VirtualClock()
+    with caplog.at_level(logging.WARNING), _job(tmp_path, clock, _gpu(clock), max_epochs=3) as job:
+        for _ in job.epochs():
+            for _ in job.steps(range(4)):
+                pass
+    assert "report_metric" in caplog.text
+    assert job.result is not None and job.result["reason"] == "target_missed"
+
+
+def test_a_gpu_owned_by_another_controller_leaves_training_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = VirtualClock()
+    gpu = _gpu(clock)
+    shared = GPUConfig(state_dir=str(tmp_path))  # where the guards' ownership locks live
+    other = GPUGuard(gpu, state_dir=tmp_path, owner="someone-else").acquire()
+    try:
+        with caplog.at_level(logging.WARNING), _job(tmp_path, clock, gpu, gpu=shared) as job:
+            assert job.power_limit is None
+            _train(job)
+    finally:
+        other.release()
+    assert "power-limit optimization is off" in caplog.text
+    assert job.result is not None and job.result["status"] == "reached"
+    assert "power_limit" not in job.result
+
+
+def test_an_exhausted_search_fails_before_training(tmp_path: Path) -> None:
+    never: Dict[int, Optional[int]] = {b: None for b in EPOCHS}
+    for _ in range(4):
+        clock = VirtualClock()
+        with _job(tmp_path, clock, _gpu(clock), max_epochs=2) as job:
+            _train(job, never)
+    clock = VirtualClock()
+    gpu = _gpu(clock)
+    with pytest.raises(BatchSizeError, match="every batch size tried"):
+        _job(tmp_path, clock, gpu, max_epochs=2).start()
+    assert gpu.power_limit_mw() == 400_000
+
+
+def test_the_example_script_runs_on_the_emulated_gpu(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "recurring_training.py"),
+            "--db",
+            str(tmp_path / "example.db"),
+            "--runs",
+            "3",
+            "--gpu-backend",
+            "emulated",
+            "--time-scale",
+            "0.005",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "run 1: batch size 64",
+        "run 2: batch size 32",
+        "run 3: batch size 128",
+    ]
+    assert (tmp_path / "example.db").exists()
+    assert (tmp_path / "example.db.power_limits.json").exists()
+
+
+def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        seen = []
+        for _ in range(3):
+            clock = VirtualClock()
+            with _job(Path(db).parent, clock, _gpu(clock)) as job:
+                _train(job)
+                seen.append((job.batch_size, job.local_batch_size))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "last": job.result}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_data_parallel_ranks_follow_rank_zero(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    args = (port, str(tmp_path / "bso.db"), str(tmp_path))
+    procs = [ctx.Process(target=_rank_main, args=(r, *args)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["seen"] == ranks[1]["seen"] == [[64, 32], [32, 16], [128, 64]]
+    assert ranks[0]["last"] == ranks[1]["last"]  # every rank gets the run's record
+    last = ranks[0]["last"]
+    assert last["status"] == "reached" and last["power_limit"]["num_gpus"] == 2

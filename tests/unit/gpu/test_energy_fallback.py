@@ -1,0 +1,224 @@
+"""GPUs without an energy counter (NOT_SUPPORTED): energy from sampled power, in every consumer.
+
+NVML is an autospec'd pynvml whose ``nvmlDeviceGetTotalEnergyConsumption`` raises
+``NVML_ERROR_NOT_SUPPORTED`` (pre-Volta, some vGPUs) and whose instant power field answers a
+power the test sets; time is virtual. The consumers are the real ones: the NVML GPU itself,
+the hook runtime (step and per-instruction energy, as online profiling reads it), the energy
+monitor, the power-limit optimizer, and the online source talking to a stub server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Tuple
+from unittest.mock import call
+from urllib.parse import parse_qs, urlparse
+
+import pynvml
+import pytest
+
+from perseus.config import PowerLimitConfig
+from perseus.gpu.guard import GPUGuard
+from perseus.gpu.monitor import EnergyMonitor
+from perseus.gpu.nvml import NVMLGPU
+from perseus.power_limit import PowerLimitOptimizer
+from perseus.power_limit.aggregate import local_only
+from perseus.runtime.client import ServerClient
+from perseus.runtime.online import OnlineSource
+from perseus.runtime.optimizer import PerseusOptimizer
+from perseus.runtime.sources import MeasureSource
+from perseus.runtime.types import RankInfo
+from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+
+from .nvml_mock import field_value, make_pynvml_mock, opening_calls, patched_pynvml
+
+H0 = "handle-0"
+MJ = 1.5e-3  # energies are whole millijoules
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError("no hold: sampled energy has no counter update to wait for")
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def no_counter(power: Dict[str, float]) -> Any:
+    """A pre-Volta GPU: no energy counter; instant power is ``power["w"]``."""
+    m = make_pynvml_mock()
+    m.nvmlDeviceGetTotalEnergyConsumption.side_effect = pynvml.NVMLError(
+        pynvml.NVML_ERROR_NOT_SUPPORTED
+    )
+    m.nvmlDeviceGetFieldValues.side_effect = lambda h, ids: [field_value(int(power["w"] * 1000))]
+    return m
+
+
+def open_gpu(clock: Clock) -> NVMLGPU:
+    return NVMLGPU(0, power_sample_period_s=0, clock=clock)
+
+
+def test_nvml_gpu_integrates_sampled_power_with_one_warning(caplog):
+    power = {"w": 100.0}
+    m, clock = no_counter(power), Clock()
+    caplog.set_level(logging.WARNING, logger="perseus.gpu.nvml")
+    with patched_pynvml(m):
+        gpu = open_gpu(clock)
+        first = gpu.total_energy_mj()
+        clock.t += 2.0
+        power["w"] = 300.0  # the power rose linearly: trapezoids are exact
+        second = gpu.total_energy_mj()
+        clock.t += 1.0
+        third = gpu.total_energy_mj()
+        gpu.close()
+    assert gpu.energy_source == "sampled power"
+    assert (first, second - first, third - second) == (0, 400_000, 300_000)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "no energy counter" in caplog.text and "NVML_ERROR_NOT_SUPPORTED" in caplog.text
+    fields = call.nvmlDeviceGetFieldValues(H0, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    assert m.mock_calls == [
+        *opening_calls(0),
+        call.nvmlDeviceGetTotalEnergyConsumption(H0),  # NOT_SUPPORTED: once, then sampled
+        fields,  # the fallback checks power can be read
+        fields,
+        fields,
+        fields,
+        call.nvmlShutdown(),
+    ]
+
+
+def test_runtime_step_and_instruction_energy(tmp_path):
+    power, clock = {"w": 200.0}, Clock()
+
+    class WantsEnergy(MeasureSource):
+        wants_energy = True  # as the online source while it profiles
+
+    with patched_pynvml(no_counter(power)):
+        gpu = open_gpu(clock)
+        opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, WantsEnergy())
+        opt.on_step_begin()
+        for name, seconds in (("forward", 0.05), ("backward", 0.1)):
+            opt.on_instruction_begin(name)
+            clock.t += seconds
+            opt.on_instruction_end(name)
+        opt.on_step_end()
+        opt.close()
+    step = opt.last_step
+    assert step is not None and step.energy_j == pytest.approx(200.0 * 0.15, abs=MJ)
+    spans = [(r.energy_end_mj - r.energy_begin_mj) / 1000 for r in step.instructions]
+    assert spans == pytest.approx([200.0 * 0.05, 200.0 * 0.1], abs=MJ)
+
+
+def test_energy_monitor_takes_plain_differences():
+    power, clock = {"w": 150.0}, Clock()
+    with patched_pynvml(no_counter(power)):
+        gpu = open_gpu(clock)
+        monitor = EnergyMonitor([gpu], clock=clock, sleeper=clock.sleep)
+        gpu.total_energy_mj()  # switches to sampled power
+        monitor.begin_window("short")  # < hold_below_s: a counter GPU would hold here
+        clock.t += 0.03
+        m = monitor.end_window("short")
+        gpu.close()
+    assert m.energy_j == pytest.approx(150.0 * 0.03, abs=MJ)
+
+
+def test_power_limit_optimizer_profiles_without_counter(tmp_path):
+    power, clock = {"w": 0.0}, Clock()
+    m = no_counter(power)
+
+    def set_limit(handle: str, limit_mw: int) -> None:
+        power["w"] = min(limit_mw / 1000.0, 250.0)  # draws its limit, at most 250 W
+
+    m.nvmlDeviceSetPowerManagementLimit.side_effect = set_limit
+    cfg = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2, selector="energy")
+    with patched_pynvml(m):
+        gpu = open_gpu(clock)
+        guard = GPUGuard(gpu, state_dir=tmp_path, watchdog=False).acquire()
+        opt = PowerLimitOptimizer([guard], cfg, aggregator=local_only, clock=clock)
+        for _ in opt.steps(range(20)):
+            clock.t += 0.25 if power["w"] >= 250 else 0.5  # slower under a low limit
+        guard.release()
+        gpu.close()
+    assert opt.state == "done"
+    table = {row.power_limit_mw: row.energy_per_step_j for row in opt.measurements}
+    assert table == pytest.approx(
+        {400_000: 62.5, 300_000: 62.5, 200_000: 100.0, 100_000: 50.0}, rel=1e-6
+    )
+    assert opt.chosen_limit_mw == 100_000
+
+
+class _Server(BaseHTTPRequestHandler):
+    """The coordination server's answers for a job that profiles (stub)."""
+
+    reports: List[Dict[str, Any]] = []
+
+    def _answer(self) -> None:
+        url = urlparse(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if url.path.endswith("/steps"):
+            type(self).reports.append(body)
+        reply: object = Ack()
+        if url.path == Route.JOBS:
+            reply = JobCreated(job_id="j", created=True)
+        if url.path.endswith("/schedule"):
+            step = int(parse_qs(url.query)["step"][0])
+            reply = Schedule(step, Phase.profiling, [None, None])
+        data = json.dumps(to_json(reply)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _answer  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_online_profiling_gets_instruction_energy_in_step_one(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Server.reports = []
+    power, clock = {"w": 120.0}, Clock()
+    try:
+        with patched_pynvml(no_counter(power)):
+            gpu = open_gpu(clock)
+            client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", max_retries=0)
+            spec = JobSpec(job_id="j", num_stages=1, num_microbatches=1)
+            source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
+            opt = PerseusOptimizer.on_gpu(
+                RankInfo(),
+                gpu,
+                source,
+                state_dir=tmp_path / "state",
+                trace_dir=tmp_path,
+                synchronous_clocks=True,
+            )
+            opt.on_step_begin()  # step 1 of a profiling job: per-instruction energy wanted
+            assert source.wants_energy
+            spans: List[Tuple[str, float]] = [("forward", 0.02), ("backward", 0.04)]
+            for name, seconds in spans:
+                opt.on_instruction_begin(name)
+                clock.t += seconds
+                opt.on_instruction_end(name)
+            opt.on_step_end()
+            opt.close()  # sends the queued report, then tells the server the rank finished
+    finally:
+        server.shutdown()
+    (report,) = _Server.reports
+    got = [(i["energy_end_mj"] - i["energy_begin_mj"]) / 1000 for i in report["instructions"]]
+    assert got == pytest.approx([120.0 * 0.02, 120.0 * 0.04], abs=MJ)
+    assert report["energy_j"] == pytest.approx(120.0 * 0.06, abs=MJ)

@@ -1,0 +1,76 @@
+"""A server restarted on the same dump directory goes on with its jobs from where they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+from fastapi.testclient import TestClient
+
+from perseus.config import ServerConfig
+from perseus.server.app import create_app
+from perseus.server.state_store import STATE_FILE
+from tests.unit.server.flow import VirtualRanks
+
+CFG = ServerConfig(profiler_workers=0, planner_workers=0)
+
+
+def _events(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_restarted_server_continues_profiling_without_repeating_it(tmp_path: Path) -> None:
+    with TestClient(create_app(CFG, tmp_path)) as first:
+        ranks = VirtualRanks(first, "kept", pp=2, profiler={"max_iterations": 16})
+        ranks.run_until("profiling")
+        ranks.run(5)
+        before = ranks.summary()
+        start = before["profiling"]["first_step"]
+        given = {
+            (rank, step): ranks.get("/jobs/kept/schedule", rank=rank, step=step).json()
+            for rank in (0, 1)
+            for step in range(start, ranks.step)
+        }
+    assert (tmp_path / STATE_FILE).is_file()
+    with TestClient(create_app(CFG, tmp_path)) as second:
+        ranks.client = second
+        restored = ranks.summary()
+        assert restored["phase"] == "profiling"
+        assert restored["profiling"]["first_step"] == start
+        assert restored["profiling"]["iterations"] == before["profiling"]["iterations"]
+        assert restored["baseline"] == before["baseline"]
+        # Every step the sweeps gave out before is given out the same way again.
+        for (rank, step), answer in given.items():
+            assert ranks.get("/jobs/kept/schedule", rank=rank, step=step).json() == answer
+        ranks.run_until("watching")
+        done = ranks.summary()
+    assert done["profiling"]["first_step"] == start
+    assert done["profiling"]["iterations"] <= 16
+    events = _events(tmp_path / "kept" / "events.jsonl")
+    names = [e["event"] for e in events]
+    assert names.count("profiling_started") == 1 and names.count("job_created") == 1
+    (back,) = [e for e in events if e["event"] == "restored"]
+    assert back["phase"] == "profiling" and back["lost_steps"] == []
+    assert back["profiling_iterations"] == before["profiling"]["iterations"]
+
+
+def test_a_planned_job_keeps_its_plans_across_a_restart(tmp_path: Path) -> None:
+    with TestClient(create_app(CFG, tmp_path)) as first:
+        ranks = VirtualRanks(first, "planned", pp=2, profiler={"max_iterations": 12})
+        ranks.run_until("watching")
+        before = ranks.summary()
+        plan = ranks.get("/jobs/planned/schedule", rank=1, step=ranks.step + 3).json()
+    with TestClient(create_app(CFG, tmp_path)) as second:
+        ranks.client = second
+        after = ranks.summary()
+        assert after["phase"] == "watching"
+        assert after["predicted"] == before["predicted"]
+        assert after["plan"] == before["plan"] and after["savings"] == before["savings"]
+        again = ranks.get("/jobs/planned/schedule", rank=1, step=ranks.step + 3).json()
+        assert again["frequencies_mhz"] == plan["frequencies_mhz"]
+        # The frontier came back with it: an imposed iteration time switches plans.
+        slow_s = before["plan"]["iteration_time_s"] * 1.3
+        put = second.put("/jobs/planned/iteration_time", json={"iteration_time_s": slow_s})
+        assert put.status_code == 200
+        assert ranks.summary()["current"]["reason"] == "imposed"

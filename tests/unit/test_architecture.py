@@ -1,0 +1,110 @@
+"""The layer rules of docs/design.md, checked on the source: no circle, no upward import, and a
+training process that needs only the core dependencies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests import architecture as arch
+
+
+def _internal_edges() -> dict:
+    graph = arch.graph()
+    return {
+        module: {i.target for i in imports if i.target in graph and i.target != module}
+        for module, imports in graph.items()
+    }
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in arch.module_files() if arch.layer_of(m) is None] == []
+
+
+def test_no_import_circle() -> None:
+    assert arch.cycles(_internal_edges()) == []
+
+
+def test_cycle_finder_finds_a_circle() -> None:  # the check above can fail
+    assert arch.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_upward_import() -> None:
+    graph = arch.graph()
+    upward = [
+        f"{imp.source}:{imp.line} ({arch.LAYERS[arch.layer_of(imp.source) or 0][0]}) imports "
+        f"{imp.target} ({arch.LAYERS[arch.layer_of(imp.target) or 0][0]})"
+        for imports in graph.values()
+        for imp in imports
+        if imp.target in graph
+        and (arch.layer_of(imp.target) or 0) > (arch.layer_of(imp.source) or 0)
+    ]
+    assert upward == []
+
+
+def test_training_process_needs_only_core_dependencies() -> None:
+    graph = arch.graph()
+    reached = arch.closure(arch.training_process_modules(), graph)
+    foreign = sorted(
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for module in reached
+        for imp in graph[module]
+        if (top := arch.third_party(imp.target)) is not None
+        and top not in arch.CORE_IMPORTS
+        and not (top in arch.PATCHED_FRAMEWORKS and module.startswith("perseus.adapters"))
+    )
+    assert foreign == []
+    # The training path reaches none of the planner, server, launcher or apps.
+    assert sorted(m for m in reached if arch.layer_of(m) not in (0, 1, 2)) == sorted(
+        m for m in reached if m.startswith("perseus.adapters")
+    )
+
+
+def test_merak_rank_needs_only_what_merak_env_installs() -> None:
+    graph = arch.graph()
+    reached = arch.closure(arch.MERAK_RANK, graph)
+    foreign = sorted(
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for module in reached
+        for imp in graph[module]
+        if (top := arch.third_party(imp.target)) is not None
+        and top not in arch.MERAK_RANK_IMPORTS
+        and top != "Merak"
+    )
+    assert foreign == []
+    listed = {
+        line.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
+        for line in arch.MERAK_REQUIREMENTS.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert set(arch.MERAK_RANK_IMPORTS.values()) <= listed
+    # A rank reaches the training process, the model zoo and the train package, nothing else.
+    above_runtime = sorted(
+        m
+        for m in reached
+        if (arch.layer_of(m) or 0) > 2
+        and not m.startswith(("perseus.adapters", "perseus.models", "perseus.train"))
+    )
+    assert above_runtime == []
+
+
+def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import perseus
+        import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.device
+        import perseus.runtime.online, perseus.wire
+        perseus.PerseusOptimizer
+        print(json.dumps(sorted(m for m in sys.modules
+                                if m.split(".")[0] in ("torch", "pandas", "numpy", "pydantic",
+                                                       "omegaconf", "hydra", "pynvml"))))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

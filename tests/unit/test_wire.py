@@ -1,0 +1,90 @@
+"""The wire models: what the client builds is what the server accepts, bounds enforced once."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import TypeAdapter, ValidationError
+
+from perseus.config import EnergyConfig, PerseusConfig, ProfilerConfig, ServerConfig
+from perseus.server.app import create_app
+from perseus.wire import (
+    EnergySettings,
+    JobSpec,
+    Phase,
+    ProfilerSettings,
+    Route,
+    Schedule,
+    StepReport,
+    from_json,
+    to_json,
+)
+
+
+def test_client_spec_from_config_is_accepted_by_server_validation() -> None:
+    cfg = PerseusConfig()
+    cfg.energy.policy, cfg.energy.max_slowdown = "slowdown", 0.05  # type: ignore[assignment]
+    cfg.profiler.mode = "sweep"  # type: ignore[assignment]
+    spec = JobSpec.from_config(cfg, num_stages=4, job_id="job-1")
+    assert TypeAdapter(JobSpec).validate_python(to_json(spec)) == spec
+    assert from_json(JobSpec, to_json(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("settings", "section"),
+    [(EnergySettings, EnergyConfig), (ProfilerSettings, ProfilerConfig)],
+)
+def test_settings_mirror_config_keys(settings: Any, section: Any) -> None:
+    config_keys = {f.name for f in dataclasses.fields(section)}
+    assert {f.name for f in dataclasses.fields(settings)} <= config_keys
+    defaults = section()
+    for f in dataclasses.fields(settings):
+        assert getattr(settings(), f.name) == getattr(defaults, f.name), f.name
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"num_stages": 0, "num_microbatches": 1}, ("num_stages",)),
+        ({"num_stages": 1, "num_microbatches": 1, "energy": {"eta": 1.5}}, ("energy", "eta")),
+        (
+            {"num_stages": 1, "num_microbatches": 1, "energy": {"policy": "power_limit"}},
+            ("energy",),
+        ),
+        ({"num_stages": 1, "num_microbatches": 1, "surprise": 1}, ("surprise",)),
+        ({"num_stages": 1, "num_microbatches": 1, "job_id": "a/b"}, ("job_id",)),
+    ],
+)
+def test_bounds_reject_with_the_field_named(body: Any, where: Any) -> None:
+    with pytest.raises(ValidationError) as info:
+        TypeAdapter(JobSpec).validate_python(body)
+    assert tuple(info.value.errors()[0]["loc"])[: len(where)] == where
+
+
+def test_step_report_rejects_non_finite_times() -> None:
+    body = {"rank": 0, "step": 0, "iteration_time_s": float("inf")}
+    with pytest.raises(ValidationError, match="finite"):
+        TypeAdapter(StepReport).validate_python(body)
+
+
+def test_phases() -> None:
+    assert [p for p in Phase if p.wants_energy] == [Phase.baseline, Phase.profiling]
+    assert [p for p in Phase if p.report_ready] == [Phase.watching, Phase.failed]
+    schedule = from_json(Schedule, {"step": 1, "phase": "running", "frequencies_mhz": [1, None]})
+    assert schedule.phase is Phase.running  # unknown keys would be ignored, bad phases raise
+    with pytest.raises(ValueError):
+        from_json(Schedule, {"step": 1, "phase": "done", "frequencies_mhz": []})
+
+
+def test_server_serves_exactly_the_wire_routes(tmp_path: Any) -> None:
+    app = create_app(ServerConfig(), tmp_path)
+    served = {r.path for r in app.routes} - {"/openapi.json", "/docs", "/docs/oauth2-redirect"}
+    served.discard("/redoc")
+    routes = {v for k, v in vars(Route).items() if not k.startswith("_")}
+    assert served == routes
+    with TestClient(app) as client:
+        schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schema["JobSpec"]["properties"]["num_stages"]["maximum"] == 512
