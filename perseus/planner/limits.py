@@ -148,14 +148,20 @@ def choose_scope(
     else:
         raise ConfigError(f"planner.scope={requested!r}: choose auto, frontier or policy")
     work = policy if requested != "frontier" else frontier
-    limit = f"planner.max_solve_s={max_solve_s:g} s and {memory / 1e9:.1f} GB of free memory"
-    hint = (
+    over = []
+    if work.seconds > max_solve_s:
+        over.append(f"planner.max_solve_s={max_solve_s:g} s")
+    if work.memory_bytes > memory:
+        over.append(f"the {memory / 1e9:.1f} GB of free memory")
+    hints = [
         "plan fewer microbatches per iteration (the saving hardly changes past a few hundred)"
         if requested != "frontier"
         else f"use planner.scope=policy (only the energy policy's plan: {policy.describe()})"
-    )
+    ]
+    if work.seconds > max_solve_s:
+        hints.append("raise planner.max_solve_s")
     raise ConfigError(
         f"planning {work.num_nodes:,} instructions ({work.scope}) needs {work.describe()} on "
-        f"one core of this machine ({os.cpu_count()} cores), more than {limit}; {hint}, or "
-        "raise planner.max_solve_s"
+        f"one core of this machine ({os.cpu_count()} cores), more than {' and '.join(over)}; "
+        f"{', or '.join(hints)}"
     )
