@@ -129,7 +129,7 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
         ConfigError: the work is estimated to exceed ``planner.max_solve_s`` or the free
             memory (the message gives the estimate and what to change).
     """
-    from perseus.planner.limits import choose_scope, estimate
+    from perseus.planner.limits import MAX_AUTO_OUTPUT_BYTES, choose_scope, estimate
 
     if cfg.planner.solver != "lp":
         return "frontier" if cfg.planner.scope != "policy" else "policy"
@@ -140,11 +140,13 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
     scope = choose_scope(cfg.planner.scope, frontier, policy, cfg.planner.max_solve_s)
     if scope == "policy" and cfg.planner.scope == "auto":
         logger.info(
-            "the full frontier of %d instructions would need %s (planner.max_solve_s=%g); "
-            "planning only the energy policy's plan (%s); planner.scope=frontier forces it",
+            "the full frontier of %d instructions would need %s (planner.max_solve_s=%g, "
+            "plan files up to %.0f GB); planning only the energy policy's plan (%s); "
+            "planner.scope=frontier forces it",
             frontier.num_nodes,
             frontier.describe(),
             cfg.planner.max_solve_s,
+            MAX_AUTO_OUTPUT_BYTES / 1e9,
             policy.describe(),
         )
     else:

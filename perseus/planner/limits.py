@@ -29,12 +29,18 @@ SWEEP_DEADLINES = 130
 LP_S_PER_NODE = 5.0e-5
 LP_EXPONENT = 1.8
 LP_S_AT_1000 = 0.12
-#: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier.
+#: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier (candidate
+#: plans and their batched re-simulation; 6.8 GB measured at 8 x 10,000).
 BASE_BYTES = 150e6
 POLICY_BYTES_PER_NODE = 2.0e3
-FRONTIER_BYTES_PER_NODE = 2.5e4
-#: Full frontiers keep a Python plan (about 40 bytes per instruction) per point.
+FRONTIER_BYTES_PER_NODE = 3.5e4
+#: Plans of a typical full frontier (each written as plans/<id>.json).
 FRONTIER_POINTS = 150
+#: Writing one plan: seconds and bytes of JSON per instruction (0.09 s, 1.5 MB at 16,384).
+WRITE_S_PER_NODE = 6.0e-6
+PLAN_FILE_BYTES_PER_NODE = 90.0
+#: planner.scope=auto computes the full frontier only while its plan files stay below this.
+MAX_AUTO_OUTPUT_BYTES = 1e9
 
 
 @dataclass
@@ -44,18 +50,23 @@ class WorkEstimate:
     Attributes:
         num_nodes: Instructions per iteration.
         scope: ``"frontier"`` (every Pareto-optimal plan) or ``"policy"`` (only the policy's).
-        seconds: Expected wall time on an idle core.
+        seconds: Expected wall time on an idle core (writing the plans included).
         memory_bytes: Expected peak memory.
+        output_bytes: Expected size of the plan files.
     """
 
     num_nodes: int
     scope: str
     seconds: float
     memory_bytes: float
+    output_bytes: float = 0.0
 
     def describe(self) -> str:
-        """E.g. ``"about 2.5 min and 0.6 GB"``."""
-        return f"about {format_seconds(self.seconds)} and {self.memory_bytes / 1e9:.1f} GB"
+        """E.g. ``"about 2.5 min and 0.6 GB"`` (and the plan files' size when over 0.1 GB)."""
+        text = f"about {format_seconds(self.seconds)} and {self.memory_bytes / 1e9:.1f} GB"
+        if self.output_bytes >= 1e8:
+            text += f" ({self.output_bytes / 1e9:.1f} GB of plan files)"
+        return text
 
 
 def format_seconds(seconds: float) -> str:
@@ -93,10 +104,13 @@ def estimate(
         lp_solve_s = LP_S_AT_1000 * (nodes / 1000.0) ** LP_EXPONENT
     seconds = BUILD_S_PER_NODE * nodes + POLICY_S_PER_NODE * nodes + 3 * lp_solve_s
     memory = BASE_BYTES + POLICY_BYTES_PER_NODE * nodes
+    plans = 2
     if scope == "frontier":
         seconds += SWEEP_DEADLINES * (SWEEP_S_PER_NODE_DEADLINE * nodes + lp_solve_s)
-        memory += FRONTIER_BYTES_PER_NODE * min(nodes, 20_000) + 40 * FRONTIER_POINTS * nodes
-    return WorkEstimate(nodes, scope, seconds, memory)
+        memory += FRONTIER_BYTES_PER_NODE * nodes
+        plans = FRONTIER_POINTS
+    seconds += plans * WRITE_S_PER_NODE * nodes
+    return WorkEstimate(nodes, scope, seconds, memory, plans * PLAN_FILE_BYTES_PER_NODE * nodes)
 
 
 def available_memory_bytes() -> Optional[float]:
@@ -120,6 +134,10 @@ def choose_scope(
 ) -> str:
     """The scope to plan with, or a ConfigError saying why nothing fits this machine.
 
+    ``auto`` takes the full frontier when it fits the time limit and the memory and its plan
+    files stay below :data:`MAX_AUTO_OUTPUT_BYTES` (a frontier of 8 x 10,000 would write a few
+    GB), and otherwise the energy policy's plan when that fits.
+
     Args:
         requested: ``planner.scope``: ``"auto"``, ``"frontier"`` or ``"policy"``.
         frontier: Estimate of the full frontier.
@@ -137,7 +155,7 @@ def choose_scope(
         return work.seconds <= max_solve_s and work.memory_bytes <= memory
 
     if requested == "auto":
-        if fits(frontier):
+        if fits(frontier) and frontier.output_bytes <= MAX_AUTO_OUTPUT_BYTES:
             return "frontier"
         if fits(policy):
             return "policy"

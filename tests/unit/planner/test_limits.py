@@ -43,3 +43,17 @@ def test_scope_auto_falls_back_to_the_policy_then_refuses() -> None:
     assert "max_solve_s" not in str(info.value)
     with pytest.raises(ConfigError, match="choose auto, frontier or policy"):
         choose_scope("everything", frontier, policy, 600, memory)
+
+
+def test_auto_keeps_frontier_plan_files_small() -> None:
+    # 8 x 10,000: the full frontier fits an hour and 100 GB, but would write GBs of plans.
+    frontier = estimate(8, 10_000)
+    policy = estimate(8, 10_000, scope="policy")
+    assert frontier.output_bytes > 1e9 and "GB of plan files" in frontier.describe()
+    assert choose_scope("auto", frontier, policy, 3600, 100e9) == "policy"
+    assert choose_scope("frontier", frontier, policy, 3600, 100e9) == "frontier"
+    small = estimate(8, 1024)
+    assert small.output_bytes < 1e9
+    assert choose_scope("auto", small, estimate(8, 1024, scope="policy"), 3600, 100e9) == (
+        "frontier"
+    )
