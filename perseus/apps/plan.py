@@ -214,13 +214,13 @@ def run_plan(
     log("building the problem", 0.0)
     problem = build_problem(cfg, planned)
     logger.info(
-        "planning %d stages x %d microbatches (%s, %d instructions) with solver %r %s: %s",
+        "planning %d stages x %d microbatches (%s, %d instructions) with solver %r%s: %s",
         problem.num_stages,
         problem.num_microbatches,
         problem.schedule,
         problem.num_nodes,
         name,
-        options or "",
+        f" {options}" if options else "",
         "every Pareto-optimal plan" if scope == "frontier" else "the energy policy's plan",
     )
     start_s = time.perf_counter()
