@@ -105,6 +105,9 @@ def solve_milp_result(
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     if max_nodes is not None:
         h.setOptionValue("mip_max_nodes", int(max_nodes))
+        # Node-limited searches (gap filling, emptiness proofs): no root restart, whose
+        # presolve can run far past time_limit.
+        h.setOptionValue("mip_allow_restart", False)
     if relax:
         model.lp.integrality_ = [highspy.HighsVarType.kContinuous] * model.num_cols
     h.passModel(model.lp)

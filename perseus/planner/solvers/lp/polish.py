@@ -208,6 +208,9 @@ def _window_milp(
     # The start is good and the window small: the root's heuristics only cost time.
     h.setOptionValue("mip_heuristic_effort", 0.0)
     h.setOptionValue("time_limit", 60.0)
+    # A root restart re-runs presolve, which can spin far past time_limit on these windows
+    # (seen in HPresolve::strengthenInequalities with HiGHS 1.16); a window needs none.
+    h.setOptionValue("mip_allow_restart", False)
     h.passModel(lp)
     # The current choices with the held start times are a feasible start.
     x_start = np.zeros(n + num_z)
