@@ -14,7 +14,7 @@ supported Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from perseus.config_enums import (
     PIPELINE_POLICIES,
@@ -28,11 +28,22 @@ from perseus.config_enums import (
     ProfilerMode,
     RuntimeMode,
 )
+from perseus.config_validation import (
+    ETA_RANGE,
+    JOB_ID_PATTERN,
+    SOLVER_NAME_PATTERN,
+    check_eta,
+    eta_problem,
+    p2p_power_problems,
+    validate,
+)
 from perseus.errors import ConfigError
-from perseus.schedule import SCHEDULES  # names like "1f1b" cannot be enum members
 
 __all__ = [
+    "ETA_RANGE",
+    "JOB_ID_PATTERN",
     "PIPELINE_POLICIES",
+    "SOLVER_NAME_PATTERN",
     "ConfigChoice",
     "EnergyPolicy",
     "Framework",
@@ -43,31 +54,12 @@ __all__ = [
     "PowerLimitSelector",
     "ProfilerMode",
     "RuntimeMode",
+    "check_eta",
+    "eta_problem",
+    "p2p_power_problems",
     "to_object",
     "validate",
 ]
-
-ETA_RANGE = (0.0, 1.0)
-
-
-def eta_problem(eta: float, key: str = "energy.eta") -> Optional[str]:
-    """Why ``eta`` (weight of energy in ``eta * E + (1 - eta) * P_max * T``) is invalid, or None."""
-    low, high = ETA_RANGE
-    if not (low <= eta <= high):
-        return f"{key}={eta}: must be within [{low:g}, {high:g}] (1 = energy only)"
-    return None
-
-
-def check_eta(eta: float, key: str = "energy.eta") -> float:
-    """``eta`` if it is within :data:`ETA_RANGE`.
-
-    Raises:
-        ConfigError: naming the key and the range.
-    """
-    problem = eta_problem(eta, key)
-    if problem:
-        raise ConfigError(problem)
-    return eta
 
 
 @dataclass
@@ -354,108 +346,3 @@ def to_object(cfg: Any) -> PerseusConfig:
         )
     validate(obj)
     return obj
-
-
-def validate(cfg: PerseusConfig) -> None:
-    """Check the whole configuration and report every problem at once.
-
-    Raises:
-        ConfigError: listing each bad key, its value and how to fix it.
-    """
-    problems: List[str] = []
-    par = cfg.parallelism
-    for key in ("pp", "dp", "tp", "num_microbatches", "microbatch_size", "num_model_chunks"):
-        value = getattr(par, key)
-        if value < 1:
-            problems.append(f"parallelism.{key}={value}: must be a positive integer")
-    if par.schedule not in SCHEDULES:
-        problems.append(f"parallelism.schedule={par.schedule!r}: choose one of {SCHEDULES}")
-    problems += _energy_problems(cfg.energy)
-    problems += _choice_problems(cfg)
-    if cfg.energy.policy == "power_limit" and cfg.framework.name != "torch":
-        problems.append(
-            "energy=power_limit is for jobs without pipeline parallelism: "
-            "add framework=torch (or pick a pipeline policy such as energy=no_slowdown)"
-        )
-    if cfg.gpu.emulated.time_scale <= 0:
-        problems.append(f"gpu.emulated.time_scale={cfg.gpu.emulated.time_scale}: must be > 0")
-    if cfg.gpu.emulated.asynchronous and not cfg.gpu.emulated.sleep:
-        problems.append("gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true")
-    problems += _runtime_problems(cfg)
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-
-
-def _runtime_problems(cfg: PerseusConfig) -> List[str]:
-    """Problems of the keys the training processes use: profiler, server, runtime, planner."""
-    problems: List[str] = []
-    prof = cfg.profiler
-    for key in ("energy_rise_patience", "frequency_step"):
-        if getattr(prof, key) < 1:
-            problems.append(f"profiler.{key}={getattr(prof, key)}: must be >= 1")
-    if cfg.planner.time_unit_s <= 0:
-        problems.append(f"planner.time_unit_s={cfg.planner.time_unit_s}: must be > 0 seconds")
-    if not (0 < cfg.server.port < 65536):
-        problems.append(f"server.port={cfg.server.port}: must be in 1..65535")
-    problems += _server_problems(cfg.server)
-    if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
-        problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
-    return problems
-
-
-def _server_problems(server: ServerConfig) -> List[str]:
-    """Ranges of the server's own keys (workers, budgets, prefetching)."""
-    problems = []
-    for key, low in (
-        ("prefetch_steps", 1),
-        ("max_jobs", 1),
-        ("profiler_workers", 0),
-        ("planner_workers", 0),
-        ("blas_threads", 1),
-    ):
-        if getattr(server, key) < low:
-            problems.append(f"server.{key}={getattr(server, key)}: must be an integer >= {low}")
-    for key in ("max_body_mb", "max_job_state_mb", "max_state_mb"):
-        value = getattr(server, key)
-        if not 0 < value < float("inf"):
-            problems.append(f"server.{key}={value}: must be a positive number of MB")
-    if not 0 <= server.plan_slowdown_tolerance <= 1:
-        problems.append(
-            f"server.plan_slowdown_tolerance={server.plan_slowdown_tolerance}: must be a "
-            "fraction in [0, 1]"
-        )
-    return problems
-
-
-def _choice_problems(cfg: PerseusConfig) -> List[str]:
-    """Enum keys set to a bad string (OmegaConf checks them; a dataclass built in code is not)."""
-    problems = []
-    for key, value, enum in (
-        ("energy", cfg.energy.policy, EnergyPolicy),
-        ("energy.power_limit.selector", cfg.energy.power_limit.selector, PowerLimitSelector),
-        ("framework", cfg.framework.name, Framework),
-        ("gpu", cfg.gpu.backend, GPUBackend),
-        ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
-        ("profiler.mode", cfg.profiler.mode, ProfilerMode),
-        ("runtime.mode", cfg.runtime.mode, RuntimeMode),
-    ):
-        if value not in {m.value for m in enum}:
-            choices = ", ".join(m.value for m in enum)
-            problems.append(f"{key}={value!r}: choose one of {choices}")
-    return problems
-
-
-def _energy_problems(energy: EnergyConfig) -> List[str]:
-    problems: List[str] = []
-    if energy.policy == "slowdown" and (energy.max_slowdown is None or energy.max_slowdown < 0):
-        problems.append(
-            "energy=slowdown needs energy.max_slowdown=<fraction >= 0>, e.g. 0.05 for 5 %"
-        )
-    if energy.policy == "deadline" and (
-        energy.iteration_time_s is None or energy.iteration_time_s <= 0
-    ):
-        problems.append("energy=deadline needs energy.iteration_time_s=<seconds > 0>")
-    eta = eta_problem(energy.eta)
-    if eta:
-        problems.append(eta)
-    return problems

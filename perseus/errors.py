@@ -23,6 +23,14 @@ class PlanError(PerseusError, ValueError):
     """A plan file is malformed or does not match the pipeline it is applied to."""
 
 
+class NonFiniteError(PerseusError, ValueError):
+    """A number that must be finite is NaN or infinite; the message names where it is.
+
+    Raised, for example, instead of writing ``NaN`` or ``Infinity`` into a JSON file (which
+    strict JSON readers refuse).
+    """
+
+
 class ScheduleMismatchError(PerseusError, RuntimeError):
     """The training framework ran an instruction the plan did not expect at that point."""
 

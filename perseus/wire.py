@@ -34,6 +34,8 @@ from typing import (
 
 from perseus.config import (
     ETA_RANGE,
+    JOB_ID_PATTERN,
+    SOLVER_NAME_PATTERN,
     ConfigChoice,
     EnergyConfig,
     EnergyPolicy,
@@ -41,6 +43,7 @@ from perseus.config import (
     ProfilerConfig,
     ProfilerMode,
 )
+from perseus.wire_bounds import Bound, Checked
 
 
 class Route:
@@ -82,33 +85,6 @@ class Phase(ConfigChoice):
         return self in (Phase.watching, Phase.failed)
 
 
-class Bound:
-    """Bounds of a field: ``Annotated[int, Bound(ge=1, le=512)]``.
-
-    Keys are those of pydantic-core's schemas: ``ge``/``gt``/``le``/``lt`` (numbers),
-    ``allow_inf_nan`` (floats), ``pattern`` (strings), ``min_length``/``max_length`` (lists).
-    The server's validation reads them through ``__get_pydantic_core_schema__``; the standard
-    library ignores them.
-    """
-
-    def __init__(self, **constraints: Any) -> None:
-        self.constraints = constraints
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.constraints.items())
-        return f"Bound({inner})"
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        """Add the bounds to the schema pydantic builds for the annotated type."""
-        schema = handler(source)
-        inner = schema
-        while inner.get("type") in ("nullable", "default"):
-            inner = inner["schema"]
-        inner.update(self.constraints)
-        return schema
-
-
-JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_STAGES = 512
 MAX_MICROBATCHES = 4096
 MAX_RANKS = 65536
@@ -131,7 +107,7 @@ M = TypeVar("M")
 
 
 @dataclass(frozen=True)
-class EnergySettings:
+class EnergySettings(Checked):
     """The job's energy policy (``energy.*`` of the configuration, without the power limit)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -142,6 +118,7 @@ class EnergySettings:
     eta: Annotated[float, Bound(ge=ETA_RANGE[0], le=ETA_RANGE[1])] = 0.5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.policy == EnergyPolicy.power_limit:
             raise ValueError(
                 "energy=power_limit does not choose a pipeline plan; the coordination server "
@@ -161,7 +138,7 @@ class EnergySettings:
 
 
 @dataclass(frozen=True)
-class ProfilerSettings:
+class ProfilerSettings(Checked):
     """Online profiler settings (``profiler.*`` of the configuration, same key names)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -185,7 +162,7 @@ class ProfilerSettings:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Checked):
     """``POST /jobs``: a job, as every one of its ranks registers it (identical is idempotent)."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -198,7 +175,7 @@ class JobSpec:
     tp: Annotated[int, Bound(ge=1, le=MAX_RANKS)] = 1
     energy: EnergySettings = field(default_factory=EnergySettings)
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
-    solver: Annotated[str, Bound(pattern=r"^[a-z0-9_]{1,32}$")] = "lp"
+    solver: Annotated[str, Bound(pattern=SOLVER_NAME_PATTERN)] = "lp"
     # Blocking power used where the profiler could not measure it (W).
     p2p_power_w: Annotated[float, Bound(ge=0.0, le=10_000.0)] = 83.64
 
@@ -230,7 +207,7 @@ class JobCreated:
 
 
 @dataclass(frozen=True)
-class PeerRank:
+class PeerRank(Checked):
     """A rank of the registering rank's stage that talks to the server only through it."""
 
     __pydantic_config__ = _FORBID_EXTRA
@@ -241,7 +218,7 @@ class PeerRank:
 
 
 @dataclass(frozen=True)
-class RankRegistration:
+class RankRegistration(Checked):
     """``POST /jobs/{job_id}/ranks``: one training process joining its job.
 
     A stage leader (the lowest global rank of its stage, when the stage's ranks combine their
@@ -369,7 +346,7 @@ class StepReport:
 
 
 @dataclass(frozen=True)
-class IterationTime:
+class IterationTime(Checked):
     """``PUT /jobs/{job_id}/iteration_time``: a time imposed from outside (a straggler)."""
 
     __pydantic_config__ = _FORBID_EXTRA

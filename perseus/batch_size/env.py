@@ -22,6 +22,7 @@ import os
 from typing import Any, Dict, Optional
 
 from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.formats import strict_json
 
 ENV_DB = "PERSEUS_BSO_DB"
 ENV_JOB = "PERSEUS_BSO_JOB"
@@ -38,7 +39,7 @@ def run_environment(
         ENV_DB: db_path,
         ENV_JOB: job_id,
         ENV_RUN_ID: str(run_id),
-        ENV_OPTIONS: json.dumps(options or {}),
+        ENV_OPTIONS: strict_json.dumps(options or {}, what=ENV_OPTIONS, default=None),
     }
 
 

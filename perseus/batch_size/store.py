@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from perseus.errors import ConfigError
+from perseus.formats import strict_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -188,11 +189,11 @@ class Store:
             if row is None:
                 conn.execute(
                     "INSERT INTO jobs(job_id, settings, created_s) VALUES (?, ?, ?)",
-                    (job_id, json.dumps(settings, sort_keys=True), time.time()),
+                    (job_id, _settings_json(job_id, settings), time.time()),
                 )
                 return
         stored = json.loads(row[0])
-        if stored != json.loads(json.dumps(settings)):
+        if stored != json.loads(_settings_json(job_id, settings)):
             changed = sorted(
                 k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k)
             )
@@ -368,3 +369,10 @@ class Store:
 def batch_sizes_key(batch_sizes: Sequence[int]) -> List[int]:
     """The canonical (sorted, unique) list of candidate batch sizes."""
     return sorted({int(b) for b in batch_sizes})
+
+
+def _settings_json(job_id: str, settings: Dict[str, Any]) -> str:
+    """The job's settings as strict JSON (NaN or infinity is refused, naming the setting)."""
+    return strict_json.dumps(
+        settings, what=f"settings of job {job_id!r}", sort_keys=True, default=None
+    )

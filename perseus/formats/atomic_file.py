@@ -7,11 +7,12 @@ the old one (plus, at worst, a stray ``.tmp`` file).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Union
+
+from perseus.formats.strict_json import dumps
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -39,6 +40,13 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: PathLike, data: Any, *, indent: int = 1) -> Path:
-    """Replace ``path`` with ``data`` as JSON (one trailing newline) atomically."""
-    return write_text_atomic(path, json.dumps(data, indent=indent, default=str) + "\n")
+def write_json_atomic(
+    path: PathLike, data: Any, *, indent: int = 1, sort_keys: bool = False
+) -> Path:
+    """Replace ``path`` with ``data`` as strict JSON (one trailing newline) atomically.
+
+    Raises:
+        NonFiniteError: ``data`` holds NaN or infinity (named); nothing is written.
+    """
+    text = dumps(data, what=str(path), indent=indent, sort_keys=sort_keys)
+    return write_text_atomic(path, text + "\n")

@@ -8,15 +8,19 @@ never executed.
 from __future__ import annotations
 
 import ast
-import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from perseus.errors import PlanError
+from perseus.formats import strict_json
 from perseus.formats.atomic_file import write_json_atomic
 from perseus.formats.profile_csv import INSTRUCTIONS
+from perseus.formats.text_file import read_text_file
+from perseus.numbers import Range
+from perseus.schedule import SCHEDULES, stage_order_chunks
 
 PLAN_FORMAT = "perseus-plan/1"
 
@@ -86,21 +90,15 @@ def load_plan(path: Union[str, os.PathLike]) -> Plan:
     """Read a plan: JSON (``perseus-plan/1``) or a reference ``.py`` literal.
 
     Raises:
-        PlanError: naming the file and what is wrong with it.
+        PlanError: naming the file, where in it the problem is (line and column, or the key
+            path such as ``stages[1][3].frequency_mhz``), what was found and the fix.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlanError(f"cannot read plan file {path}: {exc}; check runtime.plan") from exc
+    fix = f"check runtime.plan, or {_REGENERATE}"
+    text = read_text_file(path, what="plan file", error=PlanError, fix=fix)
     if path.suffix == ".py":
         return plan_from_reference(text, source=str(path))
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError(
-            f"{path}: not valid JSON ({exc}); a plan is the plan.json written by perseus-plan"
-        ) from exc
+    data = strict_json.loads(text, source=str(path), error=PlanError, fix=_REGENERATE)
     return plan_from_dict(data, source=str(path))
 
 
@@ -116,63 +114,95 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
         )
     if data.get("format") != PLAN_FORMAT:
         raise PlanError(
-            f"{source}: 'format' is {data.get('format')!r}, expected {PLAN_FORMAT!r}; {_REGENERATE}"
+            f"{source}: 'format' is {_shown(data.get('format'))}, expected {PLAN_FORMAT!r}; "
+            f"{_REGENERATE}"
         )
     for key in ("schedule", "num_stages", "num_microbatches", "stages"):
         if key not in data:
             raise PlanError(f"{source}: missing key {key!r}; {_REGENERATE}")
+    if data["schedule"] not in SCHEDULES:
+        raise PlanError(
+            f"{source}: 'schedule' is {_shown(data['schedule'])}, expected one of {SCHEDULES}; "
+            f"{_REGENERATE}"
+        )
     num_stages = _positive_int(data, "num_stages", source)
     num_microbatches = _positive_int(data, "num_microbatches", source)
     stages_raw = data["stages"]
     if not isinstance(stages_raw, list) or len(stages_raw) != num_stages:
+        found = (
+            f"a list of {len(stages_raw)}"
+            if isinstance(stages_raw, list)
+            else type(stages_raw).__name__
+        )
         raise PlanError(
             f"{source}: 'stages' must be a list of num_stages={num_stages} lists (one per "
-            f"pipeline stage); {_REGENERATE}"
+            f"pipeline stage), found {found}; {_REGENERATE}"
         )
     stages = [
         _stage_from_json(stage, num_microbatches, source, s) for s, stage in enumerate(stages_raw)
     ]
-    predicted = data.get("predicted") or {}
-    if not isinstance(predicted, dict):
-        raise PlanError(
-            f"{source}: 'predicted' must be an object with iteration_time_s and energy_j; "
-            f"{_REGENERATE}"
-        )
+    time_s, energy_j = _predicted(data.get("predicted"), source)
     extra = {k: v for k, v in data.items() if k not in _KNOWN_KEYS}
     return Plan(
         schedule=str(data["schedule"]),
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         stages=stages,
-        predicted_iteration_time_s=predicted.get("iteration_time_s"),
-        predicted_energy_j=predicted.get("energy_j"),
+        predicted_iteration_time_s=time_s,
+        predicted_energy_j=energy_j,
         extra=extra,
     )
 
 
 _KNOWN_KEYS = {"format", "schedule", "num_stages", "num_microbatches", "predicted", "stages"}
 _REGENERATE = "regenerate the plan with perseus-plan"
+COUNT = Range(ge=1, le=10**6, integer=True)
+MICROBATCH = Range(ge=0, lt=10**6, integer=True)
+FREQUENCY = Range(gt=0, le=100_000, integer=True, unit="MHz")
+PREDICTED = {
+    "iteration_time_s": Range(gt=0.0, optional=True, unit="s"),
+    "energy_j": Range(ge=0.0, optional=True, unit="J"),
+}
 
 
 def _positive_int(data: Dict[str, Any], key: str, source: str) -> int:
     value = data[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PlanError(f"{source}: {key!r} is {value!r}; it must be a positive integer")
-    return value
+    problem = COUNT.problem(value)
+    if problem:
+        raise PlanError(f"{source}: {key!r} is {_shown(value)}; it {problem}")
+    return int(value)
+
+
+def _predicted(predicted: Any, source: str) -> Tuple[Optional[float], Optional[float]]:
+    if predicted is None:
+        return None, None
+    if not isinstance(predicted, dict):
+        raise PlanError(
+            f"{source}: 'predicted' must be an object with iteration_time_s and energy_j, "
+            f"found {_shown(predicted)}; {_REGENERATE}"
+        )
+    for key, allowed in PREDICTED.items():
+        problem = allowed.problem(predicted.get(key))
+        if problem:
+            raise PlanError(
+                f"{source}: predicted.{key} is {_shown(predicted.get(key))}; it {problem}; "
+                f"{_REGENERATE}"
+            )
+    return predicted.get("iteration_time_s"), predicted.get("energy_j")
 
 
 def _stage_from_json(stage: Any, num_microbatches: int, source: str, index: int) -> List[PlanStep]:
     where = f"{source}: stages[{index}]"
     if not isinstance(stage, list):
         raise PlanError(
-            f"{where}: expected a list of instructions in execution order, got {stage!r}"
+            f"{where}: expected a list of instructions in execution order, got {_shown(stage)}"
         )
     steps = []
     for i, step in enumerate(stage):
         if not isinstance(step, dict):
             raise PlanError(
                 f"{where}[{i}]: expected an object with instruction, microbatch and "
-                f"frequency_mhz, got {step!r}"
+                f"frequency_mhz, got {_shown(step)}"
             )
         steps.append(
             _step(
@@ -190,25 +220,29 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
     """Parse the reference ``freqs_pipeline_%05d.py`` literal (never executed)."""
     try:
         raw = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError) as exc:
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as exc:
+        where = f", line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
         raise PlanError(
-            f"{source}: not a Python literal of per-stage (instruction, frequency) lists: {exc}"
-        ) from exc
+            f"{source}{where}: not a Python literal of per-stage (instruction, frequency) lists "
+            f"({type(exc).__name__}: {_first_line(exc)}); {_REGENERATE}"
+        ) from None
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise PlanError(f"{source}: expected a non-empty list with one list per stage")
+        raise PlanError(
+            f"{source}: expected a non-empty list with one list per stage, found {_shown(raw)}"
+        )
     stages: List[List[PlanStep]] = []
     for s, stage in enumerate(raw):
         if not isinstance(stage, (list, tuple)):
             raise PlanError(
                 f"{source}: stage {s} must be a list of (instruction, frequency) pairs, "
-                f"got {stage!r}"
+                f"got {_shown(stage)}"
             )
         counters = {name: 0 for name in INSTRUCTIONS}
         steps = []
         for i, item in enumerate(stage):
             where = f"{source}: stage {s}, item {i}"
             if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise PlanError(f"{where}: expected (instruction, frequency), got {item!r}")
+                raise PlanError(f"{where}: expected (instruction, frequency), got {_shown(item)}")
             name, freq = item
             mb = counters.get(name, 0)
             steps.append(_step(name, mb, freq, where))
@@ -228,22 +262,105 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
 def _step(instruction: Any, microbatch: Any, frequency: Any, where: str) -> PlanStep:
     if instruction not in INSTRUCTIONS:
         raise PlanError(
-            f"{where}: instruction {instruction!r} is not one of {INSTRUCTIONS}; fix the "
+            f"{where}: instruction {_shown(instruction)} is not one of {INSTRUCTIONS}; fix the "
             f"entry or {_REGENERATE}"
         )
-    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 0:
-        raise PlanError(f"{where}: microbatch {microbatch!r} must be an integer >= 0")
-    if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency <= 0:
-        raise PlanError(f"{where}: frequency {frequency!r} must be a positive integer (MHz)")
+    problem = MICROBATCH.problem(microbatch)
+    if problem:
+        raise PlanError(f"{where}: microbatch {_shown(microbatch)} {problem}")
+    problem = FREQUENCY.problem(frequency)
+    if problem:
+        raise PlanError(f"{where}: frequency {_shown(frequency)} {problem}")
     return PlanStep(instruction, microbatch, frequency)
 
 
 def _check_stage(steps: List[PlanStep], num_microbatches: int, where: str) -> None:
+    """Each microbatch's forward and backward the same number of times (once per model chunk)."""
     for name in INSTRUCTIONS:
-        mbs = sorted(s.microbatch for s in steps if s.instruction == name)
-        # Interleaved schedules run each microbatch once per model chunk: allow multiples.
-        if not mbs or len(mbs) % num_microbatches or set(mbs) != set(range(num_microbatches)):
+        counts = Counter(s.microbatch for s in steps if s.instruction == name)
+        outside = sorted(m for m in counts if m >= num_microbatches)
+        missing = [m for m in range(num_microbatches) if m not in counts] if not outside else []
+        uneven = not outside and not missing and len(set(counts.values())) > 1
+        if not counts or outside or missing or uneven:
+            found = (
+                f"microbatch(es) {_few(outside)} beyond num_microbatches={num_microbatches}"
+                if outside
+                else f"no {name} of microbatch(es) {_few(missing)}"
+                if missing
+                else f"microbatches {_few(sorted(counts))} a different number of times"
+                if uneven
+                else f"no {name} at all"
+            )
             raise PlanError(
                 f"{where}: expected every microbatch 0..{num_microbatches - 1} to have a "
-                f"{name}, found microbatches {mbs}"
+                f"{name} (once per model chunk), found {found}; {_REGENERATE}"
             )
+
+
+def check_plan_for_job(
+    plan: Plan,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    source: str,
+    schedule: Optional[str] = None,
+    num_model_chunks: int = 1,
+) -> None:
+    """Check that ``plan`` fits the job it is applied to.
+
+    Args:
+        plan: The plan.
+        num_stages: The job's pipeline stages (``parallelism.pp``).
+        num_microbatches: Microbatches per iteration (``parallelism.num_microbatches``).
+        source: The plan file, named in messages.
+        schedule: The schedule the job runs; when given, each stage's instruction order must
+            be that schedule's (what a strict plan source checks at every position).
+        num_model_chunks: Model chunks per stage of ``schedule``.
+
+    Raises:
+        PlanError: naming what the plan has, what the job runs and the setting to change.
+    """
+    if plan.num_stages != num_stages:
+        raise PlanError(
+            f"plan {source} has {plan.num_stages} stages but the job runs {num_stages} "
+            "(parallelism.pp); plan for this pipeline with perseus-plan"
+        )
+    if plan.num_microbatches != num_microbatches:
+        raise PlanError(
+            f"plan {source} has {plan.num_microbatches} microbatches per iteration but "
+            f"parallelism.num_microbatches={num_microbatches}; plan for this job with perseus-plan"
+        )
+    if schedule is None:
+        return
+    orders = stage_order_chunks(schedule, num_stages, num_microbatches, num_model_chunks)
+    for stage, (order, steps) in enumerate(zip(orders, plan.stages)):
+        runs = [name for name, _, _ in order]
+        has = [step.instruction for step in steps]
+        if runs == has:
+            continue
+        at = next(
+            (i for i, (a, b) in enumerate(zip(runs, has)) if a != b), min(len(runs), len(has))
+        )
+        expected = runs[at] if at < len(runs) else "the end of the iteration"
+        found = has[at] if at < len(has) else "the end of the plan"
+        raise PlanError(
+            f"plan {source} (schedule {plan.schedule}) does not follow the job's schedule "
+            f"{schedule}: stage {stage}, position {at} has {found} where the job runs {expected}; "
+            f"plan with parallelism.schedule={schedule}, or set runtime.strict=false to fall back "
+            "to per-microbatch clocks"
+        )
+
+
+def _few(values: List[int]) -> str:
+    shown = ", ".join(str(v) for v in values[:8])
+    return f"[{shown}{', ...' if len(values) > 8 else ''}]"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

@@ -12,6 +12,7 @@ stage at that SM frequency (MHz). Extra columns are ignored. Read and written wi
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
 from perseus.errors import ProfileError
+from perseus.formats.text_file import read_text_file
+from perseus.numbers import Range
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
@@ -54,10 +57,20 @@ class Profile:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def from_rows(cls, rows: Iterable[Sequence[Any]], source: str = "<profile>") -> Profile:
-        """Build from ``(stage, instruction, frequency, time, energy)`` tuples, validating."""
+        """Build from ``(stage, instruction, frequency, time, energy)`` tuples, validating.
+
+        Rows are numbered as in a spreadsheet under a header (the first is row 2).
+        """
+        return cls.from_numbered_rows(enumerate(rows, start=2), source)
+
+    @classmethod
+    def from_numbered_rows(
+        cls, rows: Iterable[Tuple[int, Sequence[Any]]], source: str = "<profile>"
+    ) -> Profile:
+        """Like :meth:`from_rows`, each row with the number messages name it by."""
         table: Dict[Tuple[int, str], List[Measurement]] = {}
         seen: Dict[Tuple[int, str, int], int] = {}
-        for row_no, row in enumerate(rows, start=2):
+        for row_no, row in rows:
             stage, instruction, freq, time_s, energy_j = _check_row(row, source, row_no)
             key3 = (stage, instruction, freq)
             if key3 in seen:
@@ -168,60 +181,138 @@ class Profile:
 def read_profile_csv(path: Union[str, os.PathLike]) -> Profile:
     """Read and validate a profile CSV (extra columns are ignored).
 
+    UTF-8 (a byte-order mark is fine), any line ending, blank lines skipped.
+
     Raises:
-        ProfileError: naming the file, the row (as in a spreadsheet: the header is row 1)
-            and the problem.
+        ProfileError: naming the file, the row (as in a spreadsheet: the header is row 1),
+            what was found and how to fix it.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ProfileError(
-            f"profile {path} does not exist; pass the CSV written by the profiler "
-            "(planner.profile=...)"
-        )
+    text = read_text_file(path, what="profile", error=ProfileError, fix=_FIX)
+    return parse_profile_csv(text, source=str(path))
+
+
+def parse_profile_csv(text: str, source: str = "<profile>") -> Profile:
+    """Validate the text of a profile CSV (see :func:`read_profile_csv`)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows: List[Tuple[int, Tuple[str, ...]]] = []
     try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ProfileError(
-                    f"{path}: missing column(s) {missing}; the header must contain "
-                    f"{','.join(COLUMNS)}"
-                )
-            rows = [tuple(row[c] for c in COLUMNS) for row in reader]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ProfileError(f"{path}: cannot parse as CSV: {exc}") from exc
-    return Profile.from_rows(rows, source=str(path))
+        header = next((row for row in reader if row), None)
+        if header is None:
+            raise ProfileError(f"{source}: no header; {_FIX}")
+        index = _column_index(header, f"{source}, row {reader.line_num}")
+        for fields in reader:
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                raise ProfileError(_width_problem(source, reader.line_num, fields, header))
+            rows.append((reader.line_num, tuple(fields[index[c]] for c in COLUMNS)))
+    except csv.Error as exc:
+        raise ProfileError(
+            f"{source}, row {reader.line_num}: cannot parse as CSV ({exc}); {_FIX}"
+        ) from None
+    return Profile.from_numbered_rows(rows, source=source)
+
+
+_HEADER = ",".join(COLUMNS)
+_FIX = f"a profile is a CSV with the header {_HEADER} (written by the profiler)"
+STAGE = Range(ge=0, lt=1_000_000, integer=True)
+FREQUENCY = Range(gt=0, le=100_000, integer=True, unit="MHz")
+TIME = Range(gt=0.0, le=1e6, unit="s")
+ENERGY = Range(ge=0.0, le=1e12, unit="J")
+FINITE_POWER_W = Range(ge=0.0, unit="W")
+
+
+def _column_index(header: List[str], where: str) -> Dict[str, int]:
+    """Where each column is; the header found and the one expected when it does not fit."""
+    found = _short(",".join(header))
+    twice = sorted({name for name in header if name in COLUMNS and header.count(name) > 1})
+    if twice:
+        raise ProfileError(f"{where}: column(s) {twice} appear more than once in {found!r}")
+    index = {name: i for i, name in enumerate(header)}
+    missing = [c for c in COLUMNS if c not in index]
+    if not missing:
+        return index
+    cleaned = {name.strip().lower() for name in header}
+    if all(c in cleaned for c in COLUMNS):
+        fixes = []
+        if any(name != name.strip() for name in header):
+            fixes.append("remove the spaces around the column names (after the commas)")
+        if any(name.strip() != name.strip().lower() for name in header):
+            fixes.append("write the column names in lower case")
+        fix = " and ".join(fixes)
+    elif len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
+        sep = next(sep for sep in ";\t|" if sep in header[0])
+        fix = f"separate the columns with commas, not {sep!r}"
+    elif header and _number(header[0]):
+        fix = f"the first row must be the header {_HEADER}"
+    else:
+        fix = f"missing column(s) {missing}"
+    raise ProfileError(
+        f"{where}: the header is {found!r}, expected the columns {_HEADER} (in any order; "
+        f"extra columns are ignored): {fix}"
+    )
+
+
+def _width_problem(source: str, line: int, fields: List[str], header: List[str]) -> str:
+    found = _short(",".join(fields))
+    expected = f"the header {_short(','.join(header))!r} has {len(header)}"
+    hint = "fill in every column"
+    if len(fields) > len(header):
+        extra = fields[len(header) :]
+        hint = (
+            "remove the trailing comma(s)"
+            if not any(f.strip() for f in extra)
+            else "name the extra column(s) in the header"
+        )
+    return f"{source}, row {line}: {len(fields)} fields ({found!r}) but {expected}: {hint}"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_row(row: Sequence[Any], source: str, row_no: int) -> Tuple[int, str, int, float, float]:
     where = f"{source}, row {row_no}"
     stage, instruction, freq, time_s, energy_j = row
-    stage_i = _as_int(stage, where, "stage")
-    if stage_i < 0:
-        raise ProfileError(f"{where}: stage {stage_i} must be >= 0")
+    stage_i = _checked(_as_int(stage, where, "stage"), STAGE, where, "stage")
     if instruction not in INSTRUCTIONS:
-        raise ProfileError(f"{where}: instruction {instruction!r} must be 'forward' or 'backward'")
-    freq_i = _as_int(freq, where, "frequency")
-    if freq_i <= 0:
-        raise ProfileError(f"{where}: frequency {freq_i} must be a positive integer (MHz)")
-    t = _as_float(time_s, where, "time")
-    if t <= 0:
-        raise ProfileError(f"{where}: time {t!r} must be > 0 seconds")
-    e = _as_float(energy_j, where, "energy")
-    if e < 0:
-        raise ProfileError(f"{where}: energy {e!r} must be >= 0 joules")
+        raise ProfileError(
+            f"{where}: instruction {_short(repr(instruction))} must be 'forward' or 'backward'"
+        )
+    freq_i = _checked(_as_int(freq, where, "frequency"), FREQUENCY, where, "frequency")
+    t = _checked(_as_float(time_s, where, "time"), TIME, where, "time")
+    e = _checked(_as_float(energy_j, where, "energy"), ENERGY, where, "energy")
     return stage_i, str(instruction), freq_i, t, e
+
+
+def _checked(value: Any, allowed: Range, where: str, column: str) -> Any:
+    problem = allowed.problem(value)
+    if problem:
+        raise ProfileError(f"{where}: {column} {value!r} {problem}")
+    return value
 
 
 def _as_float(value: Any, where: str, column: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ProfileError(f"{where}: {column} is empty; fill in a finite number")
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {column} {value!r} is not a number")
     try:
         out = float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: {column} {value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ProfileError(f"{where}: {column} {_short(repr(value))} is not a number") from None
     if math.isnan(out) or math.isinf(out):
-        raise ProfileError(f"{where}: {column} is {out!r}; fill in a finite number")
+        shown = _short(value.strip()) if isinstance(value, str) else repr(value)
+        raise ProfileError(f"{where}: {column} is {shown}; fill in a finite number")
     return out
 
 
@@ -233,22 +324,26 @@ def _as_int(value: Any, where: str, column: str) -> int:
 
 
 def blocking_power_per_stage_w(p2p_power_w: Any, num_stages: int) -> List[float]:
-    """Expand ``planner.p2p_power_w`` (one value or one per stage) to a per-stage list."""
-    if isinstance(p2p_power_w, (int, float)) and not isinstance(p2p_power_w, bool):
-        values = [float(p2p_power_w)] * num_stages
-    else:
-        try:
-            values = [float(v) for v in p2p_power_w]
-        except (TypeError, ValueError):
-            raise ProfileError(
-                f"planner.p2p_power_w={p2p_power_w!r}: give one number (W) or a list with "
-                "one number per stage"
-            ) from None
-        if len(values) != num_stages:
-            raise ProfileError(
-                f"planner.p2p_power_w has {len(values)} values but the profile has "
-                f"{num_stages} stages; give one value or one per stage"
-            )
-    if any(v < 0 or math.isnan(v) for v in values):
-        raise ProfileError(f"planner.p2p_power_w={p2p_power_w!r}: powers must be >= 0 W")
+    """Expand ``planner.p2p_power_w`` (one value or one per stage) to a per-stage list.
+
+    Raises:
+        ProfileError: not a finite power >= 0 W (or a list of them), or a list whose length is
+            not the profile's stage count.
+    """
+    from perseus.config import p2p_power_problems
+
+    # Finite and >= 0 here; the configuration's own range (a realistic power) is checked where
+    # the value is read (validate(), the server's job bounds): a planning problem with scaled
+    # units is still a planning problem.
+    problems = p2p_power_problems(p2p_power_w, allowed=FINITE_POWER_W)
+    if problems:
+        raise ProfileError("; ".join(problems))
+    if isinstance(p2p_power_w, (int, float)):
+        return [float(p2p_power_w)] * num_stages
+    values = [float(v) for v in p2p_power_w]
+    if len(values) != num_stages:
+        raise ProfileError(
+            f"planner.p2p_power_w has {len(values)} values but the profile has "
+            f"{num_stages} stages; give one value or one per stage"
+        )
     return values

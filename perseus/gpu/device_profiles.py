@@ -54,6 +54,11 @@ def resolve_profile_path(spec: Optional[str]) -> Path:
     if os.sep not in spec and not spec.endswith(".csv") and (BUNDLED_DIR / f"{spec}.csv").is_file():
         return BUNDLED_DIR / f"{spec}.csv"
     path = Path(spec).expanduser()
+    if path.is_dir():
+        raise ConfigError(
+            f"gpu.emulated.profile={spec!r} is a directory; give a profile CSV or one of the "
+            f"bundled names {bundled_profile_names()}"
+        )
     if not path.is_file():
         raise ConfigError(
             f"gpu.emulated.profile={spec!r}: no such file; give a profile CSV or one of the "

@@ -10,13 +10,16 @@ stops the others, and :class:`RankFailedError` carries the failing rank's traceb
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError, PerseusError
@@ -125,7 +128,8 @@ def launch_ranks(plan: LaunchPlan, config_path: Path, log_dir: Path) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
-        elastic_launch(config, plan.python)("-u", "-m", WORKER_MODULE)
+        with _quiet_agent_logs():
+            elastic_launch(config, plan.python)("-u", "-m", WORKER_MODULE)
     except ChildFailedError as exc:
         raise RankFailedError(describe_failure(exc, log_dir)) from None
     except SignalException as exc:
@@ -134,22 +138,52 @@ def launch_ranks(plan: LaunchPlan, config_path: Path, log_dir: Path) -> None:
         ) from None
 
 
+@contextmanager
+def _quiet_agent_logs() -> Iterator[None]:
+    """Silence the elastic agent's own logging while it runs the ranks.
+
+    It logs every stopped and failed rank (``Sending process ... closing signal``, ``failed
+    (exitcode: 1) local_rank: 0 ...``); :func:`describe_failure` reports a failure once instead.
+    """
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch.distributed.elastic")
+    ]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
 def describe_failure(exc: object, log_dir: Path) -> str:
-    """One message naming the failed rank(s), with the first failure's traceback tail."""
+    """One message naming the failed rank and its error, shown once.
+
+    A :class:`~perseus.errors.PerseusError` (the rank's check of its configuration, a bad plan,
+    a GPU that cannot be used) is its message alone: it names the fix. Any other error adds the
+    tail of its traceback; a rank that died without a Python error (a signal, a crash in native
+    code) adds the tail of its stderr.
+    """
     failures = getattr(exc, "failures", {}) or {}
     if not failures:
         return f"a training rank failed: {exc}"
     first_rank = min(failures, key=lambda r: failures[r].timestamp or 0)
     first = failures[first_rank]
     rank_logs = _rank_log_dir(first, log_dir)
-    lines = [
-        f"training rank {first_rank} failed (exit code {first.exitcode}); "
-        f"{len(failures)} rank(s) failed in total. Logs: {rank_logs or log_dir}"
-    ]
-    tail = _traceback_tail(first)
-    if tail:
-        lines.append(tail)
-    if rank_logs is not None and (tail is None or "Traceback" not in tail):
+    where = f"{len(failures)} rank(s) failed; logs: {rank_logs or log_dir}"
+    type_name, error, callstack = _recorded_error(first)
+    if error is not None and _is_perseus_error(type_name, callstack):
+        return f"training rank {first_rank} failed: {error} ({where})"
+    lines = [f"training rank {first_rank} failed (exit code {first.exitcode}); {where}"]
+    if callstack:
+        lines.append(_indented_tail(callstack))
+    elif error:
+        lines.append(_indented_tail(error))  # the agent's own words: "Signal 6 ... received"
+    if not callstack and rank_logs is not None:
         # Killed by a signal or exited without a Python error: its stderr says why.
         stderr_tail = _file_tail(rank_logs / "stderr.log")
         if stderr_tail:
@@ -171,11 +205,21 @@ def _rank_log_dir(failure: object, log_dir: Path) -> Optional[Path]:
 def _file_tail(path: Path) -> Optional[str]:
     if not path.is_file():
         return None
-    lines = path.read_text(errors="replace").strip().splitlines()[-TRACEBACK_TAIL_LINES:]
-    return "\n".join("    " + line for line in lines) if lines else None
+    text = path.read_text(errors="replace").strip()
+    return _indented_tail(text) if text else None
 
 
-def _traceback_tail(failure: object) -> Optional[str]:
+def _indented_tail(text: str) -> str:
+    lines: List[str] = text.strip().splitlines()[-TRACEBACK_TAIL_LINES:]
+    return "\n".join("    " + line for line in lines)
+
+
+def _recorded_error(failure: object) -> Tuple[str, Optional[str], Optional[str]]:
+    """The rank's error class name, message and traceback, as its error file recorded them.
+
+    Without an error file (a rank killed by a signal) the message is the agent's description
+    and there is no traceback.
+    """
     raw: object = getattr(failure, "message", None)
     if not raw:
         error_file = getattr(failure, "error_file", None)
@@ -186,14 +230,36 @@ def _traceback_tail(failure: object) -> Optional[str]:
             raw = json.loads(raw)
         except ValueError:
             pass
-    text: Optional[str] = raw if isinstance(raw, str) and raw else None
     if isinstance(raw, dict):
         inner = raw if "extraInfo" in raw else raw.get("message", raw)
         if isinstance(inner, dict):
-            text = inner.get("extraInfo", {}).get("py_callstack") or inner.get("message")
-        elif isinstance(inner, str):
-            text = inner
-    if not text:
-        return None
-    lines: List[str] = text.strip().splitlines()[-TRACEBACK_TAIL_LINES:]
-    return "\n".join("    " + line for line in lines)
+            message = inner.get("message")
+            callstack = (inner.get("extraInfo") or {}).get("py_callstack")
+            type_name, _, text = message.partition(": ") if isinstance(message, str) else ("",) * 3
+            return type_name, text or None, callstack if isinstance(callstack, str) else None
+        raw = inner
+    if isinstance(raw, str) and raw.strip():
+        return "", raw.strip(), None
+    return "", None, None
+
+
+def _is_perseus_error(type_name: str, callstack: Optional[str]) -> bool:
+    """Whether the rank's error is a :class:`~perseus.errors.PerseusError` (by its class).
+
+    The traceback's last exception line names the class with its module
+    (``perseus.errors.ConfigError: ...``).
+    """
+    if not type_name or not callstack:
+        return False
+    pattern = rf"^([A-Za-z_][\w.]*)\.{re.escape(type_name)}(?::|$)"
+    found = [m for m in (re.match(pattern, line) for line in callstack.splitlines()) if m]
+    if not found:
+        return False
+    module = found[-1].group(1)
+    if module != "perseus" and not module.startswith("perseus."):
+        return False
+    try:
+        cls = getattr(importlib.import_module(module), type_name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, PerseusError)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from perseus.config import PerseusConfig
+from perseus.formats.atomic_file import write_json_atomic
 
 
 def _figures(section: Any) -> Optional[Dict[str, Any]]:
@@ -67,7 +68,7 @@ def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
     return report
 
 
-def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, float]]:
+def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, Optional[float]]]:
     """Average iteration time (max over ranks) and energy (sum over ranks) per step."""
     per_rank: List[Dict[int, Dict[str, Any]]] = []
     for path in sorted(out_dir.glob("steps-rank*.json")):
@@ -76,6 +77,7 @@ def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, 
     if not per_rank:
         return None
     common = sorted(set.intersection(*(set(r) for r in per_rank)))
+    common = [s for s in common if all(r[s]["iteration_time_s"] is not None for r in per_rank)]
     if not common:
         return None
     times = [max(r[s]["iteration_time_s"] for r in per_rank) for s in common]
@@ -88,7 +90,7 @@ def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, 
         energies.append(sum(values))
     return {
         "iteration_time_s": sum(times) / len(times),
-        "energy_j": sum(energies) / len(energies) if energies else float("nan"),
+        "energy_j": sum(energies) / len(energies) if energies else None,
         "num_steps": float(len(common)),
     }
 
@@ -119,10 +121,8 @@ def _plan_prediction(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def write_report(report: Dict[str, Any], out_dir: Path) -> Path:
-    """Write ``report.json`` into ``out_dir``."""
-    path = out_dir / "report.json"
-    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    return path
+    """Write ``report.json`` into ``out_dir`` (strict JSON: a NaN or infinity is refused)."""
+    return write_json_atomic(out_dir / "report.json", report, indent=2, sort_keys=True)
 
 
 def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[str, Any]:

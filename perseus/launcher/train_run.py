@@ -109,10 +109,10 @@ def coordination_server(cfg: PerseusConfig, out_dir: Path) -> Iterator[Optional[
 def run_job(cfg: PerseusConfig, out_dir: Path) -> Dict[str, Any]:
     """Run the whole job on this node; returns the report (written on node rank 0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    check_job(cfg)
     cfg = prepare_config(cfg, out_dir)
     job_id = str(cfg.server.job_id)
     launch = plan_launch(cfg, run_id=job_id)
+    check_job(cfg, launch.nproc_per_node)
     summary: Optional[Dict[str, Any]] = None
     with coordination_server(cfg, out_dir):
         config_path = write_config(cfg, out_dir)

@@ -37,37 +37,68 @@ def synthetic_batch(description: ModelDescription, batch_size: int, seed: int) -
     return tokens, labels
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def open_token_file(path: str, description: ModelDescription) -> Any:
+    """The token ids of ``model.dataset`` (memory-mapped), after checking they fit the model.
+
+    Checked without reading the data into memory, except for one pass over it for the smallest
+    and largest id: the launcher calls this before any rank starts, and every rank again.
+
+    Raises:
+        ConfigError: naming ``model.dataset``, what was found and the fix: a missing file, a
+            directory, a file that is not a ``.npy`` array, a wrong dtype or shape, too few
+            tokens, or ids outside ``0..model.vocab_size-1``.
+    """
+    import numpy as np
+
+    key = f"model.dataset={path!r}"
+    fix = "give a .npy file of token ids (numpy.save of a 1-D integer array)"
+    if description.family == "wide_resnet":
+        raise ConfigError(
+            f"{key}: token files are for language models; {description.name!r} is an image "
+            "model (leave model.dataset unset)"
+        )
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"{key} is a directory; {fix}")
+    if not file.is_file():
+        raise ConfigError(f"{key} does not exist; {fix}")
+    try:
+        with file.open("rb") as fh:
+            magic = fh.read(len(NPY_MAGIC))
+        if magic != NPY_MAGIC:
+            raise ConfigError(
+                f"{key} is not a .npy file (it does not start with {NPY_MAGIC!r}); {fix}"
+            )
+        tokens = np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ConfigError(f"{key}: cannot read it as a .npy array ({exc}); {fix}") from None
+    if tokens.dtype.kind not in "iu":
+        raise ConfigError(f"{key} holds {tokens.dtype} values, not integer token ids; {fix}")
+    window = description.seq_length + 1
+    if tokens.ndim != 1 or len(tokens) < window:
+        raise ConfigError(
+            f"{key}: need a 1-D array with at least model.seq_length + 1 = {window} tokens "
+            f"(shape is {tokens.shape})"
+        )
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= description.vocab_size:
+        bad = low if low < 0 else high
+        raise ConfigError(
+            f"{key}: token id {bad} is outside 0..model.vocab_size-1 = "
+            f"0..{description.vocab_size - 1}; raise model.vocab_size or fix the data"
+        )
+    return tokens
+
+
 class TokenFile:
-    """Consecutive windows of a 1-D ``.npy`` token-id array."""
+    """Consecutive windows of a 1-D ``.npy`` token-id array (checked by :func:`open_token_file`)."""
 
     def __init__(self, path: str, description: ModelDescription) -> None:
-        import numpy as np
-
-        if description.family == "wide_resnet":
-            raise ConfigError(
-                f"model.dataset={path!r}: token files are for language models; "
-                f"{description.name!r} is an image model (leave model.dataset unset)"
-            )
-        file = Path(path).expanduser()
-        if not file.is_file() or file.suffix != ".npy":
-            raise ConfigError(
-                f"model.dataset={path!r}: expected an existing .npy file of token ids "
-                "(numpy.save of a 1-D integer array)"
-            )
-        self.tokens = np.load(file, mmap_mode="r")
+        self.tokens = open_token_file(path, description)
         self.description = description
-        window = description.seq_length + 1
-        if self.tokens.ndim != 1 or len(self.tokens) < window:
-            raise ConfigError(
-                f"model.dataset={path!r}: need a 1-D array with at least {window} tokens "
-                f"(shape is {self.tokens.shape})"
-            )
-        top = int(self.tokens.max())
-        if top >= description.vocab_size:
-            raise ConfigError(
-                f"model.dataset={path!r}: token id {top} >= model.vocab_size="
-                f"{description.vocab_size}; raise model.vocab_size"
-            )
 
     def batch(self, batch_size: int, index: int) -> Batch:
         """The ``index``-th batch (wrapping around the file)."""

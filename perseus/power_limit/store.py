@@ -13,13 +13,12 @@ crash never leaves half a file. Standard library only; runs on Python 3.9.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from perseus.errors import ConfigError
+from perseus.formats.atomic_file import write_json_atomic
 from perseus.power_limit.selectors import PowerLimitMeasurement
 
 FORMAT = "perseus-power-limit-profile/1"
@@ -74,15 +73,7 @@ def save_profile(
     """Store ``measurements`` under ``key`` in ``path`` (replacing an older entry of that key)."""
     entries = [e for e in _read_entries(path) if e.get("key") != key.to_dict()]
     entries.append({"key": key.to_dict(), "measurements": [m.to_dict() for m in measurements]})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, "profiles": entries}, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, {"format": FORMAT, "profiles": entries}, indent=2)
 
 
 def _read_entries(path: Path) -> List[Dict[str, Any]]:

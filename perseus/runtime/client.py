@@ -19,7 +19,8 @@ import time
 import urllib.parse
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from perseus.errors import ServerError
+from perseus.errors import NonFiniteError, ServerError
+from perseus.formats.strict_json import dumps
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,11 @@ class ServerClient:
         target = self._prefix + path
         if query:
             target += "?" + urllib.parse.urlencode(query)
-        data = None if body is None else json.dumps(body).encode()
+        try:
+            text = None if body is None else dumps(body, what=f"{method} {path}", default=None)
+        except NonFiniteError as exc:
+            raise ServerError(f"{exc}; the request was not sent") from None
+        data = None if text is None else text.encode()
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus import process_exit
 from perseus.errors import ConfigError, ServerError
+from perseus.numbers import finite_or_none
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
 from perseus.runtime.server_link import ServerLink
@@ -201,7 +202,13 @@ class OnlineSource:
             return
         sequence = encode_sequence([(i.instruction, i.microbatch) for i in record.instructions])
         diff = first_difference(self.expected_sequence, sequence)
-        compute_s = record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
+        compute_s = finite_or_none(
+            record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
+        )
+        # A time or energy that is not a finite number is never sent as one: the iteration
+        # counts as unmeasured (unscheduled), an energy as unknown.
+        time_s, energy_j = finite_or_none(record.iteration_time_s), finite_or_none(record.energy_j)
+        measured = time_s is not None and compute_s is not None
         next_schedule = None
         stop = False
         if self.link is not None:
@@ -211,11 +218,11 @@ class OnlineSource:
             )
         payload = payloads.pack(
             self.payload_size,
-            scheduled=self._scheduled,
+            scheduled=self._scheduled and measured,
             step=record.step,
-            iteration_time_s=max(0.0, record.iteration_time_s),
-            compute_time_s=max(0.0, compute_s),
-            energy_j=None if record.energy_j is None else max(0.0, record.energy_j),
+            iteration_time_s=max(0.0, time_s or 0.0),
+            compute_time_s=max(0.0, compute_s or 0.0),
+            energy_j=None if energy_j is None else max(0.0, energy_j),
             mismatch=None if diff is None else (diff[0], diff[2]),
             num_positions=len(self.order),
             next_schedule=next_schedule,

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable, Deque, Dict, Optional, Union
 
+from perseus.errors import ServerError
 from perseus.runtime.client import ServerClient, ServerRefused, ServerUnavailable
 from perseus.wire import (
     JobCreated,
@@ -221,6 +222,10 @@ class ServerLink:
             if exc.status == _FORGOTTEN:
                 raise
             logger.warning("the Perseus server refused a report (dropped): %s", exc.detail)
+        except ServerUnavailable:
+            raise
+        except ServerError as exc:  # not sent: a measurement strict JSON cannot hold
+            logger.warning("Perseus dropped a report it could not send: %s", exc)
         with self._cond:
             if self._reports and self._reports[0] is report:
                 self._reports.popleft()

@@ -214,24 +214,18 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
 
 
 def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
-    from perseus.formats.plan_json import load_plan
+    from perseus.formats.plan_json import check_plan_for_job, load_plan
     from perseus.gpu.preflight import check_plan_clocks
 
     if not cfg.runtime.plan:
         raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
     plan = load_plan(cfg.runtime.plan)
-    where = f"plan {cfg.runtime.plan}"
-    if plan.num_stages != rank.num_stages:
-        raise PlanError(
-            f"{where} has {plan.num_stages} stages but the job runs {rank.num_stages} "
-            "(parallelism.pp); plan for this pipeline with perseus-plan"
-        )
-    num_mb = cfg.parallelism.num_microbatches
-    if plan.num_microbatches != num_mb:
-        raise PlanError(
-            f"{where} has {plan.num_microbatches} microbatches per iteration but "
-            f"parallelism.num_microbatches={num_mb}; plan for this job with perseus-plan"
-        )
+    check_plan_for_job(
+        plan,
+        num_stages=rank.num_stages,
+        num_microbatches=cfg.parallelism.num_microbatches,
+        source=cfg.runtime.plan,
+    )
     # A plan's clocks must exist on this GPU (rejected, never snapped).
-    check_plan_clocks(plan.frequencies(rank.stage), gpu, where)
+    check_plan_clocks(plan.frequencies(rank.stage), gpu, f"plan {cfg.runtime.plan}")
     return PlanSource(plan, rank.stage, strict=cfg.runtime.strict)

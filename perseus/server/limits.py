@@ -8,14 +8,16 @@
   (never from the capacity it declares but does not use). A job above
   ``server.max_job_state_mb`` can never be served (422); one that does not fit beside the jobs
   already held is turned away until they finish (429, ``server.max_state_mb``).
+* The job as a whole: :func:`job_problems` (solver, world size, state), which the server checks
+  at registration and perseus-train's preflight checks before any rank starts.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable, Dict, MutableMapping
+from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional
 
-from perseus.wire import JobSpec
+from perseus.wire import MAX_RANKS, JobSpec
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,6 +53,38 @@ def job_state_bytes(spec: JobSpec, num_ranks: int = 0) -> int:
         + PLAN_BYTES_PER_POSITION * FRONTIER_PLANS
     )
     return JOB_BYTES + positions * per_position + RANK_BYTES * num_ranks
+
+
+def job_problems(spec: JobSpec, max_job_state_mb: Optional[float]) -> List[str]:
+    """Why the server cannot serve ``spec`` (one line each, naming the key and the fix).
+
+    Args:
+        spec: The job as its ranks register it.
+        max_job_state_mb: The server's ``server.max_job_state_mb`` (None: not known, as for a
+            server started elsewhere; the state is then not checked).
+    """
+    from perseus.planner.solvers import available_solvers
+
+    problems: List[str] = []
+    solvers = available_solvers()
+    if spec.solver not in solvers:
+        problems.append(f"planner.solver={spec.solver!r}: unknown solver; choose one of {solvers}")
+    world = spec.num_stages * spec.dp * spec.tp
+    if world > MAX_RANKS:
+        problems.append(
+            f"parallelism: {spec.num_stages} stages x dp {spec.dp} x tp {spec.tp} = {world} "
+            f"ranks, more than {MAX_RANKS}"
+        )
+    need = job_state_bytes(spec)
+    if max_job_state_mb is not None and need > int(max_job_state_mb * MB):
+        problems.append(
+            f"the job's {spec.num_stages} stages x {spec.num_microbatches} microbatches "
+            f"({job_positions(spec)} instructions per iteration) need about "
+            f"{need / MB:.0f} MB of server state, above server.max_job_state_mb="
+            f"{max_job_state_mb:g}; use fewer microbatches per iteration, or raise "
+            "server.max_job_state_mb on the server"
+        )
+    return problems
 
 
 class BodyLimit:
@@ -118,7 +152,7 @@ class _BodyTooLarge(Exception):
 
 async def _too_large(send: Send, max_bytes: int) -> None:
     detail = f"request body larger than {max_bytes} bytes (server.max_body_mb); send less"
-    body = json.dumps({"detail": detail}).encode()
+    body = json.dumps({"detail": detail}, allow_nan=False).encode()
     await send(
         {
             "type": "http.response.start",

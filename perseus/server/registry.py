@@ -14,7 +14,7 @@ import logging
 import secrets
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from fastapi import HTTPException
 
@@ -23,12 +23,12 @@ from perseus.errors import PerseusError
 from perseus.formats import plan_outputs
 from perseus.formats.profile_csv import read_profile_csv
 from perseus.server.job_phases import Job
-from perseus.server.limits import MB, RANK_BYTES, job_positions, job_state_bytes
+from perseus.server.limits import MB, RANK_BYTES, job_problems, job_state_bytes
 from perseus.server.planning import safe_job_dir
 from perseus.server.state_store import STATE_FILE, StateStore, StoredJob
 from perseus.server.summary import write_summary
 from perseus.server.workers import EstimatorPool, PlannerPool
-from perseus.wire import MAX_RANKS, JobCreated, JobSpec, RankRegistration, from_json
+from perseus.wire import JobCreated, JobSpec, RankRegistration, from_json
 
 logger = logging.getLogger(__name__)
 
@@ -91,30 +91,7 @@ class JobRegistry:
 
     def _check(self, spec: JobSpec) -> None:
         """Everything the job will need, checked now (422 naming the key and the fix)."""
-        from perseus.planner.solvers import available_solvers
-
-        problems: List[str] = []
-        solvers = available_solvers()
-        if spec.solver not in solvers:
-            problems.append(
-                f"planner.solver={spec.solver!r}: unknown solver; choose one of {solvers}"
-            )
-        world = spec.num_stages * spec.dp * spec.tp
-        if world > MAX_RANKS:
-            problems.append(
-                f"parallelism: {spec.num_stages} stages x dp {spec.dp} x tp {spec.tp} = {world} "
-                f"ranks, more than {MAX_RANKS}"
-            )
-        need = job_state_bytes(spec)
-        limit = int(self.cfg.max_job_state_mb * MB)
-        if need > limit:
-            problems.append(
-                f"the job's {spec.num_stages} stages x {spec.num_microbatches} microbatches "
-                f"({job_positions(spec)} instructions per iteration) need about "
-                f"{need / MB:.0f} MB of server state, above server.max_job_state_mb="
-                f"{self.cfg.max_job_state_mb:g}; use fewer microbatches per iteration, or raise "
-                "server.max_job_state_mb on the server"
-            )
+        problems = job_problems(spec, self.cfg.max_job_state_mb)
         if problems:
             raise HTTPException(422, "; ".join(problems))
 

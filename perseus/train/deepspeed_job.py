@@ -16,6 +16,7 @@ from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.models.partition import partition
 from perseus.models.zoo import ModelDescription, describe
+from perseus.train.frameworks import require_module
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,10 @@ def run(cfg: PerseusConfig) -> int:
 
 
 def check(cfg: PerseusConfig) -> None:
-    """DeepSpeed's pipeline engine has no tensor parallelism; the partition must fit ``pp``.
+    """Whether DeepSpeed's pipeline engine can run this job (before any rank starts).
+
+    It runs 1F1B without tensor parallelism; the partition must fit ``pp``; DeepSpeed must be
+    importable.
 
     Raises:
         ConfigError: naming the setting to change.
@@ -136,4 +140,11 @@ def check(cfg: PerseusConfig) -> None:
             f"framework=deepspeed with parallelism.tp={par.tp}: DeepSpeed's pipeline engine "
             "has no tensor parallelism here; use parallelism.tp=1 or framework=megatron"
         )
+    if par.schedule != "1f1b":
+        raise ConfigError(
+            f"framework=deepspeed runs DeepSpeed's 1F1B pipeline schedule, not "
+            f"parallelism.schedule={par.schedule}: plans and profiles would follow another "
+            "order; use parallelism.schedule=1f1b"
+        )
     partition(describe(cfg.model), cfg.model.partition, par.pp)
+    require_module("deepspeed", "deepspeed", "deepspeed")

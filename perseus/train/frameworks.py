@@ -75,3 +75,20 @@ def run(cfg: PerseusConfig) -> int:
     job = job_for(cfg.framework.name)
     job.check(cfg)
     return job.run(cfg)
+
+
+def require_module(module: str, framework: str, extra: str) -> None:
+    """Import ``module`` (the framework itself) or stop with how to install it.
+
+    Raises:
+        ConfigError: naming the framework, what failed on import and the pip extra.
+    """
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # a broken installation raises more than ImportError
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(
+            f"framework={framework} needs {module}, which cannot be imported here "
+            f"({type(exc).__name__}: {detail}); install it with "
+            f"`pip install 'perseus-energy[{extra}]'` or pick another framework"
+        ) from None

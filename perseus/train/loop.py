@@ -12,12 +12,13 @@ both.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 from perseus.config import PerseusConfig
+from perseus.formats.atomic_file import write_json_atomic
+from perseus.numbers import finite_or_none
 from perseus.wire import Phase
 
 logger = logging.getLogger(__name__)
@@ -158,10 +159,9 @@ def write_rank_steps(out_dir: Path, rank: int) -> Optional[Path]:
             {
                 "step": rec.step,
                 "stage": rec.stage,
-                "iteration_time_s": rec.iteration_time_s,
-                "energy_j": rec.energy_j,
+                # Strict JSON: a value the device could not measure is null.
+                "iteration_time_s": finite_or_none(rec.iteration_time_s),
+                "energy_j": finite_or_none(rec.energy_j),
             }
         )
-    path = out_dir / f"steps-rank{rank}.json"
-    path.write_text(json.dumps({"rank": rank, "steps": records}, indent=1))
-    return path
+    return write_json_atomic(out_dir / f"steps-rank{rank}.json", {"rank": rank, "steps": records})

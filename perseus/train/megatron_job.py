@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, Tuple
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.train.frameworks import require_module
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ def check_supported(cfg: PerseusConfig, cuda_available: bool) -> None:
         raise ConfigError(
             f"framework=megatron needs model.num_layers={cfg.model.num_layers} divisible by "
             f"parallelism.pp={cfg.parallelism.pp}"
+        )
+    if cfg.parallelism.schedule != "1f1b":
+        raise ConfigError(
+            f"framework=megatron runs Megatron-core's 1F1B schedule here, not "
+            f"parallelism.schedule={cfg.parallelism.schedule}; use parallelism.schedule=1f1b"
         )
 
 
@@ -180,7 +186,11 @@ def train(cfg: PerseusConfig) -> int:
 
 
 def check(cfg: PerseusConfig) -> None:
-    """Where this job cannot run (see :func:`check_supported`), before any rank starts."""
+    """Where this job cannot run (see :func:`check_supported`), before any rank starts.
+
+    Then Megatron-core must import.
+    """
     import torch
 
     check_supported(cfg, torch.cuda.is_available())
+    require_module("megatron.core", "megatron", "megatron")

@@ -15,7 +15,6 @@ everything stays on the CPU over gloo. If the start-up check put the GPU in meas
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from contextlib import nullcontext
@@ -24,6 +23,7 @@ from typing import Any, Callable, Dict
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.formats.atomic_file import write_json_atomic
 from perseus.runtime.types import RankInfo
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def run(cfg: PerseusConfig) -> int:
         if plo is not None:
             if rank == 0 and cfg.output_dir:
                 path = Path(cfg.output_dir) / "power_limit.json"
-                path.write_text(json.dumps(plo.report(), indent=1))
+                write_json_atomic(path, plo.report())
             plo.close()
     if cfg.output_dir:
         write_rank_steps(Path(cfg.output_dir), rank)

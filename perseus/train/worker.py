@@ -17,6 +17,7 @@ from perseus.errors import ConfigError
 from perseus.train import frameworks
 
 logger = logging.getLogger("perseus.train")
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's ``record`` writes a rank's error
 
 RANK_STORE_PORT_ENV = "PERSEUS_RANK_STORE_PORT"
 """Ranks in another interpreter (``train.python``) meet on their own torch store at this port,
@@ -43,8 +44,9 @@ def _setup_logging(cfg: PerseusConfig) -> None:
 def main() -> None:
     """Run this rank (wrapped by torch's ``record`` so failures reach the launcher).
 
-    A rank that finished cleanly ends through :func:`exit_without_finalizing`; a failing rank
-    raises as usual (``record`` has written its error file for the launcher by then).
+    A rank that finished cleanly ends through :func:`exit_without_finalizing`. A failing rank
+    started by the launcher exits with status 1 once ``record`` has written its error file
+    (the launcher shows the error); started any other way, it raises as usual.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -65,7 +67,14 @@ def main() -> None:
         finally:
             _teardown()
 
-    _main()
+    try:
+        _main()
+    except Exception:
+        if os.environ.get(ERROR_FILE_ENV):
+            # ``record`` wrote the error and its traceback for the launcher, which reports it
+            # once; printing it here too would show it again through the rank-0 tee.
+            exit_without_finalizing(1)
+        raise
     exit_without_finalizing()
 
 

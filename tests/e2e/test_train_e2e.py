@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e._support.processes import processes_mentioning
+
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent / "perseus-train"
@@ -69,43 +71,33 @@ def test_small_pipeline_job_writes_report_plots_traces(tmp_path: Path) -> None:
         assert all(float(r["end_s"]) > float(r["start_s"]) for r in rows)
 
 
-def test_failing_rank_ends_job_with_its_error(tmp_path: Path) -> None:
-    # A missing dataset file fails inside the ranks (after the server started).
+def test_failing_rank_ends_job_with_its_error_once(tmp_path: Path) -> None:
+    # A wide ResNet on 1x1 images passes every check before launch and fails inside torch
+    # (batch norm needs more than one value per channel), after the server and the ranks
+    # started: the error reaches the user once, with one traceback, and nothing stays running.
     run_dir = tmp_path / "run"
-    missing = tmp_path / "missing.npy"
     proc = run_train(
         [
-            "parallelism.pp=2",
+            "framework=torch",
+            "model=wide-resnet-tiny",
+            "model.image_size=1",
+            "parallelism.pp=1",
+            "parallelism.dp=2",
             "gpu=emulated",
-            f"model.dataset={missing}",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
-        timeout_s=180,
+        timeout_s=300,
     )
     assert proc.returncode != 0
-    assert "training rank" in proc.stderr and "failed" in proc.stderr
-    assert f"model.dataset='{missing}'" in proc.stderr
-    assert "Traceback" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "perseus-train: error:" in line]
+    assert len(errors) == 1 and "training rank" in errors[0] and "failed" in errors[0]
+    assert proc.stderr.count("Expected more than 1 value per channel") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback") <= 1
     # Nothing left running: neither the server (its dump dir is on its command line) nor any
     # rank (PERSEUS_CONFIG in its environment points into the run dir).
     assert list((run_dir / "server").glob("perseus-server-*.log")), "the server was started"
     assert processes_mentioning(str(run_dir)) == []
-
-
-def processes_mentioning(text: str) -> list:
-    """Live processes whose command line or environment contains ``text`` (Linux /proc)."""
-    found = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        for name in ("cmdline", "environ"):
-            try:
-                data = (proc_dir / name).read_bytes()
-            except OSError:
-                continue
-            if text.encode() in data:
-                found.append(proc_dir.name)
-                break
-    return found
 
 
 def test_cfg_job_prints_config_from_any_directory(tmp_path: Path) -> None:

@@ -105,8 +105,8 @@ def test_training_process_keys_are_validated_before_anything_starts() -> None:
     message = str(info.value)
     for fragment in (
         "profiler.mode='sweeep': choose one of fast, sweep",
-        "profiler.frequency_step=0: must be >= 1",
-        "planner.time_unit_s=0.0: must be > 0 seconds",
+        "profiler.frequency_step=0: must be an integer in 1..1000",
+        "planner.time_unit_s=0.0: must be a finite number > 0 and <= 60 s",
         "runtime.mode=plan needs runtime.plan=<path of a plan JSON>",
     ):
         assert fragment in message

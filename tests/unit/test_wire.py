@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -13,9 +14,11 @@ from perseus.config import EnergyConfig, PerseusConfig, ProfilerConfig, ServerCo
 from perseus.server.app import create_app
 from perseus.wire import (
     EnergySettings,
+    IterationTime,
     JobSpec,
     Phase,
     ProfilerSettings,
+    RankRegistration,
     Route,
     Schedule,
     StepReport,
@@ -88,3 +91,44 @@ def test_server_serves_exactly_the_wire_routes(tmp_path: Any) -> None:
     with TestClient(app) as client:
         schema = client.get("/openapi.json").json()["components"]["schemas"]
     assert schema["JobSpec"]["properties"]["num_stages"]["maximum"] == 512
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [
+        (lambda: EnergySettings(max_slowdown=float("nan")), "max_slowdown=nan: is not finite"),
+        (lambda: EnergySettings(iteration_time_s=float("inf")), "iteration_time_s=inf"),
+        (lambda: EnergySettings(eta=-0.1), "eta=-0.1"),
+        (lambda: ProfilerSettings(min_window_s=float("nan")), "min_window_s=nan"),
+        (lambda: ProfilerSettings(energy_rise_patience=0), "energy_rise_patience=0"),
+        (lambda: JobSpec(num_stages=1, num_microbatches=1, p2p_power_w=float("inf")), "p2p"),
+        (lambda: JobSpec(num_stages=0, num_microbatches=1), "num_stages=0"),
+        (lambda: JobSpec(num_stages=1, num_microbatches=1, job_id="a b"), "job_id='a b'"),
+        (lambda: RankRegistration(rank=0, stage=0, supported_clocks_mhz=[]), "1..1024 items"),
+        (lambda: RankRegistration(rank=0, stage=0, supported_clocks_mhz=[0]), "item 0 (0)"),
+        (
+            lambda: RankRegistration(
+                rank=0, stage=0, supported_clocks_mhz=[1410], energy_update_period_s=0.0
+            ),
+            "energy_update_period_s=0.0",
+        ),
+        (lambda: IterationTime(iteration_time_s=float("nan")), "iteration_time_s=nan"),
+    ],
+)
+def test_models_the_client_builds_refuse_bad_numbers(build: Any, fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (EnergySettings, {"max_slowdown": "NaN"}),
+        (EnergySettings, {"iteration_time_s": "Infinity"}),
+        (ProfilerSettings, {"min_window_s": "NaN"}),
+        (JobSpec, {"num_stages": 1, "num_microbatches": 1, "p2p_power_w": "inf"}),
+    ],
+)
+def test_server_validation_refuses_non_finite_bounded_floats(model: Any, body: Any) -> None:
+    with pytest.raises(ValidationError, match="finite"):
+        TypeAdapter(model).validate_python(body)

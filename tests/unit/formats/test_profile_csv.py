@@ -50,7 +50,9 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_missing_column(tmp_path: Path) -> None:
     path = _write(tmp_path, "0,forward,1410,0.1\n", header="stage,instruction,frequency,time\n")
-    with pytest.raises(ProfileError, match=r"profile\.csv: missing column\(s\) \['energy'\]"):
+    with pytest.raises(
+        ProfileError, match=r"profile\.csv, row 1: .*missing column\(s\) \['energy'\]"
+    ):
         read_profile_csv(path)
 
 
@@ -59,13 +61,13 @@ def test_missing_column(tmp_path: Path) -> None:
     [
         ("1,forward,1200,,21.0", r"row 7: time is empty"),
         ("1,forward,1200,nan,21.0", r"row 7: time is nan"),
-        ("1,forward,1200,0.0,21.0", r"row 7: time 0\.0 must be > 0"),
-        ("1,forward,1200,-0.5,21.0", r"row 7: time -0\.5 must be > 0"),
-        ("1,forward,1200,0.1,-3", r"row 7: energy -3\.0 must be >= 0"),
+        ("1,forward,1200,0.0,21.0", r"row 7: time 0\.0 must be a finite number > 0"),
+        ("1,forward,1200,-0.5,21.0", r"row 7: time -0\.5 must be a finite number > 0"),
+        ("1,forward,1200,0.1,-3", r"row 7: energy -3\.0 must be a finite number >= 0"),
         ("1,sideways,1200,0.1,3", r"row 7: instruction 'sideways'"),
         ("1,forward,12.5,0.1,3", r"row 7: frequency 12\.5 must be an integer"),
         ("1,forward,1410,0.1,3", r"row 7: duplicate of row 5"),
-        ("-1,forward,1410,0.1,3", r"row 7: stage -1"),
+        ("-1,forward,1410,0.1,3", r"row 7: stage -1 must be an integer >= 0"),
     ],
 )
 def test_bad_rows_name_file_row_and_problem(tmp_path: Path, bad_line: str, message: str) -> None:
@@ -134,9 +136,9 @@ def test_blocking_power_per_stage() -> None:
     assert blocking_power_per_stage_w([70, 80.5], 2) == [70.0, 80.5]
     with pytest.raises(ProfileError, match="has 3 values but the profile has 2 stages"):
         blocking_power_per_stage_w([1, 2, 3], 2)
-    with pytest.raises(ProfileError, match="must be >= 0"):
+    with pytest.raises(ProfileError, match="must be a finite number >= 0"):
         blocking_power_per_stage_w(-1.0, 2)
-    with pytest.raises(ProfileError, match="one number"):
+    with pytest.raises(ProfileError, match="one per stage"):
         blocking_power_per_stage_w("abc", 2)
 
 

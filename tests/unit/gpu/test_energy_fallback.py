@@ -32,6 +32,7 @@ from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
 from perseus.runtime.types import RankInfo
 from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+from tests.unit.server.stage_ranks import wait_prefetched
 
 from .nvml_mock import field_value, make_pynvml_mock, opening_calls, patched_pynvml
 
@@ -207,18 +208,23 @@ def test_online_profiling_gets_instruction_energy_in_step_one(tmp_path):
                 trace_dir=tmp_path,
                 synchronous_clocks=True,
             )
-            opt.on_step_begin()  # step 1 of a profiling job: per-instruction energy wanted
-            assert source.wants_energy
             spans: List[Tuple[str, float]] = [("forward", 0.02), ("backward", 0.04)]
-            for name, seconds in spans:
-                opt.on_instruction_begin(name)
-                clock.t += seconds
-                opt.on_instruction_end(name)
-            opt.on_step_end()
-            opt.close()  # sends the queued report, then tells the server the rank finished
+            for step in range(2):
+                opt.on_step_begin()
+                # Step 0 runs before any schedule arrived (never waited for); the first
+                # scheduled step of a profiling job wants per-instruction energy.
+                assert source.wants_energy == (step == 1)
+                for name, seconds in spans:
+                    opt.on_instruction_begin(name)
+                    clock.t += seconds
+                    opt.on_instruction_end(name)
+                if step == 0:
+                    wait_prefetched(source, 1)  # the test's pace: nothing waits in training
+                opt.on_step_end()
+            opt.close()  # sends the queued reports, then tells the server the rank finished
     finally:
         server.shutdown()
-    (report,) = _Server.reports
+    (report,) = [r for r in _Server.reports if r["step"] == 1]
     got = [(i["energy_end_mj"] - i["energy_begin_mj"]) / 1000 for i in report["instructions"]]
     assert got == pytest.approx([120.0 * 0.02, 120.0 * 0.04], abs=MJ)
     assert report["energy_j"] == pytest.approx(120.0 * 0.06, abs=MJ)

@@ -49,9 +49,9 @@ def test_token_file_windows(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, "expected an existing .npy file"),
-        (np.arange(5), "at least 9 tokens"),
-        (np.arange(20) + 100, "token id 119 >= model.vocab_size=100"),
+        (None, "does not exist; give a .npy file of token ids"),
+        (np.arange(5), r"at least model.seq_length \+ 1 = 9 tokens"),
+        (np.arange(20) + 100, r"token id 119 is outside 0..model.vocab_size-1 = 0..99"),
     ],
 )
 def test_token_file_errors(tmp_path: Path, content: object, message: str) -> None:
