@@ -14,7 +14,7 @@ supported Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from perseus.config_enums import (
     PIPELINE_POLICIES,
