@@ -14,7 +14,7 @@ supported Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from perseus.config_enums import (
     PIPELINE_POLICIES,
@@ -23,6 +23,7 @@ from perseus.config_enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    PlannerScope,
     PowerLimitSelector,
     ProfilerMode,
     RuntimeMode,
@@ -49,6 +50,7 @@ __all__ = [
     "GPUBackend",
     "GPUOnUnsupported",
     "PerseusConfig",
+    "PlannerScope",
     "PowerLimitSelector",
     "ProfilerMode",
     "RuntimeMode",
@@ -225,6 +227,14 @@ class PlannerConfig:
     # Only keep frequencies at or above this (MHz) when planning; None = all.
     min_frequency_mhz: Optional[int] = None
     plots: bool = True
+    # Profile stages to plan, in pipeline order (e.g. [0, 7] for a 2-stage job); None = all
+    # stages, or parallelism.pp of them (first, last, evenly spaced) when pp is smaller.
+    stages: Optional[List[int]] = None
+    # frontier (every Pareto-optimal plan) | policy (only the energy policy's plan) | auto
+    # (the frontier unless it is estimated to exceed max_solve_s, then the policy's plan).
+    scope: PlannerScope = PlannerScope.auto
+    # perseus-plan refuses work estimated to take longer than this on one core (s).
+    max_solve_s: float = 600.0
 
 
 @dataclass

@@ -81,6 +81,14 @@ class RuntimeMode(ConfigChoice):
     online = "online"
 
 
+class PlannerScope(ConfigChoice):
+    """``planner.scope``: every Pareto-optimal plan, only the energy policy's, or by estimate."""
+
+    auto = "auto"
+    frontier = "frontier"
+    policy = "policy"
+
+
 class PowerLimitSelector(ConfigChoice):
     """``energy.power_limit.selector``: which measured power limit to keep."""
 

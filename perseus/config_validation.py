@@ -113,6 +113,7 @@ RANGES: Dict[str, Range] = {
     # planner (p2p_power_w, one value or one per stage, is checked with P2P_POWER_W)
     "planner.time_unit_s": _seconds(le=60.0),
     "planner.min_frequency_mhz": MHZ,
+    "planner.max_solve_s": _seconds(),
     # server
     "server.port": PORT,
     "server.request_timeout_s": _seconds(),

@@ -1,25 +1,34 @@
 #!/usr/bin/env python
-"""Planner benchmark on the published SOSP '24 profiles.
+"""Planner benchmark: the 16 published cases and the large ones, one table.
 
-For each of the 16 published cases (GPT-3 175B / Bloom 176B on A100 / A40, 12/24/48/96
-microbatches, 8 stages) it prints the energy saved with no slowdown (T <= all-max), the
-paper's Table 6 figure, the convex-hull LP bound, the gap to that bound and the solve time.
-Then the lowtime solver against the default solver on a 4-stage x 8-microbatch case, and
-the time and peak memory of full frontiers at 8 x 96 and 8 x 256 on one core.
+Every case runs in its own process on one thread (so its time and peak memory are its own):
 
-    python scripts/bench_planner.py                       # everything
-    python scripts/bench_planner.py --profiles gpt3-175b+a100_sxm_bf16 --microbatches 12 96
-    python scripts/bench_planner.py --no-lowtime --no-scale
+* the 16 published cases (GPT-3 175B / Bloom 176B on A100 / A40, 8 stages, 12/24/48/96
+  microbatches): the full frontier with the default ``lp`` solver;
+* 8 stages x 1,024 and 16 stages x 512 microbatches (the 16-stage profile is the GPT-3 / A100
+  one deepened deterministically, see :mod:`perseus.planner.derived`): the full frontier;
+* 8 stages x 10,000 microbatches: the no-slowdown plan only (``plan_policy``).
 
-Targets: saving >= paper on every case and within 0.5 pp of the LP bound; neighbouring
-frontier plans between the all-max and the least-energy plan at most 0.5 % apart in iteration
-time ("max step%"; a wider step stays only where the solver found no Pareto-optimal plan
-inside it); full frontier 8 x 96 <= 30 s, 8 x 256 <= 120 s on one core; peak memory <= 2 GB.
+Columns: CPU and wall seconds of the solve (problem building included), peak memory (RSS),
+the energy saved at no slowdown (T <= all-max), the paper's figure (Table 6), the best proven
+lower bound on the least energy at no slowdown expressed as the largest saving any plan can
+reach, the gap between the two, the largest iteration-time step between neighbouring
+frontier plans, and how the bound was proven. A bound is the LP relaxation with time windows
+(computed here) or, when tighter, the MILP bound recorded offline in
+``scripts/data/planner_bounds.json`` by ``scripts/prove_planner_bounds.py`` (method and time
+budget in the JSON). The step column leaves out steps proven to hold no Pareto-optimal plan
+(listed below the case with how they were proven: an LP or MILP lower bound on the energy of
+every plan inside the step is at least the faster neighbour's energy).
 
-The LP bound is a relaxation, not always reachable: where a hull segment jumps over a sharp
-energy drop (the A40 profiles) no real frequency sits between its ends, and the stage next
-to the heaviest one has no slack to alternate them (a MILP with that stage discrete and the
-rest on hulls bounds GPT-3/A40 at 11.21 / 10.47 / 10.08 % for 24 / 48 / 96 microbatches).
+Then, with ``--sharing``, what sharing clock patterns in the 1F1B steady state costs: the LP
+optimum and the final no-slowdown saving with the exact LP against the periodic one.
+
+    python scripts/bench_planner.py                       # everything (about 15 min)
+    python scripts/bench_planner.py --cases published     # the 16 cases only
+    python scripts/bench_planner.py --cases none --sharing  # what shared clocks cost
+
+Targets: saving >= paper; gap <= 0.2 pp; largest step <= 0.5 %; 8 x 1,024 and 16 x 512 full
+frontiers <= 120 s and <= 2 GB on one core; 8 x 10,000 no-slowdown plan <= 60 s.
 """
 
 from __future__ import annotations
@@ -31,194 +40,218 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import resource  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import List, Optional, Tuple  # noqa: E402
+from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
-from perseus.config import EnergyConfig  # noqa: E402
-from perseus.planner import plan_frontier  # noqa: E402
-from perseus.planner.frontier import Frontier  # noqa: E402
-from perseus.planner.gaps import MAX_GAP_REL, max_gap_rel  # noqa: E402
-from perseus.planner.hull import group_hulls  # noqa: E402
-from perseus.planner.lp_model import HullLP  # noqa: E402
-from perseus.planner.policies import choose  # noqa: E402
-from perseus.planner.problem import PlanningProblem  # noqa: E402
-from perseus.profile import Profile, load_profile  # noqa: E402
-
-PROFILES = (
-    "gpt3-175b+a100_sxm_bf16",
-    "gpt3-175b+a40_bf16",
-    "bloom+a100_sxm_bf16",
-    "bloom+a40_bf16",
+from perseus.planner.cases import (  # noqa: E402
+    LARGE,
+    MICROBATCHES,
+    PAPER_SAVING_PCT,
+    PROFILES,
 )
-MICROBATCHES = (12, 24, 48, 96)
-# Paper Table 6: energy saved with no slowdown (%), per profile and microbatch count.
-PAPER = {
-    "gpt3-175b+a100_sxm_bf16": {12: 15.2, 24: 14.2, 48: 13.6, 96: 13.3},
-    "gpt3-175b+a40_bf16": {12: 11.8, 24: 10.2, 48: 9.3, 96: 8.9},
-    "bloom+a100_sxm_bf16": {12: 10.5, 24: 7.1, 48: 5.2, 96: 4.3},
-    "bloom+a40_bf16": {12: 7.0, 24: 4.5, 48: 3.1, 96: 2.4},
-}
-# Measured GPU power while blocked on P2P communication (W).
-P_BLOCK_W = {"a100": 83.64, "a40": 70.38}
-SHARED_DATA = Path("/work/shared/data/perseus-sosp24/emulation/stage_profile")
+
+BOUNDS_FILE = Path(__file__).resolve().parent / "data" / "planner_bounds.json"
+#: Above this many instructions the LP bound is not computed (the exact LP takes minutes).
+MAX_BOUND_NODES = 20_000
+MAX_STEP = 0.005
+
+Case = Tuple[str, int, int, str]  # profile, stages, microbatches, scope
 
 
-def profile_path(name: str) -> Path:
-    """The bundled published profile (falls back to the shared data folder)."""
-    try:
-        from perseus.gpu.emulated import bundled_profile_path
+def run_case(name: str, stages: int, num_mb: int, scope: str) -> Dict[str, Any]:
+    """Solve one case in this process and measure it (called in a child process)."""
+    from perseus.config import EnergyConfig
+    from perseus.planner import plan_frontier, plan_policy
+    from perseus.planner.cases import case_problem
+    from perseus.planner.frontier import max_gap_rel
+    from perseus.planner.policies import choose
+    from perseus.planner.solvers.lp.bounds import lp_bound
 
-        return bundled_profile_path(name)
-    except Exception:
-        bundled = Path(__file__).resolve().parents[1] / "perseus" / "data" / "sosp24"
-        path = bundled / f"{name}.csv"
-        return path if path.is_file() else SHARED_DATA / f"{name}.csv"
+    policy = EnergyConfig(policy="no_slowdown")
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    problem = case_problem(name, num_mb, stages)
+    frontier = plan_frontier(problem) if scope == "frontier" else plan_policy(problem, policy)
+    cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    chosen = choose(frontier, policy)
+    allmax = frontier.allmax
+    bound = None
+    if problem.num_nodes <= MAX_BOUND_NODES:
+        bound = 1.0 - lp_bound(problem, allmax.iteration_time_s).energy_j / allmax.energy_j
+    return {
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "peak_mb": peak_mb,
+        "saving": frontier.saving(chosen),
+        "lp_bound": bound,
+        "step": max_gap_rel(frontier) if scope == "frontier" else None,
+        "empty": [(100 * (b / a - 1), how) for a, b, how in frontier.empty_gaps],
+        "plans": len(frontier),
+        "nodes": problem.num_nodes,
+    }
 
 
-def p_block_w(name: str) -> float:
-    return P_BLOCK_W["a40" if "a40" in name else "a100"]
+def run_sharing(name: str, stages: int, num_mb: int) -> Dict[str, Any]:
+    """LP optimum and no-slowdown saving, exact LP against shared clocks (child process)."""
+    from perseus.config import EnergyConfig
+    from perseus.planner import plan_frontier
+    from perseus.planner.cases import case_problem
+    from perseus.planner.policies import choose
+    from perseus.planner.solvers.lp.hull import group_hulls
+    from perseus.planner.solvers.lp.layout import default_layout, identity_layout
+    from perseus.planner.solvers.lp.model import HullLP
+
+    problem = case_problem(name, num_mb, stages)
+    policy = EnergyConfig(policy="no_slowdown")
+    hulls = group_hulls(problem)
+    out: Dict[str, Any] = {}
+    for label, layout, limit in (
+        ("exact", identity_layout(problem), problem.num_nodes),
+        ("shared", default_layout(problem, 0), 0),
+    ):
+        frontier = plan_frontier(problem, "lp", max_exact_nodes=limit)
+        t_allmax, e_allmax = frontier.allmax.iteration_time_s, frontier.allmax.energy_j
+        lp = HullLP(problem, hulls, layout=layout).solve(t_allmax).energy_j
+        out[label] = {
+            "lp_saving": 1.0 - lp / e_allmax,
+            "saving": frontier.saving(choose(frontier, policy)),
+        }
+    return out
 
 
-def no_slowdown_saving(frontier: Frontier) -> float:
-    return frontier.saving(choose(frontier, EnergyConfig(policy="no_slowdown")))
+def in_child(kind: str, case: Case) -> Dict[str, Any]:
+    """Run ``kind`` (case or sharing) for one case in a fresh Python process."""
+    name, stages, num_mb, scope = case
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, name, str(stages), str(num_mb), scope],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} {case} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def lp_bound_saving(problem: PlanningProblem, frontier: Frontier) -> float:
-    model = HullLP(problem, group_hulls(problem))
-    bound = model.solve(frontier.allmax.iteration_time_s).energy_j
-    return 1.0 - bound / frontier.allmax.energy_j
-
-
-def solve(problem: PlanningProblem, solver: str, **options: object) -> Tuple[Frontier, float]:
-    began = time.perf_counter()
-    frontier = plan_frontier(problem, solver, **options)
-    return frontier, time.perf_counter() - began
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def recorded_bounds() -> Dict[str, Any]:
+    """Bounds proven offline (``scripts/prove_planner_bounds.py``), by ``profile/mb``."""
+    if not BOUNDS_FILE.is_file():
+        return {}
+    cases: Dict[str, Any] = json.loads(BOUNDS_FILE.read_text())["cases"]
+    return cases
 
 
 def print_line(text: str) -> None:
     print(text, flush=True)
 
 
-def published_cases(names: List[str], microbatches: List[int], solver: str) -> List[str]:
-    failures = []
-    print_line(
-        f"{'profile':26s} {'mb':>3s} {'saving%':>8s} {'paper%':>7s} {'LP bound%':>9s} "
-        f"{'gap pp':>7s} {'plans':>5s} {'max step%':>9s} {'solve s':>8s}"
+def fmt(value: Optional[float], width: int, digits: int = 2, scale: float = 100.0) -> str:
+    return f"{'-':>{width}s}" if value is None else f"{scale * value:{width}.{digits}f}"
+
+
+def table(cases: List[Case]) -> List[str]:
+    """Run every case and print the table; returns the cases missing a target."""
+    recorded = recorded_bounds()
+    header = (
+        f"{'case':34s} {'cpu s':>7s} {'wall s':>7s} {'peak MB':>8s} {'saving%':>8s} "
+        f"{'paper%':>6s} {'bound%':>7s} {'gap pp':>6s} {'step%':>6s}  bound by"
     )
-    for name in names:
-        profile = load_profile(profile_path(name))
-        for num_mb in microbatches:
-            problem = PlanningProblem(profile, num_mb, p_block_w(name))
-            frontier, elapsed = solve(problem, solver)
-            saving = 100 * no_slowdown_saving(frontier)
-            bound = 100 * lp_bound_saving(problem, frontier)
-            paper = PAPER.get(name, {}).get(num_mb)
-            gap = bound - saving
-            step = 100 * max_gap_rel(frontier)
-            ok = (paper is None or saving >= paper) and gap <= 0.5
-            sparse = step > 100 * MAX_GAP_REL
-            if not ok or sparse:
-                failures.append(f"{name} mb={num_mb}")
-            paper_text = f"{paper:7.1f}" if paper is not None else "      -"
-            print_line(
-                f"{name:26s} {num_mb:3d} {saving:8.2f} {paper_text} {bound:9.2f} {gap:7.2f} "
-                f"{len(frontier):5d} {step:9.3f} {elapsed:8.2f}"
-                f"{'' if ok else '  <-- misses target'}{'  <-- step > 0.5 %' if sparse else ''}"
+    print_line(header)
+    print_line("-" * len(header))
+    misses = []
+    for case in cases:
+        name, stages, num_mb, scope = case
+        r = in_child("case", case)
+        bound, method = r["lp_bound"], "LP relaxation (time windows)"
+        rec = recorded.get(f"{name}/{num_mb}") if stages == 8 else None
+        if rec is not None and (bound is None or rec["bound_saving"] < bound):
+            bound = rec["bound_saving"]
+            method = f"{rec['method']}, {rec['time_limit_s']:.0f} s" + (
+                ", optimal" if rec["optimal"] else ""
             )
-    return failures
-
-
-def four_stage_profile(name: str) -> Profile:
-    """Stages 4..7 of a published profile (keeps the imbalanced last stage), renumbered 0..3."""
-    full = load_profile(profile_path(name))
-    rows = [(s - 4, i, f, t, e) for s, i, f, t, e in full.rows() if s >= 4]
-    return Profile.from_rows(rows, source=f"{name} stages 4-7")
-
-
-def lowtime_comparison(name: str, num_mb: int, time_unit_s: Optional[float]) -> None:
-    """lowtime and the default solver side by side: solve time ratio and savings."""
-    problem = PlanningProblem(four_stage_profile(name), num_mb, p_block_w(name))
-    print_line(f"\nlowtime vs lp on {name} stages 4-7 (4 stages x {num_mb} microbatches)")
-    results = {}
-    for solver in ("lp", "lowtime"):
-        options = {"time_unit_s": time_unit_s} if solver == "lowtime" and time_unit_s else {}
-        try:
-            results[solver] = solve(problem, solver, **options)
-        except Exception as exc:  # report and go on: the comparison is informative only
-            print_line(f"{solver} failed: {type(exc).__name__}: {exc}")
-            return
-    rows = {
-        "solve time s": lambda f, t: t,
-        "plans": lambda f, t: len(f),
-        "saving% no slowdown": lambda f, t: 100 * no_slowdown_saving(f),
-        "saving% <= 1% slower": lambda f, t: 100 * slowdown_saving(f, 0.01),
-        "saving% <= 5% slower": lambda f, t: 100 * slowdown_saving(f, 0.05),
-        "least energy J": lambda f, t: min(p.energy_j for p in f.points),
-        "max step% (<= 0.5)": lambda f, t: 100 * max_gap_rel(f),
-    }
-    print_line(f"{'':22s} {'lp':>10s} {'lowtime':>10s} {'lowtime/lp':>10s}")
-    for label, metric in rows.items():
-        lp_value, lt_value = (metric(*results[s]) for s in ("lp", "lowtime"))
-        ratio = f"{lt_value / lp_value:10.2f}" if lp_value else f"{'-':>10s}"
-        print_line(f"{label:22s} {lp_value:10.2f} {lt_value:10.2f} {ratio}")
-    if no_slowdown_saving(results["lowtime"][0]) == 0.0:
+        gap = None if bound is None else bound - r["saving"]
+        paper = PAPER_SAVING_PCT.get(name, {}).get(num_mb) if stages == 8 else None
+        label = f"{name} {stages}x{num_mb}" + ("" if scope == "frontier" else " (policy)")
+        flags = []
+        if paper is not None and 100 * r["saving"] < paper:
+            flags.append("below paper")
+        if gap is not None and gap > 0.002 + 1e-9:
+            flags.append("gap > 0.2 pp")
+        if r["step"] is not None and r["step"] > MAX_STEP:
+            flags.append("step > 0.5 %")
+        if flags:
+            misses.append(f"{label}: {', '.join(flags)}")
         print_line(
-            "lowtime saves nothing at strict no slowdown: it rounds instruction times down to "
-            "its time unit, so the plans it believes as fast as all-max re-simulate slightly "
-            "slower, and only the all-max plan is left (see the 1 % / 5 % rows)."
+            f"{label:34s} {r['cpu_s']:7.1f} {r['wall_s']:7.1f} {r['peak_mb']:8.0f} "
+            f"{fmt(r['saving'], 8)} {fmt(paper, 6, 1, 1.0)} {fmt(bound, 7)} {fmt(gap, 6)} "
+            f"{fmt(r['step'], 6, 2)}  {method if bound is not None else '-'}"
         )
+        for step, how in r["empty"]:
+            print_line(f"{'':34s} a {step:.2f} % step is proven empty: {how}")
+    return misses
 
 
-def slowdown_saving(frontier: Frontier, max_slowdown: float) -> float:
-    """Saving of the least-energy plan at most ``max_slowdown`` slower than all-max."""
-    policy = EnergyConfig(policy="slowdown", max_slowdown=max_slowdown)
-    return frontier.saving(choose(frontier, policy))
-
-
-def scale_runs(sizes: List[int], solver: str) -> None:
-    profile = load_profile(profile_path(PROFILES[0]))
-    print_line(f"\nfull frontier on one core ({PROFILES[0]}, 8 stages)")
-    for num_mb in sizes:
-        began = time.perf_counter()
-        problem = PlanningProblem(profile, num_mb, p_block_w(PROFILES[0]))
-        frontier, elapsed = solve(problem, solver)
-        total = time.perf_counter() - began
+def sharing_table(cases: List[Case]) -> None:
+    """What shared clock patterns cost (LP optimum and final saving, in pp)."""
+    print_line("\nshared clocks in the 1F1B steady state vs the exact LP (no slowdown)")
+    header = (
+        f"{'case':34s} {'LP exact%':>9s} {'LP shared%':>10s} {'cost pp':>7s} "
+        f"{'plan exact%':>11s} {'plan shared%':>12s} {'diff pp':>7s}"
+    )
+    print_line(header)
+    for case in cases:
+        name, stages, num_mb, _ = case
+        r = in_child("sharing", case)
+        ex, sh = r["exact"], r["shared"]
         print_line(
-            f"8 x {num_mb:<4d} instructions {problem.num_nodes:5d}  plans {len(frontier):4d}  "
-            f"solve {elapsed:7.2f} s  total {total:7.2f} s  peak RSS {peak_rss_mb():7.1f} MB"
+            f"{name + f' {stages}x{num_mb}':34s} {fmt(ex['lp_saving'], 9, 3)} "
+            f"{fmt(sh['lp_saving'], 10, 3)} {fmt(ex['lp_saving'] - sh['lp_saving'], 7, 3)} "
+            f"{fmt(ex['saving'], 11, 3)} {fmt(sh['saving'], 12, 3)} "
+            f"{fmt(ex['saving'] - sh['saving'], 7, 3)}"
         )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", choices=("all", "published", "large", "none"), default="all")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=PROFILES)
     parser.add_argument("--microbatches", nargs="+", type=int, default=list(MICROBATCHES))
-    parser.add_argument("--solver", default="lp")
-    parser.add_argument("--no-published", action="store_true", help="skip the 16 cases")
-    parser.add_argument("--no-lowtime", action="store_true", help="skip lowtime vs lp")
-    parser.add_argument("--lowtime-microbatches", type=int, default=8)
-    parser.add_argument("--lowtime-time-unit-s", type=float, default=None)
-    parser.add_argument("--no-scale", action="store_true", help="skip the 8x96 / 8x256 runs")
-    parser.add_argument("--scale-microbatches", nargs="+", type=int, default=[96, 256])
+    parser.add_argument("--sharing", action="store_true", help="also measure shared clocks")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        kind, name, stages, num_mb, scope = args.child
+        if kind == "case":
+            result = run_case(name, int(stages), int(num_mb), scope)
+        else:
+            result = run_sharing(name, int(stages), int(num_mb))
+        print(json.dumps(result))
+        return 0
 
-    failures: List[str] = []
-    if not args.no_published:
-        failures = published_cases(args.profiles, args.microbatches, args.solver)
-    if not args.no_lowtime:
-        lowtime_comparison(PROFILES[0], args.lowtime_microbatches, args.lowtime_time_unit_s)
-    if not args.no_scale:
-        scale_runs(args.scale_microbatches, args.solver)
-    print_line(f"\npeak RSS {peak_rss_mb():.1f} MB")
-    if failures:
-        print_line("cases missing a target: " + ", ".join(failures))
+    cases: List[Case] = []
+    if args.cases in ("all", "published"):
+        cases += [(n, 8, m, "frontier") for n in args.profiles for m in args.microbatches]
+    if args.cases in ("all", "large"):
+        cases += [(n, s, m, "frontier" if m <= 2048 else "policy") for n, s, m in LARGE]
+    load = os.getloadavg()
+    print_line(
+        f"planner benchmark on {os.cpu_count()} cores, one thread per case, load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    )
+    misses = table(cases) if cases else []
+    if args.sharing:
+        sharing_table(
+            [(n, 8, 96, "frontier") for n in args.profiles]
+            + [(PROFILES[0], 8, 256, "frontier"), (PROFILES[0], 16, 128, "frontier")]
+        )
+    load = os.getloadavg()
+    print_line(f"\nload average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    print_line("cases missing a target: " + ("; ".join(misses) if misses else "none"))
     return 0
 
 

@@ -35,8 +35,6 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.wire",
             "perseus.wire_bounds",
             "perseus.formats",
-            "perseus.profile",  # import alias of perseus.formats.profile_csv
-            "perseus.plan",  # import alias of perseus.formats.plan_json
         ],
     ),
     ("gpu", ["perseus.gpu"]),

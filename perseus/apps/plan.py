@@ -27,8 +27,9 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from perseus.apps.common import hydra_app
 from perseus.config import PerseusConfig
@@ -36,22 +37,41 @@ from perseus.errors import ConfigError
 from perseus.formats import plan_outputs
 
 if TYPE_CHECKING:
+    from perseus.formats.profile_csv import Profile
     from perseus.planner.frontier import Frontier, FrontierPoint
     from perseus.planner.problem import PlanningProblem
 
-logger = logging.getLogger("perseus.formats.plan_json")
+logger = logging.getLogger("perseus.plan")
 
 PROGRESS_PERIOD_S = 2.0
+#: Larger plans get no timeline.png (drawing 20,000 boxes takes about 20 s).
+MAX_TIMELINE_NODES = 20_000
 
 
-def load_problem(cfg: PerseusConfig) -> PlanningProblem:
-    """Build the PlanningProblem of ``cfg.planner`` and ``cfg.parallelism``.
+@dataclass
+class PlannedProfile:
+    """The profile perseus-plan plans with.
+
+    Attributes:
+        profile: Restricted to ``planner.min_frequency_mhz``, stages selected and renumbered.
+        stages: The source profile's stages, in pipeline order.
+        p2p_power_w: ``planner.p2p_power_w`` for those stages.
+    """
+
+    profile: Profile
+    stages: List[int]
+    p2p_power_w: Any
+
+
+def planned_profile(cfg: PerseusConfig) -> PlannedProfile:
+    """Load ``planner.profile`` and keep the stages to plan (see ``planner.stages``).
 
     Raises:
-        ConfigError: ``planner.profile`` not set. ProfileError: a bad profile CSV.
+        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
+            bad profile CSV.
     """
     from perseus.formats.profile_csv import read_profile_csv
-    from perseus.planner.problem import PlanningProblem
+    from perseus.planner.derived import planned_stages, select_stages
 
     if not cfg.planner.profile:
         raise ConfigError(
@@ -61,19 +81,79 @@ def load_problem(cfg: PerseusConfig) -> PlanningProblem:
     profile = read_profile_csv(Path(cfg.planner.profile).expanduser())
     if cfg.planner.min_frequency_mhz is not None:
         profile = profile.restrict(cfg.planner.min_frequency_mhz)
-    if profile.num_stages != cfg.parallelism.pp:
+    num_profile = profile.num_stages
+    pp = cfg.parallelism.pp
+    stages = planned_stages(num_profile, pp, cfg.planner.stages)
+    if stages != list(range(num_profile)):
+        how = "planner.stages" if cfg.planner.stages is not None else f"parallelism.pp={pp}"
         logger.info(
-            "planning for the profile's %d stages (parallelism.pp=%d is not used by perseus-plan)",
-            profile.num_stages,
-            cfg.parallelism.pp,
+            "planning %d of the profile's %d stages: %s (%s)", len(stages), num_profile, stages, how
         )
+        profile = select_stages(profile, stages)
+    elif num_profile != pp:
+        logger.info("planning the profile's %d stages (parallelism.pp=%d)", num_profile, pp)
+    p2p = cfg.planner.p2p_power_w
+    # One value per profile stage: keep the planned stages' values.
+    if isinstance(p2p, Sequence) and not isinstance(p2p, str) and len(p2p) == num_profile:
+        p2p = [p2p[s] for s in stages]
+    return PlannedProfile(profile, stages, p2p)
+
+
+def load_problem(cfg: PerseusConfig) -> PlanningProblem:
+    """Build the PlanningProblem of ``cfg.planner`` and ``cfg.parallelism``.
+
+    Raises:
+        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
+            bad profile CSV.
+    """
+    return build_problem(cfg, planned_profile(cfg))
+
+
+def build_problem(cfg: PerseusConfig, planned: PlannedProfile) -> PlanningProblem:
+    """The PlanningProblem of a planned profile and ``cfg.parallelism``."""
+    from perseus.planner.problem import PlanningProblem
+
     return PlanningProblem(
-        profile,
+        planned.profile,
         cfg.parallelism.num_microbatches,
-        cfg.planner.p2p_power_w,
+        planned.p2p_power_w,
         schedule=cfg.parallelism.schedule,
         num_model_chunks=cfg.parallelism.num_model_chunks,
     )
+
+
+def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
+    """``frontier`` or ``policy`` for ``planner.scope`` and what this machine can do.
+
+    Raises:
+        ConfigError: the work is estimated to exceed ``planner.max_solve_s`` or the free
+            memory (the message gives the estimate and what to change).
+    """
+    from perseus.planner.limits import MAX_AUTO_OUTPUT_BYTES, choose_scope, estimate
+
+    if cfg.planner.solver != "lp":
+        return "frontier" if cfg.planner.scope != "policy" else "policy"
+    par = cfg.parallelism
+    shape = (num_stages, par.num_microbatches, par.schedule, par.num_model_chunks)
+    frontier = estimate(*shape, scope="frontier")
+    policy = estimate(*shape, scope="policy")
+    scope = choose_scope(cfg.planner.scope, frontier, policy, cfg.planner.max_solve_s)
+    if scope == "policy" and cfg.planner.scope == "auto":
+        logger.info(
+            "the full frontier of %d instructions would need %s (planner.max_solve_s=%g, "
+            "plan files up to %.0f GB); planning only the energy policy's plan (%s); "
+            "planner.scope=frontier forces it",
+            frontier.num_nodes,
+            frontier.describe(),
+            cfg.planner.max_solve_s,
+            MAX_AUTO_OUTPUT_BYTES / 1e9,
+            policy.describe(),
+        )
+    else:
+        logger.info(
+            "estimated %s for %s", (frontier if scope == "frontier" else policy).describe(), scope
+        )
+    return scope
 
 
 def solver_options(name: str, cfg: PerseusConfig) -> Dict[str, Any]:
@@ -121,33 +201,46 @@ def run_plan(
     Raises:
         ConfigError, ProfileError, SolverError: with what to fix.
     """
-    from perseus.planner import plan_frontier
+    from perseus.planner import plan_frontier, plan_policy
     from perseus.planner.policies import choose
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    problem = load_problem(cfg)
+    log = progress or ProgressLog()
+    planned = planned_profile(cfg)
+    scope = plan_scope(cfg, planned.profile.num_stages)
     name = cfg.planner.solver
     options = solver_options(name, cfg)
+    log("building the problem", 0.0)
+    problem = build_problem(cfg, planned)
     logger.info(
-        "planning %d stages x %d microbatches (%s) with solver %r %s",
+        "planning %d stages x %d microbatches (%s, %d instructions) with solver %r%s: %s",
         problem.num_stages,
         problem.num_microbatches,
         problem.schedule,
+        problem.num_nodes,
         name,
-        options or "",
+        f" {options}" if options else "",
+        "every Pareto-optimal plan" if scope == "frontier" else "the energy policy's plan",
     )
     start_s = time.perf_counter()
-    frontier = plan_frontier(problem, name, progress or ProgressLog(), **options)
+    if scope == "frontier":
+        frontier = plan_frontier(problem, name, log, **options)
+    else:
+        frontier = plan_policy(problem, cfg.energy, name, log, **options)
     solve_time_s = time.perf_counter() - start_s
     chosen = choose(frontier, cfg.energy)
     note = None
     if chosen.is_allmax and cfg.energy.policy == "no_slowdown":
         note = _hint_nearest_saving(frontier, name, options.get("time_unit_s"))
+    log(f"writing {len(frontier)} plans", 1.0)
     files = write_plans(frontier, chosen, cfg, out_dir)
     if cfg.planner.plots:
+        log("drawing plots", 1.0)
         files.update(write_plots(problem, frontier, chosen, out_dir))
     summary = make_summary(cfg, frontier, chosen, name, solve_time_s, files)
+    summary["scope"] = scope
+    summary["profile_stages"] = planned.stages
     if note:
         summary["note"] = note
     plan_outputs.write_summary(out_dir, summary)
@@ -218,12 +311,21 @@ def write_plans(
 def write_plots(
     problem: PlanningProblem, frontier: Frontier, chosen: FrontierPoint, out_dir: Path
 ) -> Dict[str, str]:
-    """frontier.png and timeline.png (of the chosen plan)."""
+    """frontier.png and (up to ``MAX_TIMELINE_NODES`` instructions) timeline.png."""
     from perseus.planner.plots import plot_frontier, plot_timeline
 
     plot_frontier(frontier, out_dir / "frontier.png", chosen=chosen)
+    files = {"frontier_plot": "frontier.png"}
+    if problem.num_nodes > MAX_TIMELINE_NODES:
+        logger.info(
+            "no timeline.png: %d instructions are too many boxes to draw (at most %d)",
+            problem.num_nodes,
+            MAX_TIMELINE_NODES,
+        )
+        return files
     plot_timeline(problem, chosen.freqs, out_dir / "timeline.png")
-    return {"frontier_plot": "frontier.png", "timeline_plot": "timeline.png"}
+    files["timeline_plot"] = "timeline.png"
+    return files
 
 
 def _point(frontier: Frontier, point: FrontierPoint) -> Dict[str, Any]:

@@ -8,8 +8,8 @@ sorted by iteration time; ``plan_id`` is the position (the fastest plan is 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 # Plans closer than this (relative) in both time and energy are the same point.
 _REL_TOL = 1e-9
+#: Largest allowed relative iteration-time step between neighbouring frontier plans.
+MAX_GAP_REL = 0.005
+
+Gap = Tuple["FrontierPoint", "FrontierPoint"]
 
 
 @dataclass
@@ -35,6 +39,7 @@ class FrontierPoint:
         energy_j: Re-simulated energy.
         freqs: Per stage, one frequency (MHz) per instruction in execution order.
         is_allmax: This is the all-max-frequency plan.
+        choices: The same plan as option indices per node (``problem.node_group`` order).
     """
 
     plan_id: int
@@ -42,6 +47,7 @@ class FrontierPoint:
     energy_j: float
     freqs: Freqs
     is_allmax: bool = False
+    choices: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
 
 class Frontier:
@@ -52,6 +58,8 @@ class Frontier:
         points: The plans, sorted by iteration time (energy then strictly decreases, except
             that the all-max plan is kept even when dominated).
         allmax: The all-max-frequency plan (also in ``points``).
+        empty_gaps: Steps between neighbouring points proven to hold no Pareto-optimal plan:
+            ``(faster time, slower time, how)`` (see :mod:`.solvers.lp.gaps`).
     """
 
     def __init__(self, problem: PlanningProblem, points: List[FrontierPoint]) -> None:
@@ -62,6 +70,7 @@ class Frontier:
         if len(allmax) != 1:
             raise SolverError("a frontier needs exactly one all-max plan")
         self.allmax = allmax[0]
+        self.empty_gaps: List[Tuple[float, float, str]] = []
 
     def __len__(self) -> int:
         return len(self.points)
@@ -71,7 +80,7 @@ class Frontier:
         return 1.0 - point.energy_j / self.allmax.energy_j
 
     def to_plan(self, point: FrontierPoint) -> Plan:
-        """The point as a :class:`perseus.plan.Plan` with its re-simulated prediction."""
+        """The point as a plan (:mod:`perseus.formats.plan_json`), with its re-simulated figures."""
         problem = self.problem
         stages = [
             [PlanStep(name, mb, int(f)) for (name, mb), f in zip(problem.order[s], point.freqs[s])]
@@ -86,6 +95,12 @@ class Frontier:
             predicted_energy_j=point.energy_j,
             extra={"plan_id": point.plan_id},
         )
+
+    def choices(self, point: FrontierPoint) -> np.ndarray:
+        """The point's plan as option indices per node."""
+        if point.choices is not None:
+            return point.choices
+        return self.problem.freqs_to_choices(point.freqs)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per point: plan_id, iteration_time_s, energy_j, saving, is_allmax, ..."""
@@ -132,6 +147,7 @@ def build_frontier(
             energy_j=float(energies[r]),
             freqs=problem.choices_to_freqs(choices[r]),
             is_allmax=r == allmax_row,
+            choices=choices[r],
         )
         for i, r in enumerate(keep)
     ]
@@ -148,3 +164,36 @@ def pareto_rows(times: np.ndarray, energies: np.ndarray) -> List[int]:
             keep.append(r)
             best = energies[r]
     return keep
+
+
+def density_gaps(
+    frontier: Frontier, max_gap_rel: float = MAX_GAP_REL, skip_proven: bool = True
+) -> List[Gap]:
+    """Neighbouring plans between the fastest and the least-energy plan too far apart.
+
+    Args:
+        frontier: A frontier.
+        max_gap_rel: Largest allowed ``T_next / T - 1``.
+        skip_proven: Leave out steps proven empty (:attr:`Frontier.empty_gaps`).
+
+    Returns:
+        ``(faster, slower)`` pairs whose iteration times differ by more than ``max_gap_rel``.
+    """
+    t_least = min(frontier.points, key=lambda p: p.energy_j).iteration_time_s
+    inside = [p for p in frontier.points if p.iteration_time_s <= t_least * (1 + 1e-9)]
+    proven = {(a, b) for a, b, _ in frontier.empty_gaps} if skip_proven else set()
+    return [
+        (a, b)
+        for a, b in zip(inside, inside[1:])
+        if b.iteration_time_s / a.iteration_time_s - 1 > max_gap_rel
+        and (a.iteration_time_s, b.iteration_time_s) not in proven
+    ]
+
+
+def max_gap_rel(frontier: Frontier, skip_proven: bool = True) -> float:
+    """Largest relative iteration-time step between neighbouring plans (fastest..least energy).
+
+    Steps proven to hold no Pareto-optimal plan are left out unless ``skip_proven`` is False.
+    """
+    gaps = density_gaps(frontier, 0.0, skip_proven)
+    return max((b.iteration_time_s / a.iteration_time_s - 1 for a, b in gaps), default=0.0)

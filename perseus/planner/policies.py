@@ -19,6 +19,7 @@ the fastest plan.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import numpy as np
 
@@ -43,19 +44,13 @@ def choose(frontier: Frontier, energy: EnergyConfig) -> FrontierPoint:
     if policy == "no_slowdown":
         return _least_energy_within(frontier, t_allmax * (1 + NO_SLOWDOWN_RTOL))
     if policy == "slowdown":
-        if energy.max_slowdown is None or energy.max_slowdown < 0:
-            raise ConfigError(
-                f"energy.max_slowdown={energy.max_slowdown!r}: energy=slowdown needs a "
-                "fraction >= 0, e.g. energy.max_slowdown=0.05 for 5 %"
-            )
+        _check_slowdown(energy)
+        assert energy.max_slowdown is not None
         limit = t_allmax * (1 + energy.max_slowdown) * (1 + NO_SLOWDOWN_RTOL)
         return _least_energy_within(frontier, limit)
     if policy == "deadline":
-        if energy.iteration_time_s is None or energy.iteration_time_s <= 0:
-            raise ConfigError(
-                f"energy.iteration_time_s={energy.iteration_time_s!r}: energy=deadline needs "
-                "a target iteration time in seconds > 0"
-            )
+        _check_deadline(energy)
+        assert energy.iteration_time_s is not None
         return best_for_iteration_time(frontier, energy.iteration_time_s)
     if policy == "min_energy":
         return min(frontier.points, key=lambda p: (p.energy_j, p.iteration_time_s))
@@ -63,7 +58,52 @@ def choose(frontier: Frontier, energy: EnergyConfig) -> FrontierPoint:
         return frontier.allmax
     if policy == "zeus_cost":
         return _zeus_cost(frontier, energy.eta)
-    raise ConfigError(
+    raise ConfigError(_unknown(policy))
+
+
+def policy_deadline(energy: EnergyConfig, t_allmax_s: float) -> Optional[float]:
+    """The iteration-time budget ``energy``'s policy plans for; None when it has none.
+
+    ``no_slowdown``: ``T_allmax``; ``slowdown``: ``(1 + max_slowdown) T_allmax``;
+    ``deadline``: ``energy.iteration_time_s`` (at least the fastest time is planned anyway);
+    ``max_speed``: ``T_allmax``; ``min_energy`` and ``zeus_cost``: None (they weigh the whole
+    frontier).
+
+    Raises:
+        ConfigError: a missing or negative parameter, or an unknown policy.
+    """
+    policy = energy.policy
+    if policy in ("no_slowdown", "max_speed"):
+        return t_allmax_s
+    if policy == "slowdown":
+        _check_slowdown(energy)
+        return t_allmax_s * (1 + float(energy.max_slowdown or 0.0))
+    if policy == "deadline":
+        _check_deadline(energy)
+        return float(energy.iteration_time_s or 0.0)
+    if policy in ("min_energy", "zeus_cost"):
+        return None
+    raise ConfigError(_unknown(policy))
+
+
+def _check_slowdown(energy: EnergyConfig) -> None:
+    if energy.max_slowdown is None or not energy.max_slowdown >= 0:
+        raise ConfigError(
+            f"energy.max_slowdown={energy.max_slowdown!r}: energy=slowdown needs a "
+            "fraction >= 0, e.g. energy.max_slowdown=0.05 for 5 %"
+        )
+
+
+def _check_deadline(energy: EnergyConfig) -> None:
+    if energy.iteration_time_s is None or not energy.iteration_time_s > 0:
+        raise ConfigError(
+            f"energy.iteration_time_s={energy.iteration_time_s!r}: energy=deadline needs "
+            "a target iteration time in seconds > 0"
+        )
+
+
+def _unknown(policy: str) -> str:
+    return (
         f"energy={policy!r} does not choose a pipeline plan; use no_slowdown, slowdown, "
         "deadline, min_energy, max_speed or zeus_cost"
     )

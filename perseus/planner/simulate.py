@@ -82,6 +82,32 @@ def earliest_finish(problem: PlanningProblem, times: np.ndarray) -> np.ndarray:
     return finish[:, :num_nodes]
 
 
+def latest_finish(
+    problem: PlanningProblem, times: np.ndarray, deadline_s: np.ndarray
+) -> np.ndarray:
+    """Latest finish time of every node, (plans, nodes), so that every plan meets its deadline.
+
+    Args:
+        problem: The planning problem.
+        times: (plans, nodes) durations.
+        deadline_s: Per plan, the time by which every sink must finish.
+    """
+    dag = problem.dag
+    num_nodes = times.shape[1]
+    # Column ``num_nodes`` absorbs writes to predecessor index -1.
+    latest = np.repeat(np.asarray(deadline_s, dtype=float)[:, None], num_nodes + 1, axis=1)
+    for level in reversed(dag.levels):
+        late_start = latest[:, level] - times[:, level]
+        for pred in (dag.stage_pred[level], dag.flow_pred[level]):
+            scatter_min(latest, pred, late_start)
+    return latest[:, :num_nodes]
+
+
+def scatter_min(target: np.ndarray, columns: np.ndarray, values: np.ndarray) -> None:
+    """``target[:, columns] = min(target[:, columns], values)``, repeated columns included."""
+    np.minimum.at(target.T, columns, values.T)
+
+
 def simulate_choices(
     problem: PlanningProblem, choices: np.ndarray
 ) -> Tuple[np.ndarray, np.ndarray]:

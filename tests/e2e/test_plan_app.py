@@ -99,3 +99,45 @@ def test_cfg_job_works_from_any_directory(tmp_path: Path) -> None:
     assert "planner:" in proc.stdout and "solver: lowtime" in proc.stdout
     assert "policy: no_slowdown" in proc.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_ten_thousand_microbatches_with_progress(tmp_path: Path) -> None:
+    # Two stages of the published 8-stage profile (parallelism.pp=2 picks stages 0 and 7),
+    # 10,000 microbatches: only the no-slowdown plan (planner.scope=policy), with progress.
+    run_dir = tmp_path / "run"
+    proc = _run(
+        [
+            f"planner.profile={SHIPPED}",
+            "parallelism.pp=2",
+            "parallelism.num_microbatches=10000",
+            "planner.p2p_power_w=83.64",
+            "planner.scope=policy",
+            "planner.plots=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "planning 2 of the profile's 8 stages: [0, 7]" in output
+    assert "LP sweep: deadline 1/1" in output and "building the problem" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["scope"] == "policy" and summary["profile_stages"] == [0, 7]
+    plan = load_plan(run_dir / "plan.json")
+    assert (plan.num_stages, plan.num_microbatches) == (2, 10000)
+    assert summary["chosen"]["saving"] > 0.02
+
+
+def test_refuses_what_this_machine_cannot_do(tmp_path: Path) -> None:
+    proc = _run(
+        [
+            f"planner.profile={SHIPPED}",
+            "parallelism.pp=8",
+            "parallelism.num_microbatches=1000000",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "16,000,000 instructions" in proc.stderr and "needs about" in proc.stderr

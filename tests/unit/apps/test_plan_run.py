@@ -111,7 +111,7 @@ def test_hint_when_nothing_saves_without_slowdown(tmp_path: Path, caplog) -> Non
     slower[0][-1] = FREQS[-2]  # stage 0's last backward ends the iteration: slightly slower
     frontier = build_frontier(problem, [slower])
     assert len(frontier.points) == 2 and frontier.points[0].is_allmax
-    with caplog.at_level("INFO", logger="perseus.formats.plan_json"):
+    with caplog.at_level("INFO", logger="perseus.plan"):
         note = _hint_nearest_saving(frontier)
     assert note is not None and note in caplog.text
     assert "plan 1 is" in note and "energy.max_slowdown=" in note and "lowtime" not in note
@@ -140,3 +140,57 @@ def test_lowtime_no_slowdown_note_in_summary(tmp_path: Path) -> None:
     cfg.planner.solver = "lp"
     summary = run_plan(cfg, tmp_path / "out_lp")
     assert summary["chosen"]["saving"] > 0.05 and "note" not in summary
+
+
+def _published_cfg(tmp_path: Path, **planner: object) -> PerseusConfig:
+    from perseus.planner.cases import profile_path
+
+    cfg = _cfg(profile_path("gpt3-175b+a100_sxm_bf16"), plots=False, **planner)
+    cfg.planner.p2p_power_w = 83.64
+    return cfg
+
+
+def test_a_two_stage_job_plans_with_an_eight_stage_profile(tmp_path: Path) -> None:
+    cfg = _published_cfg(tmp_path)
+    cfg.parallelism.pp = 2  # the documented rule: first and last stage
+    summary = run_plan(cfg, tmp_path / "pp2")
+    assert summary["profile_stages"] == [0, 7] and summary["num_stages"] == 2
+    plan = load_plan(tmp_path / "pp2" / "plan.json")
+    assert plan.num_stages == 2 and summary["chosen"]["saving"] > 0.02
+    cfg.planner.stages = [0, 3, 7]  # explicit stages win over parallelism.pp
+    summary = run_plan(cfg, tmp_path / "three")
+    assert summary["profile_stages"] == [0, 3, 7] and summary["num_stages"] == 3
+    cfg.planner.stages = [0, 8]
+    with pytest.raises(ConfigError, match=r"planner.stages=\[0, 8\].*0\.\.7"):
+        run_plan(cfg, tmp_path / "bad")
+
+
+def test_policy_scope_reports_progress(tmp_path: Path, caplog) -> None:
+    cfg = _published_cfg(tmp_path, scope="policy", stages=[0, 7])
+    cfg.parallelism.num_microbatches = 1000
+    with caplog.at_level("INFO", logger="perseus.plan"):
+        summary = run_plan(cfg, tmp_path / "out")
+    assert summary["scope"] == "policy" and summary["num_microbatches"] == 1000
+    assert summary["num_plans"] <= 20 and summary["chosen"]["saving"] > 0.02
+    text = caplog.text
+    # Phase, deadlines done/total and elapsed seconds.
+    assert "building the problem" in text and "LP sweep: deadline 1/1" in text
+    assert "writing" in text and " s)" in text
+
+
+def test_auto_scope_and_refusal(tmp_path: Path, caplog) -> None:
+    from perseus.planner.limits import estimate
+
+    cfg = _published_cfg(tmp_path, stages=[0, 7])
+    cfg.parallelism.num_microbatches = 2000
+    frontier = estimate(2, 2000)
+    policy = estimate(2, 2000, scope="policy")
+    cfg.planner.max_solve_s = (frontier.seconds + policy.seconds) / 2
+    with caplog.at_level("INFO", logger="perseus.plan"):
+        summary = run_plan(cfg, tmp_path / "auto")
+    assert summary["scope"] == "policy"
+    assert "planning only the energy policy's plan" in caplog.text
+    cfg.planner.max_solve_s = policy.seconds / 2
+    with pytest.raises(ConfigError, match="needs about .* more than planner.max_solve_s"):
+        run_plan(cfg, tmp_path / "refused")
+    assert not (tmp_path / "refused" / "plan.json").exists()

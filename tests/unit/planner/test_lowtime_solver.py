@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from perseus.errors import SolverError
+from perseus.formats.profile_csv import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers import get_solver
 from perseus.planner.solvers import lowtime_solver as lt
-from perseus.profile import Profile
 
 # A power-of-two time unit keeps quantized times exact in floating point.
 UNIT_S = 2.0**-10
@@ -215,9 +215,9 @@ def _shipped_cut(name: str, stages: Sequence[int]) -> Profile:
     from pathlib import Path
 
     import perseus
-    from perseus.profile import load_profile
+    from perseus.formats.profile_csv import read_profile_csv
 
-    full = load_profile(Path(perseus.__file__).parent / "data" / "sosp24" / f"{name}.csv")
+    full = read_profile_csv(Path(perseus.__file__).parent / "data" / "sosp24" / f"{name}.csv")
     index = {s: i for i, s in enumerate(stages)}
     return Profile.from_rows((index[r[0]], *r[1:]) for r in full.rows() if r[0] in index)
 

@@ -8,16 +8,16 @@ import pytest
 
 from perseus.config import EnergyConfig
 from perseus.errors import ConfigError, SolverError
+from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.planner import plan_frontier
-from perseus.planner.hull import group_hulls, lower_hull
-from perseus.planner.lp_model import HullLP, fractional_nodes
 from perseus.planner.policies import choose
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers import Solver, available_solvers, get_solver, register_solver
 from perseus.planner.solvers.base import Progress
 from perseus.planner.solvers.lp import LPSolver
-from perseus.profile import Profile, load_profile
+from perseus.planner.solvers.lp.hull import group_hulls, lower_hull
+from perseus.planner.solvers.lp.model import HullLP, fractional_classes
 
 from ._profiles import synthetic_profile
 
@@ -64,12 +64,12 @@ def test_lp_infeasible_deadline() -> None:
         model.solve(1e-3)
 
 
-def test_dive_pins_fractional_nodes() -> None:
+def test_dive_pins_fractional_classes() -> None:
     problem = PlanningProblem(synthetic_profile(3, seed=3), 6, p2p_power_w=70.0)
     model = HullLP(problem, group_hulls(problem))
     times, _ = simulate_choices(problem, problem.allmax_choices()[None, :])
     first = model.solve(float(times[0]) * 1.05)
-    nodes, lower = fractional_nodes(model, first)
+    nodes, lower = fractional_classes(model, first)
     assert len(nodes) > 0
     model.start_dive()
     model.fix(nodes, lower)
@@ -123,7 +123,7 @@ def test_published_profile_no_slowdown_saving() -> None:
     path = DATA / "bloom+a100_sxm_bf16.csv"
     if not path.exists():
         pytest.skip("published profiles not bundled")
-    problem = PlanningProblem(load_profile(path), 12, p2p_power_w=83.64)
+    problem = PlanningProblem(read_profile_csv(path), 12, p2p_power_w=83.64)
     frontier = plan_frontier(problem)
     saving = frontier.saving(choose(frontier, EnergyConfig(policy="no_slowdown")))
     model = HullLP(problem, group_hulls(problem))

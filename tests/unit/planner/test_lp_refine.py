@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.planner.hull import group_hulls
-from perseus.planner.lp_model import HullLP
+from perseus.formats.profile_csv import Profile
 from perseus.planner.problem import PlanningProblem
-from perseus.planner.refine import JumpRefiner, hull_below
-from perseus.planner.rounding import Rounder
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.lp import LPSolver
-from perseus.profile import Profile
+from perseus.planner.solvers.lp.hull import group_hulls
+from perseus.planner.solvers.lp.model import HullLP
+from perseus.planner.solvers.lp.refine import JumpRefiner, hull_below
+from perseus.planner.solvers.lp.rounding import Rounder
 
 FREQS = (1400, 1350, 1300, 1250, 1200, 1150, 1100, 1000)
 
@@ -94,13 +94,13 @@ def test_refiner_plans_meet_the_deadline_and_lp_bound(problem: PlanningProblem) 
     refined = refiner.refine(model, solution)
     assert refined, "the LP should sit inside the long backward segment somewhere"
     assert refiner.trials > 0
-    assert (refiner.node_hull != problem.node_group).any()
+    assert any((node_hull != problem.node_group).any() for _, node_hull in refined)
     rounder = Rounder(problem, hulls)
     plans = []
     for lp, node_hull in refined:
         # The refined model restricts the hull LP: never below its bound.
         assert lp.energy_j >= solution.energy_j * (1 - 1e-9)
-        plans += rounder.from_node_hulls(lp, refiner.hulls, node_hull)
+        plans += list(rounder.from_own_hulls(lp, refiner.hulls, node_hull))
     times, energies = simulate_choices(problem, np.vstack(plans))
     assert np.all(times <= deadline * (1 + 1e-9))
     assert np.all(energies >= solution.energy_j * (1 - 1e-9))

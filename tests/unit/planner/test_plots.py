@@ -9,12 +9,12 @@ import pytest
 
 from perseus.config import EnergyConfig
 from perseus.errors import PlanError
+from perseus.formats.profile_csv import Profile
 from perseus.planner import plots
 from perseus.planner.frontier import build_frontier
 from perseus.planner.policies import choose
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate
-from perseus.profile import Profile
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FREQS = [900, 1100, 1300]

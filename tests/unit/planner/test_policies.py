@@ -6,6 +6,7 @@ import pytest
 
 from perseus.config import EnergyConfig
 from perseus.errors import ConfigError
+from perseus.formats.profile_csv import Profile
 from perseus.planner.frontier import Frontier, FrontierPoint
 from perseus.planner.policies import (
     best_for_iteration_time,
@@ -13,7 +14,6 @@ from perseus.planner.policies import (
     max_pipeline_power_w,
 )
 from perseus.planner.problem import PlanningProblem
-from perseus.profile import Profile
 
 # (time s, energy J); the all-max plan is the second point
 POINTS = [

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from perseus.errors import ConfigError
+from perseus.formats.profile_csv import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate, simulate_choices
-from perseus.profile import Profile
 
 
 def _profile() -> Profile:

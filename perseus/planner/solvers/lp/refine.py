@@ -7,15 +7,15 @@ instruction "21 % of the way" along it. No real frequency does that, and in the 
 steady state the extra time of the slow end rarely fits into one instruction's slack, so
 rounding loses most of what the LP promised.
 
-:class:`JumpRefiner` re-models every instruction the LP left inside such a *long* segment
-(longer than ``min_jump_rel`` of its fastest time): its hull becomes the hull of the options
-faster than the segment's slow end (which uses the skipped options), plus the slow end as a
-*locked* segment (:attr:`perseus.planner.hull.GroupHull.locked_tail`). The LP of that model
-is solved, then the instructions are tried one at a time (largest LP fill first): pinned to
-the slow end, re-solved from the previous basis, kept unless the LP's energy rises (a
-neutral pin still leaves one fractional instruction fewer to round). The LP then
-finds where the extra time is best taken from (slack shared along paths, cheaper
-instructions sped up), which single-instruction rounding cannot.
+:class:`JumpRefiner` re-models every instruction (or class of instructions sharing a clock,
+see :mod:`.layout`) the LP left inside such a *long* segment (longer than ``min_jump_rel`` of
+its fastest time): its hull becomes the hull of the options faster than the segment's slow
+end (which uses the skipped options), plus the slow end as a *locked* segment
+(:attr:`.hull.GroupHull.locked_tail`). The LP of that model is solved, then the classes are
+tried one at a time (largest LP fill first): pinned to the slow end, re-solved from the
+previous basis, kept unless the LP's energy rises (a neutral pin still leaves one fractional
+class fewer to round). The LP then finds where the extra time is best taken from (slack
+shared along paths, cheaper instructions sped up), which single-instruction rounding cannot.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from perseus.planner.hull import GroupHull, lower_hull
-from perseus.planner.lp_model import HullLP, LPSolution
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.solvers.lp.hull import GroupHull, lower_hull
+from perseus.planner.solvers.lp.model import HullLP, LPSolution
 
 
 def hull_below(problem: PlanningProblem, group: int, slow_end_s: float) -> GroupHull:
@@ -89,27 +89,26 @@ class JumpRefiner:
         self.time_budget_s = time_budget_s
         self.rounds = rounds
         self._cache: Dict[Tuple[int, int], int] = {}
-        self.node_hull = problem.node_group.copy()
         self.trials = 0
 
     def long_segments(
         self, model: HullLP, solution: LPSolution
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Nodes inside a long segment: ``(nodes, segment columns, fills)``, fill descending."""
+        """Classes inside a long segment: ``(classes, segment columns, fills)``, fill descending."""
         fill = solution.fill
         cols = np.flatnonzero(
             (fill > 1e-6)
             & (fill < 1 - 1e-6)
-            & (model.seg_len > self.min_jump_rel * model.t0[model.seg_node])
+            & (model.seg_len > self.min_jump_rel * model.t0[model.seg_class])
         )
         order = np.argsort(-fill[cols], kind="stable")
         cols = cols[order]
-        return model.seg_node[cols], cols, fill[cols]
+        return model.seg_class[cols], cols, fill[cols]
 
     def refine(self, model: HullLP, solution: LPSolution) -> List[Tuple[LPSolution, np.ndarray]]:
         """LP solutions with long segments decided; empty when there is none to decide.
 
-        Each round re-models the nodes the last solution left inside a long segment of
+        Each round re-models the classes the last solution left inside a long segment of
         their group's hull, keeps the pins of earlier rounds and pins greedily again.
 
         Args:
@@ -122,55 +121,56 @@ class JumpRefiner:
             to its hull in :attr:`hulls`.
         """
         began = time.perf_counter()
-        groups = self.problem.node_group
-        node_hull = groups.copy()
+        layout = model.layout
+        groups = layout.class_group
+        class_hull = groups.copy()
         pinned: List[int] = []
         pinned_s: List[float] = []
         out: List[Tuple[LPSolution, np.ndarray]] = []
         current = solution
         for _ in range(self.rounds):
-            nodes, cols, _ = self.long_segments(model, current)
-            fresh = node_hull[nodes] == groups[nodes]
-            nodes, cols = nodes[fresh], cols[fresh]
-            if not len(nodes):
+            classes, cols, _ = self.long_segments(model, current)
+            fresh = class_hull[classes] == groups[classes]
+            classes, cols = classes[fresh], cols[fresh]
+            if not len(classes):
                 break
-            node_hull = node_hull.copy()
-            slow_end = np.empty(len(nodes))
-            for i, (v, col) in enumerate(zip(nodes.tolist(), cols.tolist())):
-                g = int(groups[v])
+            class_hull = class_hull.copy()
+            slow_end = np.empty(len(classes))
+            for i, (c, col) in enumerate(zip(classes.tolist(), cols.tolist())):
+                g = int(groups[c])
                 slow_end[i] = self.hulls[g].time_s[int(model.seg_rank[col]) + 1]
-                node_hull[v] = self._hull_index(g, float(slow_end[i]))
-            model = HullLP(self.problem, self.hulls, node_hull)
+                class_hull[c] = self._hull_index(g, float(slow_end[i]))
+            model = HullLP(self.problem, self.hulls, class_hull, layout)
             model.pin(np.asarray(pinned, dtype=np.int64), np.asarray(pinned_s))
             current = model.solve(solution.deadline_s)
+            node_hull = class_hull[layout.node_class]
             out.append((current, node_hull))
-            kept, current = self._greedy(model, current, nodes, slow_end, began)
+            kept, current = self._greedy(model, current, classes, slow_end, began)
             if kept:
-                pinned += [int(nodes[i]) for i in kept]
+                pinned += [int(classes[i]) for i in kept]
                 pinned_s += [float(slow_end[i]) for i in kept]
                 out.append((current, node_hull))
-        self.node_hull = node_hull
         return out
 
     def _greedy(
         self,
         model: HullLP,
         current: LPSolution,
-        nodes: np.ndarray,
+        classes: np.ndarray,
         slow_end: np.ndarray,
         began: float,
     ) -> Tuple[List[int], LPSolution]:
-        """Pin ``nodes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
+        """Pin ``classes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
 
         Returns:
-            Positions in ``nodes`` of the kept pins, and the optimum with them.
+            Positions in ``classes`` of the kept pins, and the optimum with them.
         """
         kept: List[int] = []
-        for i in range(len(nodes)):
+        for i in range(len(classes)):
             if i >= self.max_trials or time.perf_counter() - began > self.time_budget_s:
                 break
             self.trials += 1
-            one = nodes[i : i + 1]
+            one = classes[i : i + 1]
             model.pin(one, slow_end[i : i + 1])
             trial = model.try_solve()
             if trial is not None and trial.energy_j <= current.energy_j * (1 + 1e-9):

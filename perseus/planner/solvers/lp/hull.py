@@ -1,9 +1,9 @@
 """Lower convex hulls of each instruction's (time, effective energy) options.
 
 Replacing an instruction's discrete options by their lower convex hull turns "least energy
-with iteration time <= T" into a linear program (:mod:`perseus.planner.lp_model`). The hull is
-stored as a start point and segments of increasing (less negative) slope, so the LP needs only
-bounded segment variables and no extra rows.
+with iteration time <= T" into a linear program (:mod:`.model`). The hull is stored as a start
+point and segments of increasing (less negative) slope, so the LP needs only bounded segment
+variables and no extra rows.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class GroupHull:
         slopes: Segment slopes (J/s), negative and increasing.
         options: The vertices' option indices in the problem's tables.
         locked_tail: Trailing segments the LP may not use unless a node is pinned
-            (:meth:`perseus.planner.lp_model.HullLP.pin`); they need not be convex.
+            (:meth:`perseus.planner.solvers.lp.model.HullLP.pin`); they need not be convex.
     """
 
     time_s: np.ndarray

@@ -1,0 +1,315 @@
+"""The ``lp`` solver: convex-hull LP sweep with rounding and slack filling (the default).
+
+For a sweep of deadlines ``T`` from the fastest plan up to the least-energy one (or only the
+deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
+
+1. Solve the convex-hull LP (:mod:`.model`) for ``T``, warm-started from the previous
+   deadline's basis. Up to ``max_exact_nodes`` instructions the LP is exact (its optimum is a
+   lower bound on any plan's energy at ``T``); above, the 1F1B steady state shares clocks and
+   follows a periodic schedule (:mod:`.layout`), which keeps the LP's size independent of
+   the number of microbatches.
+2. Dive (``dive_rounds``): pin every class whose LP duration lies inside a hull segment to
+   the segment's faster end and re-solve (on a second HiGHS model, so the sweep keeps its
+   basis). The LP then re-distributes time around the pinned instructions.
+3. Turn every LP optimum into real plans (:mod:`.rounding`), all deadlines in one batch:
+   in topological order every instruction takes the cheapest profiled frequency that still
+   finishes by its LP finish time, once among all candidates and once among hull vertices
+   only; then leftover slack is filled.
+4. Refine (``refine_deadlines``, by default only the no-slowdown deadline ``T_allmax``):
+   instructions the LP put inside a long hull segment are re-modelled and decided one by one
+   (:mod:`.refine`), then rounded among their own hull's vertices.
+5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
+   mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
+   instructions).
+6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
+   ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
+
+Every plan goes to the frontier, which re-simulates them and keeps the Pareto-optimal ones.
+
+Deadlines are spaced geometrically (``relative_step``, 0.4 % by default) so every iteration
+time in the range has a plan close to it; the sweep stops once the LP's energy has risen for
+``patience`` deadlines in a row (past the least-energy point the energy only grows).
+:attr:`LPSolver.bounds` keeps ``(T, LP energy)`` of the last solve for reporting.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from perseus.planner.frontier import build_frontier, density_gaps
+from perseus.planner.problem import PlanningProblem
+from perseus.planner.simulate import iteration_time, simulate_choices
+from perseus.planner.solvers import register_solver
+from perseus.planner.solvers.base import ChoiceSolver, Progress, report
+from perseus.planner.solvers.lp.bounds import lp_bound
+from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps, prove_empty
+from perseus.planner.solvers.lp.hull import GroupHull, group_hulls
+from perseus.planner.solvers.lp.layout import default_layout
+from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
+from perseus.planner.solvers.lp.polish import best_within, polish
+from perseus.planner.solvers.lp.refine import JumpRefiner
+from perseus.planner.solvers.lp.rounding import Rounder
+
+#: Up to this many instructions the LP is exact (no shared clocks).
+MAX_EXACT_NODES = 2048
+#: Largest problem (instructions) polished by default.
+POLISH_MAX_NODES = 800
+#: Frontier steps tried per solve by the emptiness proof.
+MAX_PROOFS = 4
+#: Windows polished per sweep (where rounding lost most against the LP).
+POLISH_WINDOWS = 12
+#: Polish only plans this far (fraction of the all-max energy) above the LP bound.
+POLISH_GAP = 0.0015
+#: LP solutions rounded together (bounds the memory of one rounding batch).
+_ROUND_BATCH = 64
+
+
+def lp_node_energy(
+    problem: PlanningProblem, hulls: List[GroupHull], solution: LPSolution
+) -> np.ndarray:
+    """Per node, the effective energy the LP optimum gives it (on its group's hull)."""
+    out = np.empty(problem.num_nodes)
+    for g, hull in enumerate(hulls):
+        nodes = np.flatnonzero(problem.node_group == g)
+        out[nodes] = np.interp(solution.durations_s[nodes], hull.time_s, hull.cost_j)
+    return out
+
+
+def time_range(problem: PlanningProblem) -> Tuple[float, float, float]:
+    """Iteration times of the fastest, the all-max and the slowest-candidate plans (s)."""
+    groups = problem.node_group
+    fastest = np.array([problem.opt_time[g, c[0]] for g, c in enumerate(problem.candidates)])
+    slowest = np.array([problem.opt_time[g, c[-1]] for g, c in enumerate(problem.candidates)])
+    allmax_t = problem.opt_time[groups, problem.allmax_choices()]
+    return (
+        iteration_time(problem, fastest[groups]),
+        iteration_time(problem, allmax_t),
+        iteration_time(problem, slowest[groups]),
+    )
+
+
+@register_solver("lp")
+class LPSolver(ChoiceSolver):
+    """Convex-hull LP over a sweep of deadlines, each solution made a real plan.
+
+    Args:
+        relative_step: Ratio between consecutive deadlines, minus one.
+        patience: Stop after the LP energy rose this many deadlines in a row.
+        max_deadlines: Hard cap on the number of deadlines.
+        dive_rounds: Per deadline, how many times fractional classes are pinned to their
+            faster hull vertex and the LP re-solved (each round adds plans).
+        refine_deadlines: Run the jump refinement (:mod:`.refine`) and the polish on this
+            many deadlines, starting at the all-max plan's time (the no-slowdown policy's
+            deadline) and going up; 0 turns both off.
+        refine_trials: Pin-and-re-solve trials of one refinement round.
+        polish_nodes: Branch-and-bound nodes of each polishing MILP (0 turns it off).
+        polish_max_size: Polish only problems of at most this many instructions (about
+            10 s per 200 instructions on one core).
+        polish_gap: Polish only when the best plan's energy is more than this fraction of the
+            all-max energy above the LP bound with time windows (otherwise it gains little).
+        polish_windows: Windows polished per sweep: those where the plan loses most energy
+            against the LP optimum.
+        max_gap_rel: Largest allowed relative iteration-time step between neighbouring
+            frontier plans; wider gaps are filled afterwards.
+        gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
+            still run). Only for problems solved with the exact LP (MILPs over tens of
+            thousands of instructions take minutes each).
+        max_exact_nodes: Largest problem (instructions) solved with the exact LP; larger
+            1F1B problems share clocks in the steady state (:mod:`.layout`).
+        prove_gaps: Try to prove steps the gap filling left open empty (exact LP only);
+            :attr:`empty_gaps` lists the proven ones.
+        deadlines_s: Solve only at these deadlines (e.g. the one an energy policy asks for)
+            instead of sweeping; no gap filling then. A deadline below the fastest plan's
+            iteration time is solved at that time.
+    """
+
+    def __init__(
+        self,
+        relative_step: float = 0.004,
+        patience: int = 3,
+        max_deadlines: int = 2000,
+        dive_rounds: int = 1,
+        refine_deadlines: int = 1,
+        refine_trials: int = 400,
+        polish_nodes: int = 10,
+        polish_max_size: int = POLISH_MAX_NODES,
+        polish_gap: float = POLISH_GAP,
+        polish_windows: int = POLISH_WINDOWS,
+        max_gap_rel: float = MAX_GAP_REL,
+        gap_milps: int = 12,
+        max_exact_nodes: int = MAX_EXACT_NODES,
+        prove_gaps: bool = True,
+        deadlines_s: Optional[Sequence[float]] = None,
+    ) -> None:
+        """Store the sweep settings."""
+        self.relative_step = relative_step
+        self.patience = patience
+        self.max_deadlines = max_deadlines
+        self.dive_rounds = dive_rounds
+        self.refine_deadlines = refine_deadlines
+        self.refine_trials = refine_trials
+        self.polish_nodes = polish_nodes
+        self.polish_max_size = polish_max_size
+        self.polish_gap = polish_gap
+        self.polish_windows = polish_windows
+        self.max_gap_rel = max_gap_rel
+        self.gap_milps = gap_milps
+        self.max_exact_nodes = max_exact_nodes
+        self.deadlines_s = None if deadlines_s is None else [float(d) for d in deadlines_s]
+        self.prove_gaps = prove_gaps
+        self.empty_gaps: List[Tuple[float, float, str]] = []
+        self.bounds: List[Tuple[float, float]] = []
+        self.exact_bounds = True
+        self.elapsed_s = 0.0
+
+    def solve_choices(
+        self, problem: PlanningProblem, progress: Optional[Progress] = None
+    ) -> List[np.ndarray]:
+        """Candidate plans along the frontier as option indices (see the module docstring)."""
+        began = time.perf_counter()
+        report(progress, "building the LP", 0.0)
+        hulls = group_hulls(problem)
+        layout = default_layout(problem, self.max_exact_nodes)
+        self.exact_bounds = layout.is_identity
+        model = HullLP(problem, hulls, layout=layout)
+        rounder = Rounder(problem, hulls)
+        deadlines, refine_at = self._deadlines(problem)
+        plans: List[np.ndarray] = []
+        pending: List[LPSolution] = []
+        at_refine: List[LPSolution] = []
+        self.bounds = []
+        rises = 0
+        for i, deadline in enumerate(deadlines):
+            solution = model.solve(deadline)
+            pending += [solution, *self._dive(model, solution)]
+            if deadline in refine_at:
+                at_refine.append(solution)
+            if len(pending) >= _ROUND_BATCH:
+                plans += list(rounder.from_solutions(pending))
+                pending = []
+            rising = bool(self.bounds) and solution.energy_j > self.bounds[-1][1]
+            self.bounds.append((deadline, solution.energy_j))
+            rises = rises + 1 if rising else 0
+            report(
+                progress, f"LP sweep: deadline {i + 1}/{len(deadlines)}", (i + 1) / len(deadlines)
+            )
+            if rises >= self.patience and self.deadlines_s is None:
+                break
+        plans += list(rounder.from_solutions(pending))
+        for solution in at_refine:
+            plans += self._refine(problem, model, rounder, hulls, solution, progress)
+        if self.deadlines_s is None and self.max_gap_rel > 0:
+            report(progress, "filling gaps between neighbouring plans", 1.0)
+            frontier = build_frontier(problem, plans)
+            plans = [frontier.choices(p) for p in frontier.points]
+            plans += fill_gaps(
+                problem,
+                frontier,
+                model.solve,
+                lambda solution: list(rounder.from_solutions([solution])),
+                max_gap_rel=self.max_gap_rel,
+                max_milps=self.gap_milps if layout.is_identity else 0,
+                progress=progress,
+            )
+            if layout.is_identity and self.prove_gaps:
+                self.empty_gaps = self._prove_gaps(problem, plans, progress)
+        self.elapsed_s = time.perf_counter() - began
+        report(progress, f"{len(plans)} candidate plans in {self.elapsed_s:.1f} s", 1.0)
+        return plans
+
+    def _prove_gaps(
+        self, problem: PlanningProblem, plans: List[np.ndarray], progress: Optional[Progress]
+    ) -> List[Tuple[float, float, str]]:
+        """Steps still over ``max_gap_rel`` that hold no Pareto-optimal plan (see gaps)."""
+        frontier = build_frontier(problem, plans)
+        out = []
+        for k, (a, b) in enumerate(density_gaps(frontier, self.max_gap_rel)[:MAX_PROOFS]):
+            report(progress, f"proving gap {k + 1} empty", 1.0)
+            how = prove_empty(problem, a, b)
+            if how is not None:
+                out.append((a.iteration_time_s, b.iteration_time_s, how))
+        return out
+
+    def _dive(self, model: HullLP, solution: LPSolution) -> List[LPSolution]:
+        """LP optima with fractional classes pinned to their faster hull vertex."""
+        out: List[LPSolution] = []
+        if self.dive_rounds:
+            model.start_dive()
+        for _ in range(self.dive_rounds):
+            classes, lower = fractional_classes(model, solution)
+            if not len(classes):
+                break
+            model.fix(classes, lower)
+            pinned = model.resolve()
+            if pinned is None:  # cannot happen (shorter durations keep the old optimum valid)
+                break
+            solution = pinned
+            out.append(solution)
+        return out
+
+    def _refine(
+        self,
+        problem: PlanningProblem,
+        model: HullLP,
+        rounder: Rounder,
+        hulls: List[GroupHull],
+        solution: LPSolution,
+        progress: Optional[Progress],
+    ) -> List[np.ndarray]:
+        """Refined and polished plans at one deadline."""
+        deadline = solution.deadline_s
+        report(progress, f"refining T <= {deadline:.4f} s", 1.0)
+        refiner = JumpRefiner(problem, hulls, max_trials=self.refine_trials)
+        plans = list(rounder.from_solutions([solution]))
+        for refined, node_hull in refiner.refine(model, solution):
+            plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
+        small = problem.num_nodes <= self.polish_max_size
+        if self.polish_nodes > 0 and small and self._worth_polishing(problem, plans, deadline):
+            reference = lp_node_energy(problem, hulls, solution)
+            plans += polish(
+                problem,
+                plans,
+                deadline,
+                self.polish_nodes,
+                progress=progress,
+                reference_j=reference,
+                max_windows=self.polish_windows,
+            )
+        return plans
+
+    def _worth_polishing(
+        self, problem: PlanningProblem, plans: List[np.ndarray], deadline_s: float
+    ) -> bool:
+        """Whether the best plan is over ``polish_gap`` (of the all-max energy) above the bound.
+
+        The bound is the LP relaxation with time windows (:func:`.bounds.lp_bound`).
+        """
+        best = best_within(problem, plans, deadline_s)
+        if best is None:
+            return False
+        energies = simulate_choices(problem, np.vstack([best, problem.allmax_choices()]))[1]
+        bound_j = lp_bound(problem, deadline_s).energy_j
+        return bool((energies[0] - bound_j) / energies[1] > self.polish_gap)
+
+    def _deadlines(self, problem: PlanningProblem) -> Tuple[List[float], List[float]]:
+        """The deadlines to solve and the ones to refine (see ``refine_deadlines``)."""
+        t_fast, t_allmax, t_slow = time_range(problem)
+        self.t_allmax_s = t_allmax
+        if self.deadlines_s is not None:
+            # No plan is faster than the fastest candidates: solve there instead.
+            out = sorted({max(t_fast, d) for d in self.deadlines_s})
+            return out, out[: max(0, self.refine_deadlines) and len(out)]
+        # Geometric from the fastest plan up, with the all-max time itself always included
+        # (the no-slowdown policy's deadline).
+        ratio = 1.0 + self.relative_step
+        t_top = max(t_slow, t_fast)
+        count = max(1, math.ceil(math.log(t_top / t_fast) / math.log(ratio)))
+        grid = [t_fast * ratio**k for k in range(count)] + [t_top]
+        near = [t for t in grid if abs(t / t_allmax - 1) > self.relative_step / 4]
+        out = sorted(set(near) | {t_allmax})[: self.max_deadlines]
+        first = out.index(t_allmax) if t_allmax in out else len(out)
+        return out, out[first : first + self.refine_deadlines]
