@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 from fastapi.testclient import TestClient
@@ -77,10 +77,10 @@ def test_noisy_measurements_widen_the_tolerance() -> None:
     assert verdict.slowdown_tolerance > 0.075 and verdict.ok
 
 
-def test_a_job_whose_plan_runs_slow_falls_back_to_max_speed(tmp_path: Path) -> None:
-    cfg = ServerConfig(profiler_workers=0, planner_workers=0)
+def _run_a_slow_plan(tmp_path: Path, job_id: str, cfg: ServerConfig) -> Tuple[VirtualRanks, dict]:
+    """Run a job through the server whose plan's iterations take 20 % longer than predicted."""
     with TestClient(create_app(cfg, tmp_path)) as client:
-        ranks = VirtualRanks(client, "slow", pp=2, profiler={"max_iterations": 12})
+        ranks = VirtualRanks(client, job_id, pp=2, profiler={"max_iterations": 12})
         ranks.run_until("running")
         plan_step = ranks.summary()["current"]["since_step"]
 
@@ -91,7 +91,12 @@ def test_a_job_whose_plan_runs_slow_falls_back_to_max_speed(tmp_path: Path) -> N
 
         ranks.delay = slow_plan
         ranks.run_until("watching")
-        summary = ranks.summary()
+        return ranks, ranks.summary()
+
+
+def test_a_job_whose_plan_runs_slow_falls_back_to_max_speed(tmp_path: Path) -> None:
+    cfg = ServerConfig(profiler_workers=0, planner_workers=0)
+    ranks, summary = _run_a_slow_plan(tmp_path, "slow", cfg)
     assert summary["fallback"] is not None and summary["fallback"]["measured_slowdown"] > 0.1
     assert "falls back to max speed" in summary["message"]
     assert summary["current"]["reason"] == "fallback"
@@ -106,18 +111,7 @@ def test_a_job_whose_plan_runs_slow_falls_back_to_max_speed(tmp_path: Path) -> N
 
 def test_with_the_check_off_a_slow_plan_is_kept_and_the_verdict_recorded(tmp_path: Path) -> None:
     cfg = ServerConfig(profiler_workers=0, planner_workers=0, plan_check=False)
-    with TestClient(create_app(cfg, tmp_path)) as client:
-        ranks = VirtualRanks(client, "kept", pp=2, profiler={"max_iterations": 12})
-        ranks.run_until("running")
-        plan_step = ranks.summary()["current"]["since_step"]
-
-        def slow_plan(step: int, phase: str, freqs: list) -> float:
-            offset = step - plan_step - 1
-            return 0.2 if phase == "running" and offset >= 0 and offset % 2 else 0.0
-
-        ranks.delay = slow_plan
-        ranks.run_until("watching")
-        summary = ranks.summary()
+    _, summary = _run_a_slow_plan(tmp_path, "kept", cfg)
     assert summary["fallback"] is None
     assert summary["current"]["reason"] != "fallback"
     events = [json.loads(x) for x in (tmp_path / "kept" / "events.jsonl").open()]
