@@ -71,10 +71,23 @@ def test_a_schedule_that_is_not_1f1b_fails_before_any_work(ranks: List[Dict[str,
 
 
 def test_rank_info_comes_from_the_grid(ranks: List[Dict[str, Any]]) -> None:
-    assert [r["rank_info"] for r in ranks] == [
-        RankInfo(stage=0, num_stages=2, rank=0, world_size=2, local_gpu_index=0),
-        RankInfo(stage=1, num_stages=2, rank=1, world_size=2, local_gpu_index=1),
-    ]
+    # The grid gives stage and ranks; the engine its shape: microbatches per step, dp, tp and
+    # the schedule (every Merak schedule the adapter accepts is a 1F1B order).
+    for r in ranks:
+        stage = r["rank_info"].stage
+        for (_, num_mb), info in r["rank_infos"].items():
+            assert info == RankInfo(
+                stage=stage,
+                num_stages=2,
+                rank=stage,
+                world_size=2,
+                local_gpu_index=stage,
+                num_microbatches=num_mb,
+                dp=1,
+                tp=1,
+                schedule="1f1b",
+            )
+    assert [r["rank_info"].stage for r in ranks] == [0, 1]
 
 
 def test_eval_batch_is_not_reported(ranks: List[Dict[str, Any]]) -> None:

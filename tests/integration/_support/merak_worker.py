@@ -260,6 +260,7 @@ def _with_adapter(args: Dict[str, Any], schedule: Any) -> Dict[str, Any]:
             out["eval_events"][(name, num_mb)] = len(hooks.events) - before
             out["schedule_class"][name] = type(engine.train_sched).__name__
             out["rank_info"] = hooks.rank
+            out.setdefault("rank_infos", {})[(name, num_mb)] = hooks.rank
             context.reset()
 
     # 2. The real PerseusOptimizer applying a plan: its clocks reach the GPU in plan order;
