@@ -80,18 +80,22 @@ class JobPlanning:
             predicted_saving=1.0 - chosen.energy_j / allmax.energy_j,
             slowdown_tolerance=self.plan_slowdown_tolerance,
         )
-        if not verdict.ok and not chosen.is_allmax and not self.plan_check:
-            self.events.write("plan_check_ignored", **verdict.to_json())
-        elif not verdict.ok and not chosen.is_allmax:
-            self.fallback = verdict.to_json()
-            self.message = (
-                f"the chosen plan {verdict.reason}; job {self.job_id} falls back to max speed"
-            )
-            epoch = PlanEpoch(self.max_requested + 1, allmax, reason="fallback")
-            self.plans.add(epoch)
-            self.events.write(
-                "plan_fallback", start_step=epoch.start_step, message=self.message, **self.fallback
-            )
+        if not verdict.ok and not chosen.is_allmax:
+            if not self.plan_check:
+                self.events.write("plan_check_ignored", **verdict.to_json())
+            else:
+                self.fallback = verdict.to_json()
+                self.message = (
+                    f"the chosen plan {verdict.reason}; job {self.job_id} falls back to max speed"
+                )
+                epoch = PlanEpoch(self.max_requested + 1, allmax, reason="fallback")
+                self.plans.add(epoch)
+                self.events.write(
+                    "plan_fallback",
+                    start_step=epoch.start_step,
+                    message=self.message,
+                    **self.fallback,
+                )
         if self._on_plan_measured is not None:
             self._on_plan_measured(self)
 
