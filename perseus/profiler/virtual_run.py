@@ -8,7 +8,7 @@ outcome does not depend on how busy it is. The profiler's accuracy benchmark
 from __future__ import annotations
 
 import random
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
@@ -68,28 +68,99 @@ def run_step(
     mean_gap_s: float,
     overrun_p: float = 0.0,
 ) -> List[InstructionRecord]:
-    """One iteration: random blocking gaps, then each instruction at its clock.
+    """One iteration of one stage alone: random blocking gaps, then each instruction.
 
-    With ``overrun_p``, that fraction of instructions overrun: the host ran 2-10 ms late and
-    the GPU waited (host jitter).
+    The stage never waits for its neighbours (profiling accuracy, load generation); use
+    :func:`run_pipeline_step` where the pipeline's dependencies matter. With ``overrun_p``, that
+    fraction of instructions overrun: the host ran 2-10 ms late and the GPU waited (host jitter).
     """
-    out = []
     clock.sleep(mean_gap_s * 3)  # between iterations (optimizer step etc.)
+    out = []
     for pos, ((instruction, mb), freq) in enumerate(zip(order, freqs)):
         clock.sleep(mean_gap_s * 2 * rng.random())
-        if freq is None:
-            gpu.reset_sm_clocks()
-        else:
-            gpu.lock_sm_clocks_mhz(freq, freq)
-        e0 = gpu.total_energy_mj()
-        gpu.instruction_begin(stage, instruction)
-        t0 = clock()
-        if overrun_p and rng.random() < overrun_p:
-            clock.sleep(0.002 + 0.008 * rng.random())
-        gpu.instruction_end(instruction)
-        t1 = clock()
-        out.append(InstructionRecord(pos, instruction, mb, freq, t0, t1, e0, gpu.total_energy_mj()))
+        out.append(_run_instruction(gpu, clock, stage, pos, instruction, mb, freq, rng, overrun_p))
     return out
+
+
+def run_pipeline_step(
+    replica: Sequence[Tuple[EmulatedGPU, VirtualClock]],
+    orders: Sequence[Sequence[Tuple[str, int]]],
+    freqs: Sequence[Sequence[Optional[int]]],
+    rng: random.Random,
+    mean_gap_s: float,
+) -> List[List[InstructionRecord]]:
+    """One iteration of one pipeline replica, stages waiting for each other.
+
+    Every stage starts the iteration together (the previous optimizer step synchronized them);
+    a forward waits for the previous stage's forward of the same microbatch, a backward for the
+    next stage's backward, so lighter stages idle at the blocking power like real ones.
+
+    Args:
+        replica: ``(gpu, clock)`` of every stage, in stage order.
+        orders: Every stage's instruction order.
+        freqs: Every stage's clock per instruction position (``None``: default clocks).
+        rng: Draws the host's gaps.
+        mean_gap_s: Mean host gap before an instruction.
+
+    Returns:
+        Every stage's instruction records.
+    """
+    start_s = max(clock() for _, clock in replica)
+    for _, clock in replica:
+        clock.sleep(start_s - clock() + mean_gap_s * 3)
+    ended_s: Dict[Tuple[int, str, int], float] = {}
+    records: List[List[InstructionRecord]] = [[] for _ in replica]
+    last = len(replica) - 1
+    while any(len(records[s]) < len(orders[s]) for s in range(len(replica))):
+        progressed = False
+        for stage, (gpu, clock) in enumerate(replica):
+            while len(records[stage]) < len(orders[stage]):
+                pos = len(records[stage])
+                instruction, mb = orders[stage][pos]
+                if instruction == "forward" and stage > 0:
+                    needs: Optional[Tuple[int, str, int]] = (stage - 1, "forward", mb)
+                elif instruction == "backward" and stage < last:
+                    needs = (stage + 1, "backward", mb)
+                else:
+                    needs = None
+                if needs is not None:
+                    if needs not in ended_s:
+                        break
+                    clock.sleep(ended_s[needs] - clock())  # idle until the input arrives
+                clock.sleep(mean_gap_s * 2 * rng.random())
+                record = _run_instruction(
+                    gpu, clock, stage, pos, instruction, mb, freqs[stage][pos], rng, 0.0
+                )
+                records[stage].append(record)
+                ended_s[(stage, instruction, mb)] = record.end_s
+                progressed = True
+        if not progressed:
+            raise ValueError("the stages' instruction orders deadlock; is this a valid schedule?")
+    return records
+
+
+def _run_instruction(
+    gpu: EmulatedGPU,
+    clock: VirtualClock,
+    stage: int,
+    pos: int,
+    instruction: str,
+    mb: int,
+    freq: Optional[int],
+    rng: random.Random,
+    overrun_p: float,
+) -> InstructionRecord:
+    if freq is None:
+        gpu.reset_sm_clocks()
+    else:
+        gpu.lock_sm_clocks_mhz(freq, freq)
+    e0 = gpu.total_energy_mj()
+    gpu.instruction_begin(stage, instruction)
+    t0 = clock()
+    if overrun_p and rng.random() < overrun_p:
+        clock.sleep(0.002 + 0.008 * rng.random())
+    gpu.instruction_end(instruction)
+    return InstructionRecord(pos, instruction, mb, freq, t0, clock(), e0, gpu.total_energy_mj())
 
 
 def profile_errors(

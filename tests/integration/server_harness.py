@@ -27,7 +27,9 @@ class JobSetup:
     time_scale: float = 0.1
     blocking_power_w: float = 83.64
     energy_noise: float = 0.01
-    max_steps: int = 120
+    # The ranks run until Launch.stop_at (tests hold ``with Launch(...)`` so that a failed test
+    # kills them).
+    max_steps: int = 100_000
     out_dir: str = ""
     profiler: Dict[str, Any] = field(default_factory=dict)
     server: Dict[str, Any] = field(default_factory=dict)
@@ -85,6 +87,7 @@ def rank_main(
     barriers: List[Any],
     stop_step: Any,
     progress: Any,
+    started: Any,
 ) -> None:
     """One rank; ``progress[rank]`` is the number of iterations it completed so far."""
     import os
@@ -122,8 +125,10 @@ def rank_main(
     t0 = time.monotonic()
     try:
         for step in range(setup.max_steps):
-            if step >= stop_step.value:
-                break
+            with stop_step.get_lock():  # Launch.stop_at never picks a step a rank has begun
+                if step >= stop_step.value:
+                    break
+                started[rank] = step
             opt.on_step_begin()
             phases.append(source.phase)
             if watching_from is None and source.phase == "watching":
@@ -194,12 +199,13 @@ class Launch:
         barriers = [ctx.Barrier(setup.dp) for _ in range(setup.pp)]
         self.stop_step = ctx.Value("i", setup.max_steps)
         self.progress = ctx.Array("i", setup.pp * setup.dp)
+        self.started = ctx.Array("i", [-1] * (setup.pp * setup.dp))
         # Keep the queues and barriers alive until the children have unpickled them.
         self._shared = (queues, barriers)
         self.procs = [
             ctx.Process(
                 target=rank_main,
-                args=(setup, r, queues, barriers, self.stop_step, self.progress),
+                args=(setup, r, queues, barriers, self.stop_step, self.progress, self.started),
                 name=f"rank{r}",
                 daemon=True,
             )
@@ -208,9 +214,16 @@ class Launch:
         for p in self.procs:
             p.start()
 
-    def stop_at(self, step: int) -> None:
+    def stop_at(self, step: int) -> int:
+        """Stop every rank before ``step``, or before the first step none has begun if later.
+
+        A stop every rank sees at the same step: one that a rank had already begun would leave
+        it waiting on a neighbour that stopped. Returns the step the ranks stop before.
+        """
         with self.stop_step.get_lock():
+            step = max(step, max(self.started[:]) + 1)
             self.stop_step.value = min(self.stop_step.value, step)
+            return int(self.stop_step.value)
 
     def completed_steps(self) -> List[int]:
         """Iterations each rank has completed so far."""

@@ -38,13 +38,13 @@ def test_profile_plan_apply_over_http(tmp_path: Path) -> None:
             profiler={"settle_steps": 2, "baseline_steps": 5, "measure_steps": 10},
         )
         t0 = time.monotonic()
-        launch = Launch(setup)
-        client = ServerClient(handle.url)
-        summary = wait_for(client, "e2e", lambda s: s["phase"] in ("watching", "failed"), 150)
-        assert summary["phase"] == "watching", summary
-        # Settle, measure, then watch beyond the schedules the ranks fetched ahead.
-        launch.stop_at(summary["current"]["since_step"] + 2 + 20 + 8)
-        codes = launch.join(60)
+        with Launch(setup) as launch:
+            client = ServerClient(handle.url)
+            summary = wait_for(client, "e2e", lambda s: s["phase"] in ("watching", "failed"), 150)
+            assert summary["phase"] == "watching", summary
+            # Settle, measure, then watch beyond the schedules the ranks fetched ahead.
+            launch.stop_at(summary["current"]["since_step"] + 2 + 20 + 8)
+            codes = launch.join(60)
         elapsed_s = time.monotonic() - t0
     finally:
         handle.stop()

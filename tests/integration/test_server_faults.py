@@ -27,7 +27,6 @@ def test_server_killed_mid_run_ranks_continue_at_default_clocks(tmp_path: Path) 
         pp=2,
         num_microbatches=4,
         time_scale=0.05,
-        max_steps=100_000,  # the ranks run until told to stop
         out_dir=str(tmp_path),
         server=FAST_FAIL,
         profiler={"settle_steps": 1, "baseline_steps": 2},
@@ -47,8 +46,7 @@ def test_server_killed_mid_run_ranks_continue_at_default_clocks(tmp_path: Path) 
             handle.process.kill()
             handle.process.wait(10)
         killed_at = max(launch.completed_steps())
-        stop_step = killed_at + 15  # iterations after the server died
-        launch.stop_at(stop_step)
+        stop_step = launch.stop_at(killed_at + 15)  # iterations after the server died
         t0 = time.monotonic()
         assert launch.join(120) == [0, 0]
         assert time.monotonic() - t0 < 60  # never hangs: bounded retries, then default clocks
@@ -75,16 +73,19 @@ def test_dead_rank_is_marked_and_other_jobs_are_served(tmp_path: Path) -> None:
         doomed = Launch(
             JobSetup(job_id="doomed", die_at={1: 8}, out_dir=str(tmp_path / "a"), **common)
         )
-        healthy = Launch(JobSetup(job_id="healthy", out_dir=str(tmp_path / "b"), **common))
-        client = ServerClient(handle.url)
-        dead = wait_for(client, "doomed", lambda s: s["ranks"].get("1") == "dead", 60)
-        assert dead["degraded"] is True
-        done = wait_for(client, "healthy", lambda s: s["phase"] == "watching", 120)
-        assert done["ranks"] == {"0": "alive", "1": "alive"}
-        healthy.stop_at(done["current"]["since_step"] + 10)
-        assert healthy.join(60) == [0, 0]
-        codes = doomed.join(30)
-        assert codes[1] == 17  # killed itself mid-iteration
+        with (
+            doomed,
+            Launch(JobSetup(job_id="healthy", out_dir=str(tmp_path / "b"), **common)) as healthy,
+        ):
+            client = ServerClient(handle.url)
+            dead = wait_for(client, "doomed", lambda s: s["ranks"].get("1") == "dead", 60)
+            assert dead["degraded"] is True
+            done = wait_for(client, "healthy", lambda s: s["phase"] == "watching", 240)
+            assert done["ranks"] == {"0": "alive", "1": "alive"}
+            healthy.stop_at(done["current"]["since_step"] + 10)
+            assert healthy.join(60) == [0, 0]
+            codes = doomed.join(30)
+            assert codes[1] == 17  # killed itself mid-iteration
     finally:
         handle.stop()
     events = (tmp_path / "dump" / "doomed" / "events.jsonl").read_text()
@@ -102,30 +103,37 @@ def test_imposed_iteration_time_slows_the_job_and_clears(tmp_path: Path) -> None
             pp=2,
             num_microbatches=6,
             time_scale=0.1,
-            max_steps=200,
             out_dir=str(tmp_path),
             profiler={"measure_steps": 3},
         )
-        launch = Launch(setup)
-        client = ServerClient(handle.url)
-        s = wait_for(client, "imposed", lambda s: s["phase"] == "watching", 150)
-        plan_s = s["plan"]["iteration_time_s"]
-        client.request("PUT", "/jobs/imposed/iteration_time", {"iteration_time_s": plan_s * 1.25})
-        switched = client.get("/jobs/imposed/summary")["current"]
-        assert switched["reason"] == "imposed"
-        assert switched["plan_id"] != s["predicted"]["plan_id"]
-        slow = wait_for(
-            client, "imposed", lambda x: _recent_after(x, switched["since_step"] + 1), 60
-        )
-        slow_s = statistics.median(r["iteration_time_s"] for r in slow["current"]["recent_steps"])
-        client.request("DELETE", "/jobs/imposed/iteration_time")
-        back = client.get("/jobs/imposed/summary")["current"]
-        assert back["reason"] == "imposed_cleared"
-        assert back["plan_id"] == s["predicted"]["plan_id"]
-        fast = wait_for(client, "imposed", lambda x: _recent_after(x, back["since_step"] + 1), 60)
-        fast_s = statistics.median(r["iteration_time_s"] for r in fast["current"]["recent_steps"])
-        launch.stop_at(fast["current"]["recent_steps"][-1]["step"] + 3)
-        assert launch.join(60) == [0, 0]
+        with Launch(setup) as launch:
+            client = ServerClient(handle.url)
+            s = wait_for(client, "imposed", lambda s: s["phase"] == "watching", 240)
+            plan_s = s["plan"]["iteration_time_s"]
+            client.request(
+                "PUT", "/jobs/imposed/iteration_time", {"iteration_time_s": plan_s * 1.25}
+            )
+            switched = client.get("/jobs/imposed/summary")["current"]
+            assert switched["reason"] == "imposed"
+            assert switched["plan_id"] != s["predicted"]["plan_id"]
+            slow = wait_for(
+                client, "imposed", lambda x: _recent_after(x, switched["since_step"] + 1), 60
+            )
+            slow_s = statistics.median(
+                r["iteration_time_s"] for r in slow["current"]["recent_steps"]
+            )
+            client.request("DELETE", "/jobs/imposed/iteration_time")
+            back = client.get("/jobs/imposed/summary")["current"]
+            assert back["reason"] == "imposed_cleared"
+            assert back["plan_id"] == s["predicted"]["plan_id"]
+            fast = wait_for(
+                client, "imposed", lambda x: _recent_after(x, back["since_step"] + 1), 60
+            )
+            fast_s = statistics.median(
+                r["iteration_time_s"] for r in fast["current"]["recent_steps"]
+            )
+            launch.stop_at(fast["current"]["recent_steps"][-1]["step"] + 3)
+            assert launch.join(60) == [0, 0]
     finally:
         handle.stop()
     print(
@@ -152,22 +160,23 @@ def test_straggling_replica_is_detected_and_cleared(tmp_path: Path) -> None:
             dp=2,
             num_microbatches=6,
             time_scale=0.1,
-            max_steps=400,
             out_dir=str(tmp_path),
             profiler={"measure_steps": 3},
             straggle={1: [5, 25, 0.04]},  # steps after the plan is being watched
         )
-        launch = Launch(setup)
-        client = ServerClient(handle.url)
-        s = wait_for(client, "drift", lambda s: s["phase"] == "watching", 150)
-        chosen = s["predicted"]["plan_id"]
-        drift = wait_for(client, "drift", lambda s: s["current"]["reason"] == "drift", 60)
-        assert drift["current"]["straggler_dp_ranks"] == [1]
-        assert drift["current"]["overrides"] == {"1": chosen}
-        assert drift["current"]["plan_id"] != chosen  # replica 0 slows down to the straggler
-        cleared = wait_for(client, "drift", lambda s: s["current"]["reason"] == "drift_cleared", 60)
-        assert cleared["current"]["plan_id"] == chosen
-        launch.stop_at(cleared["current"]["since_step"] + 3)
-        assert launch.join(60) == [0, 0, 0, 0]
+        with Launch(setup) as launch:
+            client = ServerClient(handle.url)
+            s = wait_for(client, "drift", lambda s: s["phase"] == "watching", 240)
+            chosen = s["predicted"]["plan_id"]
+            drift = wait_for(client, "drift", lambda s: s["current"]["reason"] == "drift", 60)
+            assert drift["current"]["straggler_dp_ranks"] == [1]
+            assert drift["current"]["overrides"] == {"1": chosen}
+            assert drift["current"]["plan_id"] != chosen  # replica 0 slows down to the straggler
+            cleared = wait_for(
+                client, "drift", lambda s: s["current"]["reason"] == "drift_cleared", 60
+            )
+            assert cleared["current"]["plan_id"] == chosen
+            launch.stop_at(cleared["current"]["since_step"] + 3)
+            assert launch.join(60) == [0, 0, 0, 0]
     finally:
         handle.stop()

@@ -1,4 +1,4 @@
-"""Drive a job on an in-process server with ranks on emulated GPUs on virtual clocks."""
+"""Drive a job on an in-process server: pipelines of emulated GPUs on virtual clocks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional
 
-from perseus.profiler.virtual_run import run_step, virtual_gpu
+from perseus.profiler.virtual_run import run_pipeline_step, virtual_gpu
 from perseus.schedule import stage_order
 
 
@@ -22,12 +22,14 @@ class VirtualRanks:
         profiler: Optional[Dict[str, Any]] = None,
         noise: float = 0.003,
         headers: Optional[Dict[str, str]] = None,
+        gap_s: float = 0.0005,
     ) -> None:
         self.client, self.job_id, self.pp, self.dp = client, job_id, pp, dp
         self.headers = headers or {}
         self.orders = stage_order("1f1b", pp, num_microbatches)
         self.gpus = [virtual_gpu(pp, time_scale=0.1, noise=noise, seed=r) for r in range(pp * dp)]
         self.rng = random.Random(0)
+        self.gap_s = gap_s  # mean host gap before an instruction (on the critical path)
         self.step = 0
         self.extra_s: Dict[int, float] = {}  # dp_rank -> extra seconds per iteration
         # (step, phase, clocks) -> extra seconds of that iteration (e.g. a plan slower than
@@ -61,32 +63,38 @@ class VirtualRanks:
     def run(self, num_steps: int) -> List[str]:
         phases = []
         for _ in range(num_steps):
-            for rank in range(self.pp * self.dp):
-                phases.append(self.run_rank_step(rank))
+            for dp_rank in range(self.dp):
+                phases.extend(self.run_replica_step(dp_rank))
             self.step += 1
         return phases
 
-    def run_rank_step(self, rank: int) -> str:
-        stage, dp_rank = rank % self.pp, rank // self.pp
-        gpu, clock = self.gpus[rank]
-        answer = self.get(f"/jobs/{self.job_id}/schedule", rank=rank, step=self.step).json()
-        t0, e0 = clock(), gpu.total_energy_mj()
-        records = run_step(
-            gpu, clock, stage, self.orders[stage], answer["frequencies_mhz"], self.rng, 0.002
+    def run_replica_step(self, dp_rank: int) -> List[str]:
+        """One iteration of one pipeline replica, its stages waiting for each other."""
+        ranks = [dp_rank * self.pp + stage for stage in range(self.pp)]
+        answers = [
+            self.get(f"/jobs/{self.job_id}/schedule", rank=rank, step=self.step).json()
+            for rank in ranks
+        ]
+        replica = [self.gpus[rank] for rank in ranks]
+        start_s = max(clock() for _, clock in replica)
+        starts = [(start_s, gpu.total_energy_mj()) for gpu, _ in replica]
+        records = run_pipeline_step(
+            replica, self.orders, [a["frequencies_mhz"] for a in answers], self.rng, self.gap_s
         )
         extra_s = self.extra_s.get(dp_rank, 0.0)
         if self.delay is not None:
-            extra_s += self.delay(self.step, answer["phase"], answer["frequencies_mhz"])
-        clock.sleep(extra_s)
-        report = {
-            "rank": rank,
-            "step": self.step,
-            "iteration_time_s": clock() - t0,
-            "energy_j": (gpu.total_energy_mj() - e0) / 1000.0,
-            "instructions": [asdict(r) for r in records],
-        }
-        assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
-        return answer["phase"]
+            extra_s += self.delay(self.step, answers[0]["phase"], answers[0]["frequencies_mhz"])
+        for rank, (gpu, clock), (t0, e0), recs in zip(ranks, replica, starts, records):
+            clock.sleep(extra_s)
+            report = {
+                "rank": rank,
+                "step": self.step,
+                "iteration_time_s": clock() - t0,
+                "energy_j": (gpu.total_energy_mj() - e0) / 1000.0,
+                "instructions": [asdict(r) for r in recs],
+            }
+            assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
+        return [a["phase"] for a in answers]
 
     def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 600.0) -> None:
         """Run steps until ``phase`` (``max_steps`` bounds the logic; ``timeout_s`` a hang).
