@@ -10,58 +10,19 @@ and judges the measured plan against the interleaved max-speed iterations
 from __future__ import annotations
 
 import statistics
-import threading
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, List, Optional
 
-from perseus.server.job_profiling import JobProfiling, make_sweeps
+from perseus.server.job_base import JobBase
+from perseus.server.job_profiling import make_sweeps
 from perseus.server.plan_check import faster_than_allmax, judge_plan
-from perseus.server.plan_switching import DriftWatcher, PlanEpoch, PlanEpochs
-from perseus.server.planning import EventLog, PlanResult, plan_and_write, result_to_json
-from perseus.server.ranks import RankRegistry
-from perseus.server.state_store import StateStore
-from perseus.server.steps import JobStep, typical_step
-from perseus.server.workers import EstimatorPool, PlannerPool
-from perseus.wire import JobSpec, Phase
+from perseus.server.plan_switching import PlanEpoch
+from perseus.server.planning import plan_and_write, result_to_json
+from perseus.server.steps import typical_step
+from perseus.wire import Phase
 
 
-class JobPlanning:
-    """Profiling, planning and the plan check of one job (a part of ``Job``; state is Job's)."""
-
-    job_id: str
-    spec: JobSpec
-    job_dir: Path
-    lock: threading.RLock
-    estimators: EstimatorPool
-    planners: PlannerPool
-    store: Optional[StateStore]
-    phase: Phase
-    message: Optional[str]
-    fallback: Optional[Dict[str, Any]]
-    orders: List[List[Tuple[str, int]]]
-    ranks: RankRegistry
-    profiling: JobProfiling
-    profile_start: Optional[int]
-    profiling_steps: Tuple[Optional[int], Optional[int]]
-    profiling_summary: Optional[Dict[str, Any]]
-    reference: List[JobStep]
-    plan_samples: List[JobStep]
-    max_requested: int
-    result: Optional[PlanResult]
-    plans: PlanEpochs
-    watcher: DriftWatcher
-    files: Dict[str, str]
-    events: EventLog
-    plan_slowdown_tolerance: float
-    plan_check: bool
-    _kind_times: Dict[Tuple[int, str], List[float]]
-    _on_plan_measured: Optional[Callable[[Any], None]]
-
-    def _fail(self, why: str) -> None:
-        raise NotImplementedError  # Job's
-
-    def _changed(self) -> None:
-        raise NotImplementedError  # Job's
+class JobPlanning(JobBase):
+    """Profiling, planning and the plan check of one job (a part of ``Job``)."""
 
     def _plan_measured(self) -> None:
         assert self.result is not None
