@@ -83,5 +83,17 @@ class ServerError(PerseusError, RuntimeError):
     """The coordination server rejected a request or could not be reached."""
 
 
+class RendezvousError(ServerError):
+    """Perseus cannot run online for this launch; every rank falls back to default clocks.
+
+    Attributes:
+        shared: Every rank has this problem (rank 0 reports it; the others stay quiet).
+    """
+
+    def __init__(self, message: str, shared: bool = False) -> None:
+        super().__init__(message)
+        self.shared = shared
+
+
 class BatchSizeError(PerseusError, RuntimeError):
     """The batch-size optimizer cannot go on (no batch size reaches the target, bad state)."""

@@ -143,7 +143,7 @@ def check_online(cfg: PerseusConfig) -> None:
     job's server state against ``server.max_job_state_mb`` when the job starts its own server);
     a configured ``server.url`` must answer ``/healthz`` and accept ``server.token``.
     """
-    from perseus.runtime.online import job_spec_from_config
+    from perseus.runtime.online_build import job_spec_from_config
     from perseus.runtime.types import RankInfo
     from perseus.server.limits import job_problems
 

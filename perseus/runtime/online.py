@@ -18,61 +18,35 @@ Fail-safe: an unreachable server means default clocks until it answers again (th
 trying in the background and registers again if the server lost the job); a refused job means
 default clocks for good. The optimizer restores the GPU when it closes.
 
-Where the server is and which job this launch is come from :mod:`perseus.runtime.rendezvous`
-(configured, or found through the job's own ``torch.distributed`` store, the server started by
-global rank 0). Global rank 0 prints a line per phase and, when it closes, the job's measured
-saving (:mod:`perseus.runtime.announce`).
+The source is built by :mod:`perseus.runtime.online_build` (where the server is and which job
+this launch is come from :mod:`perseus.runtime.rendezvous`); what the leader registers and
+reports for its stage is built by :mod:`perseus.runtime.stage_reports`. Global rank 0 prints a
+line per phase and, when it closes, the job's measured saving (:mod:`perseus.runtime.announce`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from perseus import process_exit
-from perseus.errors import ConfigError, ServerError
+from perseus.errors import ServerError
 from perseus.numbers import finite_or_none
-from perseus.runtime import announce, rendezvous
+from perseus.runtime import announce
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
-from perseus.runtime.rendezvous import JOB_ID_ENV, TOKEN_ENV, URL_ENV, Endpoint
+from perseus.runtime.endpoint import URL_ENV, Endpoint
 from perseus.runtime.server_link import ServerLink
-from perseus.runtime.stage_exchange import (
-    Member,
-    Pending,
-    SoloExchange,
-    StageExchange,
-    torch_stage_exchange,
-)
+from perseus.runtime.stage_exchange import Member, Pending, SoloExchange, StageExchange
+from perseus.runtime.stage_reports import combined_report, stage_registration
 from perseus.runtime.types import RankInfo, StepRecord
 from perseus.schedule import stage_order
-from perseus.wire import (
-    InstructionReport,
-    JobSpec,
-    PeerRank,
-    Phase,
-    RankRegistration,
-    ReplicaTime,
-    Route,
-    SequenceMismatch,
-    StepReport,
-    encode_sequence,
-    first_difference,
-)
-
-if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
-    from perseus.gpu.base import GPU
+from perseus.wire import JobSpec, Phase, Route, encode_sequence, first_difference
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["JOB_ID_ENV", "TOKEN_ENV", "URL_ENV", "OnlineSource", "build_online_source"]
 
 # Global rank 0 waits at most this long, when it closes, for the other ranks to finish before
 # the server it started stops.
@@ -150,7 +124,7 @@ class OnlineSource:
             self.link = ServerLink(
                 client,
                 job_spec,
-                self._registration(),
+                stage_registration(rank, self.exchange.members),
                 prefetch_steps=prefetch_steps,
                 max_queued_reports=max_queued_reports,
                 on_message=self._notice,
@@ -168,22 +142,6 @@ class OnlineSource:
     def offline(self) -> bool:
         """The stage leader cannot reach the server right now."""
         return self.link is not None and self.link.offline
-
-    def _registration(self) -> RankRegistration:
-        members = self.exchange.members
-        common = set(members[0].clocks_mhz)
-        for member in members[1:]:
-            common &= set(member.clocks_mhz)
-        clocks = sorted(common or members[0].clocks_mhz)[-1024:]
-        return RankRegistration(
-            rank=self.rank.rank,
-            stage=self.rank.stage,
-            dp_rank=self.rank.dp_rank,
-            tp_rank=self.rank.tp_rank,
-            supported_clocks_mhz=[int(c) for c in clocks],
-            energy_update_period_s=members[0].energy_update_period_s,
-            peers=[PeerRank(m.rank, m.dp_rank, m.tp_rank) for m in members[1:]],
-        )
 
     # -- FrequencySource ------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -273,49 +231,20 @@ class OnlineSource:
         if self.link is not None and self.link.failure is None:
             # Built on the link's thread: the training thread only hands it over.
             self.link.report(
-                functools.partial(self._combined_report, record, sequence, phase, everyone)
+                functools.partial(
+                    combined_report,
+                    self.rank.rank,
+                    self.exchange.members,
+                    record,
+                    sequence,
+                    phase,
+                    everyone,
+                )
             )
         if payloads.stops(leader):
             self._stop(None)
             return None
         return leader
-
-    def _combined_report(
-        self,
-        record: StepRecord,
-        sequence: str,
-        phase: Optional[Phase],
-        everyone: List[List[float]],
-    ) -> StepReport:
-        members = self.exchange.members
-        rows = [payloads.measured(p) for p in everyone]
-        energies = [r.energy_j for r in rows]
-        replicas: Dict[int, float] = {}
-        for member, row in zip(members, rows):
-            replicas[member.dp_rank] = max(replicas.get(member.dp_rank, 0.0), row.compute_time_s)
-        # The server uses instruction records in the baseline and while profiling only.
-        with_records = phase is not None and phase.wants_energy
-        return StepReport(
-            rank=self.rank.rank,
-            step=record.step,
-            iteration_time_s=max(r.iteration_time_s for r in rows),
-            compute_time_s=max(r.compute_time_s for r in rows),
-            energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
-            instructions=[InstructionReport(**asdict(i)) for i in record.instructions]
-            if with_records
-            else [],
-            scheduled=all(r.scheduled for r in rows),
-            peers=[m.rank for m in members[1:]],
-            replicas=[ReplicaTime(dp, t) for dp, t in sorted(replicas.items())]
-            if len(members) > 1
-            else [],
-            sequence=sequence,
-            mismatches=[
-                SequenceMismatch(member.rank, row.mismatch[0], row.mismatch[1])
-                for member, row in zip(members[1:], rows[1:])
-                if row.mismatch is not None
-            ],
-        )
 
     def _stop(self, why: Optional[str]) -> None:
         if self.stopped:
@@ -390,108 +319,3 @@ class OnlineSource:
             logger.info("no job summary from the Perseus server: %s", exc)
             return
         announce.say(announce.summary_line(summary))
-
-
-def job_spec_from_config(
-    cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
-) -> JobSpec:
-    """The ``POST /jobs`` body of this job (its shape as the engine runs it, see ``job_shape``).
-
-    ``job_id``: the launch's job (see :mod:`perseus.runtime.rendezvous`); ``None`` for checks.
-
-    Raises:
-        ConfigError: a schedule or energy policy the coordination server does not serve.
-    """
-    par = cfg.parallelism
-    if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
-        raise ConfigError(
-            f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
-            f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
-        )
-    try:
-        return JobSpec.from_config(cfg, rank.num_stages, job_id)
-    except ValueError as exc:
-        raise ConfigError(f"runtime.mode=online: {exc}") from None
-
-
-def build_online_source(
-    cfg: PerseusConfig,
-    rank: RankInfo,
-    gpu: GPU,
-    *,
-    url: Optional[str] = None,
-    token: Optional[str] = None,
-    job_id: Optional[str] = None,
-) -> OnlineSource:
-    """The source ``runtime.mode=online`` uses (called by ``sources.build_source``).
-
-    Collective when the job runs ``torch.distributed`` with more than one rank (and
-    ``server.combine_stage`` is on): every rank must build its source at the same point (the
-    adapters build it at the first training step), so that each stage's ranks share one
-    exchange and only the stage leader talks to the server.
-
-    Args:
-        cfg: The configuration.
-        rank: This rank's place in the job.
-        gpu: This rank's GPU (its supported clocks and counter period are registered).
-        url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL``.
-        token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
-        job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
-
-    Without a URL, the launch's own server is found (or, on global rank 0, started) through
-    the job's ``torch.distributed`` store (:mod:`perseus.runtime.rendezvous`).
-
-    Raises:
-        ConfigError: an unsupported schedule.
-        RendezvousError: no server for this launch, or a rank gave up (every rank falls back).
-    """
-    job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
-    if url and job_id:
-        token = token or cfg.server.token or os.environ.get(TOKEN_ENV)
-        found = Endpoint(url, token, job_id, f"server {url} (configured)")
-    else:
-        if url or token or job_id:
-            server = dataclasses.replace(
-                cfg.server,
-                url=url or cfg.server.url,
-                token=token or cfg.server.token,
-                job_id=job_id or cfg.server.job_id,
-            )
-            cfg = dataclasses.replace(cfg, server=server)
-        found = rendezvous.endpoint(cfg, rank)
-    spec = job_spec_from_config(cfg, rank, found.job_id)
-    # Every rank decides alike whether the job runs online (the exchange below is collective).
-    rendezvous.agree(rank)
-    clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
-    period = getattr(gpu, "energy_update_period_s", None)
-    period_s = float(period) if period else None
-    exchange = None
-    if cfg.server.combine_stage:
-        exchange = torch_stage_exchange(
-            rank.rank,
-            rank.stage,
-            rank.dp_rank,
-            rank.tp_rank,
-            clocks,
-            period_s,
-            timeout_s=max(60.0, 4 * cfg.server.request_timeout_s),
-        )
-    client = None
-    if exchange is None or exchange.index == 0:
-        client = ServerClient(
-            found.url,
-            token=found.token,
-            timeout_s=cfg.server.request_timeout_s,
-            max_retries=cfg.server.max_retries,
-            backoff_s=cfg.server.retry_backoff_s,
-        )
-    return OnlineSource(
-        client,
-        spec,
-        rank,
-        clocks,
-        energy_update_period_s=period_s,
-        exchange=exchange,
-        prefetch_steps=cfg.server.prefetch_steps,
-        endpoint=found,
-    )

@@ -8,15 +8,13 @@ the first step), under the ``perseus/`` prefix. Everything here runs once per pr
 first training step, when the optimizers are built.
 
 * **Job id.** ``server.job_id`` / ``PERSEUS_JOB_ID`` when set (every rank has it). Otherwise
-  global rank 0 makes a fresh one for this launch — the launcher's run id
-  (``TORCHELASTIC_RUN_ID``) when it is meaningful (torchrun sets ``none`` unless asked), plus a
-  random part, so that a second launch of the same command never reuses the first one's job —
-  and shares it through the store.
+  global rank 0 makes a fresh one for this launch (:func:`~perseus.runtime.endpoint.new_job_id`:
+  the launcher's run id, ``TORCHELASTIC_RUN_ID``, when it is meaningful (torchrun sets ``none``
+  unless asked), plus a random part, so that a second launch of the same command never reuses
+  the first one's job) and shares it through the store.
 * **Server.** ``server.url`` / ``PERSEUS_SERVER_URL`` when set. Otherwise global rank 0 starts
-  the server as a child process (:mod:`perseus.runtime.server_spawn`; nothing of the server is
-  imported here) with a random token: on loopback when every rank runs on its node, else on
-  its address towards ``MASTER_ADDR`` (where the other nodes reach it), never without the
-  token. The URL and token travel through the store; the server stops when rank 0 exits.
+  the launch's own server (:mod:`perseus.runtime.launch_server`: a child process with a random
+  token). The URL and token travel through the store; the server stops when rank 0 exits.
 * **Agreement.** The online source's stage exchange is collective, so every rank must decide
   the same way whether Perseus runs. Each rank reports in (:func:`agree`); a rank that could
   not set Perseus up (:func:`give_up`) makes every rank fall back to default clocks. Rank 0
@@ -30,68 +28,30 @@ import dataclasses
 import datetime
 import json
 import os
-import re
-import secrets
-import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from perseus.errors import ServerError
+from perseus.errors import RendezvousError
 from perseus.formats.strict_json import dumps
+from perseus.runtime.endpoint import TOKEN_ENV, URL_ENV, Endpoint, explicit_job_id, new_job_id
+from perseus.runtime.launch_server import start_launch_server
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
     from perseus.runtime.server_spawn import ServerHandle
     from perseus.runtime.types import RankInfo
 
-JOB_ID_ENV = "PERSEUS_JOB_ID"
-URL_ENV = "PERSEUS_SERVER_URL"
-TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
-RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 STORE_PREFIX = "perseus/"
 ENDPOINT_KEY = "endpoint"
 ARRIVED_KEY = "arrived"
 FAILED_KEY = "failed"
 VERDICT_KEY = "verdict"
-RUNS_DIR = "perseus-runs"
 # Longest wait for the other ranks' answers through the store (rank 0 reaching its first step,
 # then starting the server): as long as the job's own first collective would wait.
 STORE_WAIT_S = 1800.0
-
-
-class RendezvousError(ServerError):
-    """Perseus cannot run online for this launch; every rank falls back to default clocks.
-
-    Attributes:
-        shared: Every rank has this problem (rank 0 reports it; the others stay quiet).
-    """
-
-    def __init__(self, message: str, shared: bool = False) -> None:
-        super().__init__(message)
-        self.shared = shared
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where this launch's job is served.
-
-    Attributes:
-        url: The server's base URL.
-        token: The token ranks send (``None``: none).
-        job_id: The job all ranks of this launch register.
-        where: The server's location in words (rank 0's start line).
-        dump_dir: Where a server this launch started writes the job's files.
-    """
-
-    url: str
-    token: Optional[str]
-    job_id: str
-    where: str
-    dump_dir: Optional[str] = None
 
 
 @dataclass
@@ -145,62 +105,6 @@ def job_store() -> Optional[Any]:
         return dist.PrefixStore(STORE_PREFIX, get_store())
     except (RuntimeError, ValueError):
         return None
-
-
-def explicit_job_id(cfg: PerseusConfig) -> Optional[str]:
-    """``server.job_id``, else ``PERSEUS_JOB_ID``, else ``None``."""
-    return cfg.server.job_id or os.environ.get(JOB_ID_ENV) or None
-
-
-def new_job_id() -> str:
-    """A fresh job id for this launch: the launcher's run id when meaningful, plus a random part.
-
-    Matches the server's ``[A-Za-z0-9_-]{1,64}``.
-    """
-    run_id = os.environ.get(RUN_ID_ENV, "")
-    base = "job"
-    if run_id and run_id.lower() != "none":
-        cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", run_id).strip("-")[:40]
-        base = cleaned or base
-    return f"{base}-{secrets.token_hex(4)}"
-
-
-def single_node(world_size: int) -> bool:
-    """Whether every rank of the launch runs on this machine (from the launchers' variables)."""
-    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun, the deepspeed launcher
-        local = os.environ.get(key)
-        if local and local.isdigit():
-            return int(local) >= world_size
-    cross = os.environ.get("CROSS_SIZE")
-    if cross and cross.isdigit():
-        return int(cross) <= 1
-    return _is_loopback(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        addresses = [str(info[4][0]) for info in socket.getaddrinfo(host, None)]
-    except OSError:
-        return False
-    return all(a.startswith("127.") or a == "::1" for a in addresses)
-
-
-def address_towards(host: str) -> str:
-    """The address of this machine's interface that routes to ``host`` (no packet is sent)."""
-    try:
-        family = socket.getaddrinfo(host, None)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect((host, 9))
-            return str(sock.getsockname()[0])
-    except OSError as exc:
-        raise RendezvousError(
-            f"cannot tell which address of this machine the other nodes reach (towards "
-            f"MASTER_ADDR={host}: {exc}); start `perseus-server` yourself and set "
-            f"{URL_ENV} (and {TOKEN_ENV}) on every node",
-            shared=True,
-        ) from None
 
 
 def endpoint(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
@@ -276,54 +180,10 @@ def _rank0_endpoint(
     job_id = job_id or new_job_id()
     if url:
         return Endpoint(url, token, job_id, f"server {url} (configured)")
-    from perseus.runtime.server_spawn import start_server_process
-
-    url_host: Optional[str] = None
-    if single_node(rank.world_size):
-        host, reach = "127.0.0.1", "loopback, this node only"
-    else:
-        master = os.environ.get("MASTER_ADDR", "")
-        if not master:
-            raise RendezvousError(
-                "several nodes but no MASTER_ADDR to find the address the other nodes reach; "
-                f"start `perseus-server` yourself and set {URL_ENV} (and {TOKEN_ENV})",
-                shared=True,
-            )
-        host = address_towards(master)
-        reach = f"on {host} for the other nodes, token required"
-        if _is_loopback(host):
-            # MASTER_ADDR names this machine, resolved to loopback here: listen on every
-            # interface (with the token) and hand out the name the other nodes know it by.
-            host, url_host = "0.0.0.0", master
-            reach = f"on all interfaces as {master} for the other nodes, token required"
-    explicit_dump = cfg.server.dump_dir
-    base = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
-    dump_dir = Path(explicit_dump) if explicit_dump else base / RUNS_DIR
-    server_cfg = dataclasses.replace(
-        cfg.server,
-        host=host,
-        # A server of its own per launch: nothing to restore on a restart.
-        persist=cfg.server.persist if explicit_dump else False,
-    )
-    t0 = time.perf_counter()
-    try:
-        handle = start_server_process(
-            server_cfg,
-            dump_dir,
-            port=0,
-            token=secrets.token_urlsafe(24),
-            log_path=dump_dir / f"{job_id}-server.log",
-            exit_with_parent=True,
-        )
-    except Exception as exc:
-        raise RendezvousError(
-            f"global rank 0 could not start the coordination server: {exc}", shared=True
-        ) from None
-    _state.timings["server_start_s"] = time.perf_counter() - t0
+    found, handle, start_s = start_launch_server(cfg, rank.world_size, job_id)
+    _state.timings["server_start_s"] = start_s
     _state.handle = handle
-    url = handle.url if url_host is None else f"http://{url_host}:{handle.port}"
-    where = f"server {url} started by global rank 0 ({reach}); files in {dump_dir / job_id}"
-    return Endpoint(url, handle.token, job_id, where, str(dump_dir / job_id))
+    return found
 
 
 def _publish(store: Optional[Any], answer: Dict[str, Any]) -> None:

@@ -197,7 +197,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
       ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp``,
       ``parallelism.num_microbatches`` and the clocks the GPU supports;
     * ``online``: the coordination server's profiler and plans
-      (:func:`perseus.runtime.online.build_online_source`, imported only for this mode).
+      (:func:`perseus.runtime.online_build.build_online_source`, imported only for this mode).
     """
     mode = cfg.runtime.mode
     if mode == "measure":
@@ -207,7 +207,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     if mode == "plan":
         return _plan_source(cfg, rank, gpu)
     if mode == "online":
-        from perseus.runtime.online import build_online_source
+        from perseus.runtime.online_build import build_online_source
 
         return build_online_source(cfg, rank, gpu)
     raise ConfigError(f"runtime.mode={mode!r}: choose measure, max_speed, plan or online")

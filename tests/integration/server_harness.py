@@ -92,7 +92,7 @@ def rank_main(
     """One rank; ``progress[rank]`` is the number of iterations it completed so far."""
     import os
 
-    from perseus.runtime.online import build_online_source
+    from perseus.runtime.online_build import build_online_source
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.types import RankInfo
     from perseus.schedule import stage_order

@@ -96,7 +96,7 @@ def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
         import json, sys
         import perseus
         import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.device
-        import perseus.runtime.online, perseus.wire
+        import perseus.runtime.online, perseus.runtime.online_build, perseus.wire
         perseus.PerseusOptimizer
         print(json.dumps(sorted(m for m in sys.modules
                                 if m.split(".")[0] in ("torch", "pandas", "numpy", "pydantic",

@@ -123,9 +123,9 @@ def test_online_mode_imports_the_online_source_lazily(
         seen.append((cfg.runtime.mode, rank, gpu))
         return MaxSpeedSource(1005)
 
-    fake = types.ModuleType("perseus.runtime.online")
+    fake = types.ModuleType("perseus.runtime.online_build")
     fake.build_online_source = build_online_source  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perseus.runtime.online", fake)
+    monkeypatch.setitem(sys.modules, "perseus.runtime.online_build", fake)
     opt = PerseusOptimizer.from_config(_cfg(tmp_path, "online"), RANK1)
     assert seen == [("online", RANK1, opt.gpu)]
     run_iteration(opt, [("forward", 0), ("backward", 0)])

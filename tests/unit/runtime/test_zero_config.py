@@ -10,8 +10,9 @@ from typing import Any, Dict, List
 import pytest
 
 from perseus.config import PerseusConfig
-from perseus.errors import JobShapeError
+from perseus.errors import JobShapeError, RendezvousError
 from perseus.runtime import announce, context, rendezvous
+from perseus.runtime.endpoint import URL_ENV
 from perseus.runtime.job_shape import apply_engine_shape, keys_in_yaml, keys_off_default
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
@@ -173,13 +174,13 @@ def test_rank_0_without_the_server_extra_answers_every_rank(
     monkeypatch.setattr(
         "perseus.runtime.server_spawn.missing_server_modules", lambda: ["fastapi", "uvicorn"]
     )
-    monkeypatch.delenv(rendezvous.URL_ENV, raising=False)
-    with pytest.raises(rendezvous.RendezvousError) as info:
+    monkeypatch.delenv(URL_ENV, raising=False)
+    with pytest.raises(RendezvousError) as info:
         rendezvous.endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
     assert info.value.shared and "pip install 'perseus-energy[server]'" in str(info.value)
     # Rank 1 gets the same answer through the store, at once.
     rendezvous.reset()
-    with pytest.raises(rendezvous.RendezvousError, match="fastapi, uvicorn") as other:
+    with pytest.raises(RendezvousError, match="fastapi, uvicorn") as other:
         rendezvous.endpoint(PerseusConfig(), RankInfo(rank=1, world_size=2))
     assert other.value.shared
 
@@ -187,7 +188,7 @@ def test_rank_0_without_the_server_extra_answers_every_rank(
 def test_configured_url_wins_and_the_job_id_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     store = DictStore()
     monkeypatch.setattr(rendezvous, "job_store", lambda: store)
-    monkeypatch.setenv(rendezvous.URL_ENV, "http://10.1.2.3:7787")
+    monkeypatch.setenv(URL_ENV, "http://10.1.2.3:7787")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     first = rendezvous.endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
     assert first.url == "http://10.1.2.3:7787" and re.fullmatch(r"job-[0-9a-f]{8}", first.job_id)
@@ -202,7 +203,7 @@ def test_a_rank_that_gives_up_makes_every_rank_fall_back(monkeypatch: pytest.Mon
     monkeypatch.setattr(rendezvous, "job_store", lambda: store)
     rendezvous.give_up(RankInfo(rank=1, world_size=2), "its GPU cannot lock clocks")
     rendezvous.reset()
-    with pytest.raises(rendezvous.RendezvousError, match="1 rank\\(s\\) gave up") as info:
+    with pytest.raises(RendezvousError, match="1 rank\\(s\\) gave up") as info:
         rendezvous.agree(RankInfo(rank=0, world_size=2))
     assert info.value.shared
 

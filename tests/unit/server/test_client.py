@@ -10,10 +10,11 @@ from typing import List
 
 import pytest
 
-from perseus.errors import ServerError
+from perseus.errors import RendezvousError, ServerError
 from perseus.runtime.client import ServerClient, ServerUnavailable
-from perseus.runtime.online import OnlineSource, build_online_source
-from perseus.runtime.rendezvous import RendezvousError, new_job_id
+from perseus.runtime.endpoint import new_job_id
+from perseus.runtime.online import OnlineSource
+from perseus.runtime.online_build import build_online_source
 from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import free_port
 from perseus.wire import JobSpec

@@ -1,0 +1,60 @@
+"""Where a launch's job is served: the :class:`Endpoint`, the variables naming it, the job id.
+
+``server.url`` / ``PERSEUS_SERVER_URL``, ``server.token`` / ``PERSEUS_SERVER_TOKEN`` and
+``server.job_id`` / ``PERSEUS_JOB_ID`` name a running server and a job; what is not set, the
+launch finds for itself (:mod:`perseus.runtime.rendezvous`), with a fresh job id per launch
+(:func:`new_job_id`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from perseus.config import PerseusConfig
+
+JOB_ID_ENV = "PERSEUS_JOB_ID"
+URL_ENV = "PERSEUS_SERVER_URL"
+TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where this launch's job is served.
+
+    Attributes:
+        url: The server's base URL.
+        token: The token ranks send (``None``: none).
+        job_id: The job all ranks of this launch register.
+        where: The server's location in words (rank 0's start line).
+        dump_dir: Where a server this launch started writes the job's files.
+    """
+
+    url: str
+    token: Optional[str]
+    job_id: str
+    where: str
+    dump_dir: Optional[str] = None
+
+
+def explicit_job_id(cfg: PerseusConfig) -> Optional[str]:
+    """``server.job_id``, else ``PERSEUS_JOB_ID``, else ``None``."""
+    return cfg.server.job_id or os.environ.get(JOB_ID_ENV) or None
+
+
+def new_job_id() -> str:
+    """A fresh job id for this launch: the launcher's run id when meaningful, plus a random part.
+
+    Matches the server's ``[A-Za-z0-9_-]{1,64}``.
+    """
+    run_id = os.environ.get(RUN_ID_ENV, "")
+    base = "job"
+    if run_id and run_id.lower() != "none":
+        cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", run_id).strip("-")[:40]
+        base = cleaned or base
+    return f"{base}-{secrets.token_hex(4)}"

@@ -1,0 +1,133 @@
+"""How a rank builds its online source: the job, the server, the stage exchange and the client.
+
+``runtime.mode=online`` (:func:`build_online_source`, called by ``sources.build_source``): the
+job's spec from the configuration (:func:`job_spec_from_config`, also the launcher's check),
+where the server is and which job this launch is (configured, or found through the job's own
+``torch.distributed`` store, the server started by global rank 0:
+:mod:`perseus.runtime.rendezvous`), the ranks' agreement that the job runs online, the stage's
+exchange and, for the stage leader, the server client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Optional
+
+from perseus.errors import ConfigError
+from perseus.runtime import rendezvous
+from perseus.runtime.client import ServerClient
+from perseus.runtime.endpoint import TOKEN_ENV, Endpoint
+from perseus.runtime.online import OnlineSource
+from perseus.runtime.stage_exchange import torch_stage_exchange
+from perseus.runtime.types import RankInfo
+from perseus.wire import JobSpec
+
+if TYPE_CHECKING:
+    from perseus.config import PerseusConfig
+    from perseus.gpu.base import GPU
+
+
+def job_spec_from_config(
+    cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
+) -> JobSpec:
+    """The ``POST /jobs`` body of this job (its shape as the engine runs it, see ``job_shape``).
+
+    ``job_id``: the launch's job (see :mod:`perseus.runtime.rendezvous`); ``None`` for checks.
+
+    Raises:
+        ConfigError: a schedule or energy policy the coordination server does not serve.
+    """
+    par = cfg.parallelism
+    if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
+        raise ConfigError(
+            f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
+            f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
+        )
+    try:
+        return JobSpec.from_config(cfg, rank.num_stages, job_id)
+    except ValueError as exc:
+        raise ConfigError(f"runtime.mode=online: {exc}") from None
+
+
+def build_online_source(
+    cfg: PerseusConfig,
+    rank: RankInfo,
+    gpu: GPU,
+    *,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    job_id: Optional[str] = None,
+) -> OnlineSource:
+    """The source ``runtime.mode=online`` uses (called by ``sources.build_source``).
+
+    Collective when the job runs ``torch.distributed`` with more than one rank (and
+    ``server.combine_stage`` is on): every rank must build its source at the same point (the
+    adapters build it at the first training step), so that each stage's ranks share one
+    exchange and only the stage leader talks to the server.
+
+    Args:
+        cfg: The configuration.
+        rank: This rank's place in the job.
+        gpu: This rank's GPU (its supported clocks and counter period are registered).
+        url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL``.
+        token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
+        job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
+
+    Without a URL, the launch's own server is found (or, on global rank 0, started) through
+    the job's ``torch.distributed`` store (:mod:`perseus.runtime.rendezvous`).
+
+    Raises:
+        ConfigError: an unsupported schedule.
+        RendezvousError: no server for this launch, or a rank gave up (every rank falls back).
+    """
+    job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
+    if url and job_id:
+        token = token or cfg.server.token or os.environ.get(TOKEN_ENV)
+        found = Endpoint(url, token, job_id, f"server {url} (configured)")
+    else:
+        if url or token or job_id:
+            server = dataclasses.replace(
+                cfg.server,
+                url=url or cfg.server.url,
+                token=token or cfg.server.token,
+                job_id=job_id or cfg.server.job_id,
+            )
+            cfg = dataclasses.replace(cfg, server=server)
+        found = rendezvous.endpoint(cfg, rank)
+    spec = job_spec_from_config(cfg, rank, found.job_id)
+    # Every rank decides alike whether the job runs online (the exchange below is collective).
+    rendezvous.agree(rank)
+    clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
+    period = getattr(gpu, "energy_update_period_s", None)
+    period_s = float(period) if period else None
+    exchange = None
+    if cfg.server.combine_stage:
+        exchange = torch_stage_exchange(
+            rank.rank,
+            rank.stage,
+            rank.dp_rank,
+            rank.tp_rank,
+            clocks,
+            period_s,
+            timeout_s=max(60.0, 4 * cfg.server.request_timeout_s),
+        )
+    client = None
+    if exchange is None or exchange.index == 0:
+        client = ServerClient(
+            found.url,
+            token=found.token,
+            timeout_s=cfg.server.request_timeout_s,
+            max_retries=cfg.server.max_retries,
+            backoff_s=cfg.server.retry_backoff_s,
+        )
+    return OnlineSource(
+        client,
+        spec,
+        rank,
+        clocks,
+        energy_update_period_s=period_s,
+        exchange=exchange,
+        prefetch_steps=cfg.server.prefetch_steps,
+        endpoint=found,
+    )

@@ -1,0 +1,94 @@
+"""What a stage leader tells the coordination server for its whole stage.
+
+The leader registers once for every member of its stage (:func:`stage_registration`: the SM
+clocks all of them support, the peers it speaks for) and, after each iteration, sends one report
+combined from every member's payload (:func:`combined_report`: time = the slowest member, energy
+= the sum, each data-parallel replica's compute time, the members whose sequence differs from
+the stage's order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Dict, List, Optional, Sequence
+
+from perseus.runtime import stage_payload as payloads
+from perseus.runtime.stage_exchange import Member
+from perseus.runtime.types import RankInfo, StepRecord
+from perseus.wire import (
+    InstructionReport,
+    PeerRank,
+    Phase,
+    RankRegistration,
+    ReplicaTime,
+    SequenceMismatch,
+    StepReport,
+)
+
+# Clocks registered at most (the highest ones the members share).
+MAX_REGISTERED_CLOCKS = 1024
+
+
+def stage_registration(rank: RankInfo, members: Sequence[Member]) -> RankRegistration:
+    """The leader's registration (``members``: the stage's ranks, the leader first)."""
+    common = set(members[0].clocks_mhz)
+    for member in members[1:]:
+        common &= set(member.clocks_mhz)
+    clocks = sorted(common or members[0].clocks_mhz)[-MAX_REGISTERED_CLOCKS:]
+    return RankRegistration(
+        rank=rank.rank,
+        stage=rank.stage,
+        dp_rank=rank.dp_rank,
+        tp_rank=rank.tp_rank,
+        supported_clocks_mhz=[int(c) for c in clocks],
+        energy_update_period_s=members[0].energy_update_period_s,
+        peers=[PeerRank(m.rank, m.dp_rank, m.tp_rank) for m in members[1:]],
+    )
+
+
+def combined_report(
+    rank: int,
+    members: Sequence[Member],
+    record: StepRecord,
+    sequence: str,
+    phase: Optional[Phase],
+    everyone: List[List[float]],
+) -> StepReport:
+    """The stage's report of one iteration.
+
+    Args:
+        rank: The leader's global rank.
+        members: The stage's ranks, the leader first.
+        record: The leader's own record of the iteration.
+        sequence: The ``(instruction, microbatch)`` sequence the leader ran.
+        phase: The phase the iteration ran in (``None``: unscheduled).
+        everyone: Every member's payload, in the order of ``members``.
+    """
+    rows = [payloads.measured(p) for p in everyone]
+    energies = [r.energy_j for r in rows]
+    replicas: Dict[int, float] = {}
+    for member, row in zip(members, rows):
+        replicas[member.dp_rank] = max(replicas.get(member.dp_rank, 0.0), row.compute_time_s)
+    # The server uses instruction records in the baseline and while profiling only.
+    with_records = phase is not None and phase.wants_energy
+    return StepReport(
+        rank=rank,
+        step=record.step,
+        iteration_time_s=max(r.iteration_time_s for r in rows),
+        compute_time_s=max(r.compute_time_s for r in rows),
+        energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
+        instructions=[InstructionReport(**asdict(i)) for i in record.instructions]
+        if with_records
+        else [],
+        scheduled=all(r.scheduled for r in rows),
+        peers=[m.rank for m in members[1:]],
+        replicas=[ReplicaTime(dp, t) for dp, t in sorted(replicas.items())]
+        if len(members) > 1
+        else [],
+        sequence=sequence,
+        mismatches=[
+            SequenceMismatch(member.rank, row.mismatch[0], row.mismatch[1])
+            for member, row in zip(members[1:], rows[1:])
+            if row.mismatch is not None
+        ],
+    )
