@@ -32,7 +32,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.numbers",
             "perseus.schedule",
             "perseus.process_exit",
-            "perseus.wire",
+            "perseus.wire",  # the package and its modules (vocabulary, fields, jobs, ...)
             "perseus.wire_bounds",
             "perseus.formats",
         ],

@@ -16,15 +16,8 @@ Behaviour:
   benchmarks): each instruction deposits its profiled energy when it ends.
 * **time_scale** multiplies every profiled time and energy (powers stay the same): 0.01 makes a
   demo 100x quicker.
-* **Clocks.** Supported SM clocks are the profile's frequencies, highest first; unlocked means
-  the highest. A locked clock that is not profiled runs at the nearest profiled frequency at or
-  below it (the lowest one if it is below all). Clock changes take effect at the next
-  instruction.
-* **Power limit.** The profile was measured at the default (maximum) limit, so at that limit
-  nothing is throttled. Below it, an instruction runs at the highest clock (at most the locked
-  one) whose power — profiled energy / time at that clock — fits under the limit; the lowest
-  clock if none does. (The published A100 profiles draw up to ~480 W per instruction, above
-  the default 400 W maximum, which is why the maximum itself cannot be read as a cap.)
+* **Clocks and power limit** (:mod:`perseus.gpu.emulated_clocks`): instructions run at the
+  profiled clock at or below the locked one, lowered until they fit under the power limit.
 * **Energy counter.** Advances in discrete updates every ``energy_update_period_s`` with
   multiplicative ``energy_noise`` per update, monotonic and deterministic for a ``seed`` (see
   :mod:`perseus.gpu.energy_counter`). ``power_mw()`` is the power averaged over the last
@@ -37,11 +30,8 @@ Behaviour:
   times or changes clocks without synchronizing first measures queueing and puts clocks on
   the wrong work — as it would on a real GPU. :attr:`EmulatedGPU.executed` lists what ran,
   when and at which clocks.
-* **Stage mapping.** A pipeline with as many stages as the profile uses stage ``s`` for ``s``.
-  Otherwise (``num_pipeline_stages`` given and different, e.g. pp=4 on an 8-stage profile)
-  pipeline stages ``0 .. pp-2`` take profile stages ``0 .. pp-2`` clamped to the profile's
-  second-to-last stage, and the last pipeline stage takes the profile's last stage — so the
-  published imbalance (GPT-3's heavier last stage, Bloom's lighter one) survives.
+* **Stage mapping** (:func:`~perseus.gpu.emulated_model.map_stage`): a pipeline with another
+  number of stages than the profile keeps the profile's first and last stages.
 
 Thread-safe: the runtime may change clocks from a controller thread.
 """
@@ -49,28 +39,20 @@ Thread-safe: the runtime may change clocks from a controller thread.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from perseus.errors import GPUError, GPUValueError
 from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
-from perseus.gpu.base import GPU
 from perseus.gpu.device_profiles import (
     bundled_profile_names,
     bundled_profile_path,
     default_device_profile_path,
     load_device_profile,
 )
-from perseus.gpu.emulated_model import (
-    check_args,
-    check_range,
-    map_stage,
-    measurement_at,
-    power_limited,
-    profile_frequencies_mhz,
-)
+from perseus.gpu.emulated_clocks import EmulatedClocks
+from perseus.gpu.emulated_model import check_args, map_stage
 from perseus.gpu.emulated_timeline import Timeline, Work
 from perseus.gpu.energy_counter import EnergyCounter
 
@@ -98,7 +80,7 @@ class _Running:
     measurement: Measurement
 
 
-class EmulatedGPU(GPU):
+class EmulatedGPU(EmulatedClocks):
     """A GPU that behaves like its device profile (see the module docstring).
 
     Args:
@@ -157,23 +139,21 @@ class EmulatedGPU(GPU):
                 "gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true (the queued "
                 "work takes its profiled time on the device timeline)"
             )
+        super().__init__(
+            profile.scaled(time_scale, time_scale),
+            power_limit_min_w=power_limit_min_w,
+            power_limit_max_w=power_limit_max_w,
+            memory_clocks_mhz=memory_clocks_mhz,
+            num_pipeline_stages=num_pipeline_stages,
+        )
         self.index = index
         self.name = f"emulated ({profile.source.rsplit('/', 1)[-1]})"
-        self.profile = profile.scaled(time_scale, time_scale)
         self.time_scale = time_scale
         self.blocking_power_w = blocking_power_w
         self.energy_update_period_s = energy_update_period_s
         self.sleep = sleep
-        self.num_pipeline_stages = num_pipeline_stages
         self._clock = clock
         self._sleeper = sleeper
-        self._lock = threading.Lock()
-        self._sm_clocks = profile_frequencies_mhz(self.profile)
-        self._mem_clocks = sorted((int(c) for c in memory_clocks_mhz), reverse=True)
-        self._locked_sm: Optional[Tuple[int, int]] = None
-        self._locked_mem: Optional[Tuple[int, int]] = None
-        self._limit_range_mw = (int(power_limit_min_w * 1000), int(power_limit_max_w * 1000))
-        self._limit_mw = self._limit_range_mw[1]
         self._running: Optional[_Running] = None
         self._last_mhz: Optional[int] = None
         start_s = clock()
@@ -207,9 +187,8 @@ class EmulatedGPU(GPU):
                     self._running.instruction,
                 )
                 self._finish(self._running, now)
-            profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
-            m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
-            m = self._limited(profile_stage, instruction, m)
+            profile_stage = self._profile_stage(stage)
+            m = self._measurement(profile_stage, instruction)
             self._running = _Running(stage, instruction, now, m)
             self._last_mhz = m.frequency_mhz
             if self.sleep:
@@ -239,86 +218,6 @@ class EmulatedGPU(GPU):
                 self._finish(running, self._clock())
                 return
         self._wait_until(running.start_s + running.measurement.time_s)
-
-    def current_frequency_mhz(self, stage: int, instruction: str) -> int:
-        """The SM clock an instruction of ``stage`` would run at now."""
-        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
-        with self._lock:
-            m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
-            return self._limited(profile_stage, instruction, m).frequency_mhz
-
-    def true_measurement(self, stage: int, instruction: str, frequency_mhz: int) -> Measurement:
-        """The scaled profiled time and energy of pipeline ``stage``'s instruction at a clock."""
-        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
-        return measurement_at(self.profile, profile_stage, instruction, frequency_mhz)
-
-    # -- clocks -----------------------------------------------------------------------------
-    def supported_sm_clocks_mhz(self) -> List[int]:
-        """The profile's frequencies, highest first."""
-        return list(self._sm_clocks)
-
-    def supported_memory_clocks_mhz(self) -> List[int]:
-        """The configured memory clocks, highest first."""
-        return list(self._mem_clocks)
-
-    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        """Lock the SM clock; instructions run at ``max_mhz`` (snapped to the profile)."""
-        check_range(min_mhz, max_mhz, "SM clock")
-        with self._lock:
-            self._settle()
-            self._locked_sm = (min_mhz, max_mhz)
-
-    def reset_sm_clocks(self) -> None:
-        """Unlock the SM clock (instructions run at the highest frequency)."""
-        with self._lock:
-            self._settle()
-            self._locked_sm = None
-
-    def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        """Record a memory-clock lock (the profile does not model memory clocks)."""
-        check_range(min_mhz, max_mhz, "memory clock")
-        with self._lock:
-            self._locked_mem = (min_mhz, max_mhz)
-
-    def reset_memory_clocks(self) -> None:
-        """Undo :meth:`lock_memory_clocks_mhz`."""
-        with self._lock:
-            self._locked_mem = None
-
-    @property
-    def locked_sm_clocks_mhz(self) -> Optional[Tuple[int, int]]:
-        """The SM lock in force, None when unlocked."""
-        return self._locked_sm
-
-    @property
-    def locked_memory_clocks_mhz(self) -> Optional[Tuple[int, int]]:
-        """The memory-clock lock in force, None when unlocked."""
-        return self._locked_mem
-
-    # -- power limit ------------------------------------------------------------------------
-    def power_limit_mw(self) -> int:
-        """The power limit in force (mW)."""
-        return self._limit_mw
-
-    def power_limit_constraints_mw(self) -> Tuple[int, int]:
-        """``(min_mw, max_mw)``."""
-        return self._limit_range_mw
-
-    def default_power_limit_mw(self) -> int:
-        """The maximum power limit."""
-        return self._limit_range_mw[1]
-
-    def set_power_limit_mw(self, limit_mw: int) -> None:
-        """Set the power limit; it caps the clock of instructions begun afterwards."""
-        lo, hi = self._limit_range_mw
-        if not lo <= limit_mw <= hi:
-            raise GPUValueError(
-                f"power limit {limit_mw} mW is outside [{lo}, {hi}] mW of emulated GPU "
-                f"{self.index}; pick a value in that range"
-            )
-        with self._lock:
-            self._settle()
-            self._limit_mw = int(limit_mw)
 
     # -- measurement ------------------------------------------------------------------------
     def total_energy_mj(self) -> int:
@@ -405,7 +304,7 @@ class EmulatedGPU(GPU):
         return now
 
     def _queue(self, stage: int, instruction: str) -> None:
-        profile_stage = map_stage(stage, self.num_pipeline_stages, self.profile.num_stages)
+        profile_stage = self._profile_stage(stage)
         with self._lock:
             if self._host_open is not None:
                 logger.warning(
@@ -418,10 +317,7 @@ class EmulatedGPU(GPU):
 
     def _measure(self, work: Work) -> Measurement:
         """Time and energy of ``work`` at the clock and power limit in force now."""
-        m = measurement_at(
-            self.profile, work.profile_stage, work.instruction, self._effective_cap_mhz()
-        )
-        return self._limited(work.profile_stage, work.instruction, m)
+        return self._measurement(work.profile_stage, work.instruction)
 
     @staticmethod
     def _check_end(running: Optional[str], instruction: str) -> None:
@@ -430,14 +326,6 @@ class EmulatedGPU(GPU):
                 f"instruction_end({instruction!r}) does not match the running instruction "
                 f"({running or 'none'}); call instruction_begin/instruction_end in pairs"
             )
-
-    def _effective_cap_mhz(self) -> int:
-        return self._locked_sm[1] if self._locked_sm is not None else self._sm_clocks[0]
-
-    def _limited(self, profile_stage: int, instruction: str, m: Measurement) -> Measurement:
-        if self._limit_mw >= self._limit_range_mw[1]:
-            return m  # the profile was measured at the default (maximum) limit
-        return power_limited(self.profile, profile_stage, instruction, m, self._limit_mw / 1000.0)
 
     def _finish(self, running: _Running, now: float) -> None:
         """Account an instruction that ends without sleeping (sleep=False or cut short)."""

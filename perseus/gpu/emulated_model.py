@@ -1,6 +1,7 @@
 """Pure functions behind the emulated GPU: stage mapping, clock snapping, power-limit choice.
 
-See :mod:`perseus.gpu.emulated` for the behaviour they implement.
+See :mod:`perseus.gpu.emulated` and :mod:`perseus.gpu.emulated_clocks` for the behaviour they
+implement.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 
 
 def map_stage(stage: int, num_pipeline_stages: Optional[int], num_profile_stages: int) -> int:
-    """Profile stage emulating pipeline ``stage`` (see :mod:`perseus.gpu.emulated`).
+    """Profile stage emulating pipeline ``stage``.
+
+    A pipeline with as many stages as the profile uses stage ``s`` for ``s``. Otherwise
+    (``num_pipeline_stages`` given and different, e.g. pp=4 on an 8-stage profile) pipeline
+    stages ``0 .. pp-2`` take profile stages ``0 .. pp-2`` clamped to the profile's
+    second-to-last stage, and the last pipeline stage takes the profile's last stage — so the
+    published imbalance (GPT-3's heavier last stage, Bloom's lighter one) survives.
 
     Raises:
         GPUValueError: for a stage outside the pipeline / profile.

@@ -1,0 +1,30 @@
+"""The wire's bounded field types and size limits, shared by every message.
+
+Part of :mod:`perseus.wire` (see there). Every size a message may have is capped here; the
+annotated types carry their :class:`~perseus.wire_bounds.Bound`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from perseus.config import JOB_ID_PATTERN
+from perseus.wire_bounds import Bound
+
+MAX_STAGES = 512
+MAX_MICROBATCHES = 4096
+MAX_RANKS = 65536
+MAX_CLOCKS = 1024
+MAX_INSTRUCTIONS = 2 * MAX_MICROBATCHES * 8
+MAX_STEP = 10**12
+# A step sequence ("F0,F1,B0,..."): at most this many characters.
+MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
+SEQUENCE_PATTERN = r"^([FB][0-9]{1,6}(,[FB][0-9]{1,6})*)?$"
+
+JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
+Mhz = Annotated[int, Bound(gt=0, le=100_000)]
+Seconds = Annotated[float, Bound(ge=0.0, le=1e7, allow_inf_nan=False)]
+Joules = Annotated[float, Bound(ge=0.0, le=1e15, allow_inf_nan=False)]
+RankId = Annotated[int, Bound(ge=0, lt=MAX_RANKS)]
+StepId = Annotated[int, Bound(ge=0, le=MAX_STEP)]
+FORBID_EXTRA = {"extra": "forbid"}  # read by pydantic: unknown keys are a 422

@@ -1,0 +1,58 @@
+"""The names client and server share: the server's routes, a job's phases, the plain answer.
+
+Part of :mod:`perseus.wire` (see there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+from perseus.config import ConfigChoice
+
+
+class Route:
+    """The server's paths (``{job_id}`` and ``{rank}`` filled with :meth:`str.format`)."""
+
+    HEALTHZ = "/healthz"
+    JOBS = "/jobs"
+    JOB = "/jobs/{job_id}"
+    SUMMARY = "/jobs/{job_id}/summary"
+    RANKS = "/jobs/{job_id}/ranks"
+    RANK_FINISH = "/jobs/{job_id}/ranks/{rank}/finish"
+    SCHEDULE = "/jobs/{job_id}/schedule"
+    STEPS = "/jobs/{job_id}/steps"
+    ITERATION_TIME = "/jobs/{job_id}/iteration_time"
+
+
+class Phase(ConfigChoice):
+    """Where a job is (see :mod:`perseus.server.job_phases` and ``docs/design.md``).
+
+    ``baseline`` -> ``profiling`` -> ``planning`` -> ``running`` -> ``watching``; ``failed``
+    means max speed for good.
+    """
+
+    baseline = "baseline"
+    profiling = "profiling"
+    planning = "planning"
+    running = "running"
+    watching = "watching"
+    failed = "failed"
+
+    @property
+    def wants_energy(self) -> bool:
+        """The server's profiler uses per-instruction energy readings in this phase."""
+        return self in (Phase.baseline, Phase.profiling)
+
+    @property
+    def report_ready(self) -> bool:
+        """The job measured its plan (or gave up): training is no longer needed for the report."""
+        return self in (Phase.watching, Phase.failed)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A plain acknowledgement."""
+
+    ok: bool = True
+    detail: Dict[str, str] = field(default_factory=dict)
