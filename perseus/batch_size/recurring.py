@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from perseus.batch_size.env import current_run
-from perseus.batch_size.optimizer import REASON_ERROR, BatchSizeOptimizer
+from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.reporting import REASON_ERROR
 from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
