@@ -13,6 +13,9 @@ A run is stopped early when the next epoch would take its cost past ``beta`` tim
 cheapest converged run so far, or when it misses the target within ``max_epochs``; a run that
 reaches the target but costs more than that bound does not count as converged.
 
+A run's epochs, its early stop and its end are reported through
+:class:`~perseus.batch_size.reporting.RunReporting`, the optimizer's base class.
+
 Everything lives in a SQLite file (:mod:`perseus.batch_size.store`), so runs in different
 processes or machines sharing the file continue one search::
 
@@ -37,7 +40,6 @@ Standard library only; runs on Python 3.9.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import statistics
 import time
@@ -48,21 +50,19 @@ from perseus.batch_size import bandit
 from perseus.batch_size.bandit import BANDIT
 from perseus.batch_size.explain import check_settings, exhausted_message
 from perseus.batch_size.pruning import PRUNING, PruningState, pruning_state, start_batch_size
-from perseus.batch_size.store import FAILED, REACHED, RunRow, Store, batch_sizes_key
+from perseus.batch_size.reporting import RunReporting
+from perseus.batch_size.store import REACHED, RunRow, Store, batch_sizes_key
 from perseus.errors import BatchSizeError
 
 log = logging.getLogger(__name__)
 
 EXHAUSTED = "exhausted"
-REASON_TARGET_MISSED = "target_missed"
-REASON_COST = "cost_exceeded"
-REASON_ERROR = "error"
-# Relative slack when comparing a converged run's cost with the early-stop bound.
-_BOUND_SLACK = 1e-9
 
 
-class BatchSizeOptimizer:
+class BatchSizeOptimizer(RunReporting):
     """Choose the batch size of each run of a recurring job.
+
+    Each run reports its epochs and its end through the methods of :class:`RunReporting`.
 
     Args:
         db_path: SQLite file shared by all runs of the job (created when missing).
@@ -184,108 +184,7 @@ class BatchSizeOptimizer:
         runs = self.store.runs(None, self.job_id)
         return bandit.best_arm(self._arms(runs, self._pruning(runs), converged_only=True))
 
-    # -- reporting -------------------------------------------------------------------------------
-    def report_epoch(
-        self,
-        metric: Optional[float],
-        time_s: float,
-        energy_j: float,
-        *,
-        steady_time_s: Optional[float] = None,
-        steady_energy_j: Optional[float] = None,
-    ) -> None:
-        """Record one finished epoch of the current run.
-
-        Args:
-            metric: The validation metric after the epoch (None: not evaluated).
-            time_s: Its measured wall time.
-            energy_j: Its measured energy (all GPUs of the job).
-            steady_time_s: What it would have taken at the batch size's chosen power limit, when
-                part of it profiled power limits (default: ``time_s``). The optimizer judges
-                the batch size by these.
-            steady_energy_j: Likewise for energy (default: ``energy_j``).
-        """
-        run = self._current_run()
-        steady = (
-            time_s if steady_time_s is None else steady_time_s,
-            energy_j if steady_energy_j is None else steady_energy_j,
-        )
-        cost = (run.cost or 0.0) + self.cost_j(*steady)
-        self.store.add_epoch(run.run_id, metric, (time_s, energy_j), steady, cost)
-
-    def should_stop(self) -> bool:
-        """True when the current run should end now.
-
-        That is when it reached the target, ran out of epochs, or its next epoch would take its
-        cost past ``beta`` x the cheapest converged run.
-        """
-        return self._stop_reason(self._current_run()) is not None
-
-    def report_run(
-        self,
-        *,
-        time_s: Optional[float] = None,
-        energy_j: Optional[float] = None,
-        reached_target: Optional[bool] = None,
-        steady_time_s: Optional[float] = None,
-        steady_energy_j: Optional[float] = None,
-        reason: Optional[str] = None,
-    ) -> Dict[str, Any]:
-        """End the current run; returns its summary.
-
-        Without arguments the totals and the outcome come from :meth:`report_epoch` calls; a job
-        that only knows its totals passes them (and whether it reached the target) here. A run
-        that reached the target at a cost above ``beta`` x the cheapest converged run counts as
-        failed (``cost_exceeded``). ``reason`` names why a run that did not reach the target
-        ended (default: derived from its epochs).
-        """
-        run = self._current_run()
-        if time_s is None and energy_j is None:
-            measured = (run.time_s, run.energy_j)
-            stored_steady = (run.steady_time_s, run.steady_energy_j)
-        else:
-            measured = (
-                run.time_s if time_s is None else time_s,
-                run.energy_j if energy_j is None else energy_j,
-            )
-            stored_steady = measured
-        steady = (
-            stored_steady[0] if steady_time_s is None else steady_time_s,
-            stored_steady[1] if steady_energy_j is None else steady_energy_j,
-        )
-        cost = self.cost_j(*steady)
-        if reached_target is None:
-            reached_target = self.metric_reaches_target(run.last_metric)
-        status, why = REACHED, None
-        if reached_target:
-            bound = self._cost_bound(run.run_id)
-            if bound is not None and cost > bound * (1.0 + _BOUND_SLACK):
-                status, why = FAILED, REASON_COST
-        else:
-            status = FAILED
-            why = reason or self._stop_reason(run) or REASON_TARGET_MISSED
-            if why == REACHED:
-                why = REASON_TARGET_MISSED
-        self.store.finish_run(
-            run.run_id, status=status, reason=why, measured=measured, steady=steady, cost=cost
-        )
-        self.run_id = None
-        return {
-            "run_id": run.run_id,
-            "batch_size": run.batch_size,
-            "phase": run.phase,
-            "status": status,
-            "reason": why,
-            "time_s": measured[0],
-            "energy_j": measured[1],
-            "cost": cost,
-            "measured_cost": self.cost_j(*measured),
-        }
-
-    def cost_j(self, time_s: float, energy_j: float) -> float:
-        """``eta * energy_j + (1 - eta) * max_power_w * time_s``."""
-        return self.eta * energy_j + (1.0 - self.eta) * self.max_power_w * time_s
-
+    # -- the job's state -------------------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:
         """The job's state: stage, arms, per batch size mean cost and runs, best so far.
 
@@ -338,14 +237,6 @@ class BatchSizeOptimizer:
     def close(self) -> None:
         """Close the database."""
         self.store.close()
-
-    def metric_reaches_target(self, metric: Optional[float]) -> bool:
-        """Whether ``metric`` meets the target (at or above it, or at or below for losses)."""
-        if metric is None or math.isnan(metric):
-            return False
-        if self.higher_is_better:
-            return metric >= self.target_metric
-        return metric <= self.target_metric
 
     def run_options(self) -> Dict[str, Any]:
         """Settings that may differ between runs (not stored with the job)."""
@@ -401,34 +292,3 @@ class BatchSizeOptimizer:
         else:
             names = sorted({r.batch_size for r in runs if r.status == REACHED})
         return bandit.arms_from_runs(runs, names, with_failures=not converged_only)
-
-    def _current_run(self) -> RunRow:
-        if self.run_id is None:
-            raise BatchSizeError(
-                f"job {self.job_id!r}: no run in progress; call next_batch_size() first"
-            )
-        return self.store.run(self.run_id)
-
-    def _stop_reason(self, run: RunRow) -> Optional[str]:
-        if self.metric_reaches_target(run.last_metric):
-            return REACHED
-        bound = self._cost_bound(run.run_id)
-        # Predict the next epoch from this run's epochs so far.
-        if (
-            bound is not None
-            and run.num_epochs > 0
-            and run.cost is not None
-            and run.cost + run.cost / run.num_epochs > bound * (1.0 + _BOUND_SLACK)
-        ):
-            return REASON_COST
-        if run.num_epochs >= self.max_epochs:
-            return REASON_TARGET_MISSED
-        return None
-
-    def _cost_bound(self, exclude_run_id: int) -> Optional[float]:
-        costs = [
-            r.cost
-            for r in self.store.runs(None, self.job_id)
-            if r.status == REACHED and r.cost is not None and r.run_id != exclude_run_id
-        ]
-        return self.beta * min(costs) if costs else None

@@ -30,6 +30,10 @@ and the time of the slowest.
 
 Power-limit problems (no permission, a GPU owned by another controller) never stop training:
 one warning, and the run goes on at the GPU's current limit.
+
+This module owns the job's training-loop interface and its batch size across ranks; the GPUs,
+their readings and their power limit are held by :class:`~perseus.batch_size.run_devices.RunDevices`
+and the search by :class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`.
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from perseus.batch_size.env import current_run
-from perseus.batch_size.optimizer import REASON_ERROR, BatchSizeOptimizer
+from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.reporting import REASON_ERROR
+from perseus.batch_size.run_devices import RunDevices
 from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
 from perseus.power_limit import aggregate
-from perseus.power_limit.optimizer import DONE, PowerLimitOptimizer
+from perseus.power_limit.optimizer import PowerLimitOptimizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,27 +116,26 @@ class RecurringJob:
         self.optimize_power_limit = optimize_power_limit
         self.gpu_cfg = gpu or GPUConfig()
         self.seed = seed
-        self._clock = clock
-        self._synchronize = synchronize
-        self._given_gpus = gpus
-        self.gpus: List[GPU] = list(gpus or [])
-        self._owned_gpus: Any = None
+        self._devices = RunDevices(self.gpu_cfg, gpus, clock, synchronize)
         self.rank, self.world_size = 0, 1
         self.batch_size = 0
         self.local_batch_size = 0
         self.optimizer: Optional[BatchSizeOptimizer] = None
-        self.power_limit: Optional[PowerLimitOptimizer] = None
         self.result: Optional[Dict[str, Any]] = None
         self._metric: Optional[float] = None
         self._epoch = 0
-        self._epoch_start: Optional[tuple] = None
-        self._done_at: Optional[tuple] = None
-        # Epochs that ended while power limits were still being profiled: (time, energy, steps).
-        self._profiling_epochs: List[aggregate.WindowTotals] = []
-        self._profiling_steps = 0
-        self._epoch_steps = 0
         self._started = False
         self._warned_metric = False
+
+    @property
+    def gpus(self) -> List[GPU]:
+        """The GPUs of this process (opened by :meth:`start` unless given)."""
+        return self._devices.gpus
+
+    @property
+    def power_limit(self) -> Optional[PowerLimitOptimizer]:
+        """The run's power-limit optimizer (None: off, or dropped after a problem)."""
+        return self._devices.power_limit
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> RecurringJob:
@@ -151,15 +156,13 @@ class RecurringJob:
         if self._started:
             return self.batch_size
         self.rank, self.world_size = aggregate.rank_and_world()
-        if self._given_gpus is None:
-            from perseus.gpu import GPUs
-
-            local_index = _local_device_index()
-            self._owned_gpus = GPUs.open(self.gpu_cfg, indices=[local_index])
-            self.gpus = list(self._owned_gpus)
+        self._devices.open()
         try:
             self._choose_batch_size()
-            self._start_power_limit()
+            if self.optimize_power_limit:
+                self._devices.start_power_limit(
+                    self.power_limit_cfg, self.eta, job_id=self.job_id, batch_size=self.batch_size
+                )
         except BaseException:
             self.close(failed=True)
             raise
@@ -180,12 +183,7 @@ class RecurringJob:
         """
         if self.optimizer is not None and self.optimizer.run_id is not None:
             self._finish(reason=REASON_ERROR if failed else None)
-        if self.power_limit is not None:
-            try:
-                self.power_limit.close()
-            finally:
-                self.power_limit = None
-        self._close_gpus()
+        self._devices.close()
         if self.optimizer is not None:
             self.optimizer.close()
             self.optimizer = None
@@ -200,9 +198,7 @@ class RecurringJob:
         for epoch in range(1, self.max_epochs + 1):
             self._epoch = epoch
             self._metric = None
-            self._epoch_steps = 0
-            self._done_at = None
-            self._epoch_start = self._read()
+            self._devices.begin_epoch()
             yield epoch
             if self._end_epoch():
                 break
@@ -212,19 +208,7 @@ class RecurringJob:
 
     def steps(self, iterable: Iterable[T]) -> Iterator[T]:
         """One epoch of a data loader, with the power-limit optimizer around each step."""
-        self._call_power_limit("on_epoch_begin")
-        try:
-            for item in iterable:
-                self._call_power_limit("on_step_begin")
-                yield item
-                self._epoch_steps += 1
-                was_done = self.power_limit is None or self.power_limit.state == DONE
-                self._call_power_limit("on_step_end")
-                plo = self.power_limit
-                if not was_done and plo is not None and plo.state == DONE:
-                    self._done_at = (*self._read(), self._epoch_steps)
-        finally:
-            self._call_power_limit("on_epoch_end")
+        yield from self._devices.steps(iterable)
 
     def report_metric(self, metric: float) -> None:
         """The validation metric after this epoch (every rank may call it; rank 0's counts)."""
@@ -237,13 +221,8 @@ class RecurringJob:
         The emulated device only spends time and energy inside such marks; training on a real
         GPU does not need them.
         """
-        for gpu in self.gpus:
-            gpu.instruction_begin(0, name)
-        try:
+        with self._devices.instruction(name):
             yield
-        finally:
-            for gpu in self.gpus:
-                gpu.instruction_end(name)
 
     def data_loader(self, dataset: Any, **kwargs: Any) -> Any:
         """A ``torch.utils.data.DataLoader`` at this rank's batch size (sharded under DDP)."""
@@ -299,66 +278,14 @@ class RecurringJob:
             max_epochs=self.max_epochs,
             target_metric=self.target_metric,
             higher_is_better=self.higher_is_better,
-            max_power_w=self._max_power_w(),
+            max_power_w=self._devices.max_power_w(self.world_size),
             seed=self.seed,
         )
         return self.optimizer.next_batch_size()
 
-    def _max_power_w(self) -> float:
-        local = sum(gpu.power_limit_constraints_mw()[1] for gpu in self.gpus) / 1000.0
-        return local * self.world_size
-
-    def _start_power_limit(self) -> None:
-        if not self.optimize_power_limit:
-            return
-        state_dir = Path(self.gpu_cfg.state_dir) if self.gpu_cfg.state_dir else None
-        try:
-            self.power_limit = PowerLimitOptimizer.for_gpus(
-                self.gpus,
-                self.power_limit_cfg,
-                self.eta,
-                state_dir=state_dir,
-                job_id=self.job_id,
-                batch_size=self.batch_size,
-                clock=self._clock,
-                synchronize=self._synchronize,
-            )
-        except PerseusError as exc:
-            self._drop_power_limit(exc)
-
-    def _call_power_limit(self, name: str) -> None:
-        if self.power_limit is None:
-            return
-        try:
-            getattr(self.power_limit, name)()
-        except PerseusError as exc:
-            self._drop_power_limit(exc)
-
-    def _drop_power_limit(self, exc: Exception) -> None:
-        log.warning(
-            "power-limit optimization is off for this run (%s); training goes on at the GPU's "
-            "current power limit",
-            exc,
-        )
-        if self.power_limit is not None:
-            try:
-                self.power_limit.close()
-            except PerseusError as close_exc:
-                log.warning("restoring the power limit failed: %s", close_exc)
-            self.power_limit = None
-
-    def _read(self) -> tuple:
-        self._synchronize()
-        return self._clock(), sum(gpu.total_energy_mj() for gpu in self.gpus) / 1000.0
-
     def _end_epoch(self) -> bool:
         """Measure and report the epoch; returns whether the run stops (same on every rank)."""
-        assert self._epoch_start is not None
-        end_s, end_j = self._read()
-        start_s, start_j = self._epoch_start
-        local = aggregate.WindowTotals(end_s - start_s, end_j - start_j)
-        total = aggregate.torch_distributed(local)
-        steady = self._steady(total, end_s, end_j)
+        total, steady = self._devices.end_epoch()
         stop = False
         if self.rank == 0 and self.optimizer is not None and self.optimizer.run_id is not None:
             if self._metric is None and not self._warned_metric:
@@ -378,33 +305,6 @@ class RecurringJob:
             stop = self.optimizer.should_stop()
         return bool(aggregate.broadcast_object(stop))
 
-    def _steady(self, total: aggregate.WindowTotals, end_s: float, end_j: float) -> tuple:
-        """The epoch at the chosen limit.
-
-        The steps spent profiling are priced at the chosen limit's measured per-step time and
-        energy, the rest of the epoch is as measured. Epochs that ended before the choice was
-        made were reported as measured; the epoch in which it is made takes their correction.
-        """
-        plo = self.power_limit
-        done_s, done_j, steps = self._done_at or (end_s, end_j, 0)
-        # Every rank takes part in the reduction, whatever its own state.
-        after = aggregate.torch_distributed(aggregate.WindowTotals(end_s - done_s, end_j - done_j))
-        if plo is None or plo.state != DONE or self._done_at is None:
-            if plo is not None and plo.state != DONE:
-                self._profiling_epochs.append(total)
-                self._profiling_steps += self._epoch_steps
-            return total.time_s, total.energy_j
-        chosen = plo.chosen_measurement
-        assert chosen is not None
-        steps += self._profiling_steps
-        earlier_s = sum(e.time_s for e in self._profiling_epochs)
-        earlier_j = sum(e.energy_j for e in self._profiling_epochs)
-        self._profiling_epochs, self._profiling_steps = [], 0
-        return (
-            after.time_s + steps * chosen.time_per_step_s - earlier_s,
-            after.energy_j + steps * chosen.energy_per_step_j - earlier_j,
-        )
-
     def _finish(self, reason: Optional[str] = None) -> None:
         assert self.optimizer is not None
         summary = self.optimizer.report_run(reason=reason)
@@ -412,19 +312,3 @@ class RecurringJob:
             summary["power_limit"] = self.power_limit.report()
         self.result = summary
         log.info("job %s: run %s", self.job_id, summary)
-
-    def _close_gpus(self) -> None:
-        if self._owned_gpus is not None:
-            owned, self._owned_gpus = self._owned_gpus, None
-            owned.close()
-
-
-def _local_device_index() -> int:
-    """The index of this process's GPU: ``LOCAL_RANK`` under torchrun, else 0."""
-    import os
-
-    value = os.environ.get("LOCAL_RANK", "0")
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ConfigError(f"LOCAL_RANK={value!r}: not an integer") from exc

@@ -25,24 +25,24 @@ controller) and sees every forward and backward.
 Merak hard-codes CUDA, so a rank without a usable CUDA device stops with a clear error before
 training (the adapter's own tests run Merak on CPU through a test-only redirection).
 
-Everything a Merak rank imports runs in the Merak environment (Python 3.9, torch 1.10, the core
-dependencies): ``tests/unit/test_architecture.py`` checks this module's import closure.
+This module owns the framework's contract (options, checks, one rank's run); the engine is
+built by :mod:`perseus.train.merak_engine` from the stage layers of
+:mod:`perseus.train.merak_layers`, and :mod:`perseus.train.merak_probe` asks the ranks'
+interpreter what it has. Everything a Merak rank imports runs in the Merak environment
+(Python 3.9, torch 1.10, the core dependencies): ``tests/unit/test_architecture.py`` checks
+this module's import closure.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
-import subprocess
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.train.merak_probe import probe_problems
 
 logger = logging.getLogger(__name__)
 
@@ -52,27 +52,6 @@ FIX_ENV = (
     "build the Merak environment with scripts/merak-env (from a clone of "
     "github.com/ml-energy/merak-zeus) and set train.python to the interpreter it prints"
 )
-
-# Run by the configured interpreter: what a Merak rank will find there (one JSON line).
-PROBE = """
-import json, sys
-found = {"python": list(sys.version_info[:2])}
-try:
-    import Merak.runtime.pipe_engine, torch, perseus, perseus.adapters.merak
-    found["torch"] = torch.__version__
-    found["perseus"] = perseus.__file__
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        try:
-            torch.cuda.current_device()
-            cuda = True
-        except Exception:
-            pass
-    found["cuda"] = cuda
-except Exception as exc:
-    found["error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(found))
-"""
 
 
 def options(cfg: PerseusConfig) -> Dict[str, Any]:
@@ -140,44 +119,6 @@ def check_launch(cfg: PerseusConfig) -> None:
         )
 
 
-def probe_problems(python: str) -> List[str]:
-    """What keeps ``python`` from running a Merak rank (empty: nothing)."""
-    path = Path(python).expanduser().absolute()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        return ["no such executable"]
-    try:
-        done = subprocess.run(
-            [str(path), "-W", "ignore", "-c", PROBE],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=tempfile.gettempdir(),
-            check=False,
-        )
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        return [f"it did not answer ({exc})"]
-    problems = []
-    if found["python"] != [3, 9]:
-        problems.append(f"it is Python {'.'.join(map(str, found['python']))}, Merak needs 3.9")
-    if "error" in found:
-        problems.append(f"importing Merak and Perseus there fails ({found['error']})")
-        return problems
-    if not str(found["torch"]).startswith("1.10."):
-        problems.append(f"it has torch {found['torch']}, Merak pins 1.10")
-    import perseus
-
-    here = Path(perseus.__file__).resolve().parent
-    if Path(found["perseus"]).resolve().parent != here:
-        problems.append(f"its perseus is {found['perseus']}, not this one ({here})")
-    if not found["cuda"]:
-        problems.append(
-            "no CUDA device is usable there, and merak-zeus hard-codes CUDA: run on NVIDIA "
-            "GPUs (framework=deepspeed runs on CPU with the emulated GPU)"
-        )
-    return problems
-
-
 def run(cfg: PerseusConfig) -> int:
     """Train with Merak's pipeline engine until the loop stops; returns iterations run."""
     try:
@@ -192,6 +133,7 @@ def run(cfg: PerseusConfig) -> int:
     from perseus.models.data import batches
     from perseus.models.zoo import describe
     from perseus.train.loop import run_loop, write_rank_steps
+    from perseus.train.merak_engine import build_engine
 
     opts = options(cfg)
     _require_cuda(torch)
@@ -247,199 +189,3 @@ def _require_cuda(torch: Any) -> None:
             f"(torch.cuda.current_device() failed here: {exc}). Run on NVIDIA GPUs, or use "
             "framework=deepspeed (runs on CPU with the emulated GPU)"
         ) from None
-
-
-def build_engine(cfg: PerseusConfig, opts: Dict[str, Any], description: Any) -> Any:
-    """Build a Merak ``PipelineEngine`` holding this rank's stage of the zoo model."""
-    import Merak
-    import torch
-    import torch.distributed as dist
-    from Merak.runtime.pipe_engine import PipelineEngine
-    from Merak.utils.merak_args import MerakArguments, manual_set_args
-
-    from perseus.models.losses import loss_fn
-    from perseus.models.partition import partition
-
-    par, model = cfg.parallelism, cfg.model
-    parts = partition(description, model.partition, par.pp)
-    stage = Merak.get_topo().get_coord(dist.get_rank()).pipe
-    tied = any(layer.tie_key is not None for layer in description.layers)
-    tie_shape = torch.Size([model.vocab_size, model.hidden_size]) if tied else None
-    with _real_linear():
-        layers = stage_layers(description, parts, stage, cfg.train.seed, tie_shape)
-    args = MerakArguments(
-        output_dir=cfg.output_dir or tempfile.mkdtemp(prefix="perseus-merak-"),
-        per_device_train_batch_size=par.microbatch_size,
-        gradient_accumulation_steps=par.num_microbatches,
-        train_schedule=opts["train_schedule"],
-        checkpoint_num_layers=opts["checkpoint_num_layers"],
-        model_name=model.name,
-        seed=cfg.train.seed,
-        wall_clock_breakdown=False,
-    )
-    manual_set_args(args)  # Merak's engine reads its arguments from this global
-    num_inputs = 2 if description.family == "t5" else 1
-
-    def merak_loss(outputs: Any, labels: Any) -> Any:
-        return loss_fn(outputs, labels[0])
-
-    module = _pipeline_module_class()(
-        layers=layers,
-        loss_fn=merak_loss,
-        topology=Merak.get_topo(),
-        communicaiton_grid=Merak.get_grid(),
-        partition_method="custom:" + ",".join(str(p) for p in parts),
-        activation_checkpoint_interval=opts["checkpoint_num_layers"],
-        tie_dims={tie_shape} if tie_shape is not None else set(),
-        input_to_shard_dic={f"input_{i}": 0 for i in range(num_inputs)},
-    )
-    module.tie_modules()  # as MerakTrainer does: groups for the tied weights, synchronized
-    engine = PipelineEngine(
-        args=args,
-        model=module,
-        optimizer=torch.optim.Adam(module.parameters(), lr=cfg.train.lr),
-        lr_scheduler=None,
-        mpu=module.mpu(),
-        dist_init_required=False,
-        config={
-            "train_micro_batch_size_per_gpu": par.microbatch_size,
-            "gradient_accumulation_steps": par.num_microbatches,
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        },
-        train_schedule=opts["train_schedule"],
-        return_logits=False,
-    )
-    engine.input_to_stage_dic = module.input_to_stage_dic  # as MerakTrainer does
-    engine.batch_fn = _flat_batch
-    return engine
-
-
-def _flat_batch(batch: Any) -> Any:
-    """Merak loads ``batch[:num_inputs]`` on the first stage and the rest on the last."""
-    inputs, labels = batch
-    return (*inputs, labels) if isinstance(inputs, tuple) else (inputs, labels)
-
-
-@contextmanager
-def _real_linear() -> Iterator[None]:
-    """``torch.nn.Linear`` as torch defines it (``import Merak`` made it a proxy class)."""
-    import Merak
-    import torch
-
-    proxy = torch.nn.Linear
-    torch.nn.Linear = Merak.get_patched_func()[1]  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        torch.nn.Linear = proxy  # type: ignore[misc]
-
-
-def _pipeline_module_class() -> type:
-    from Merak.modules.module import PipelineModule
-
-    class PerseusMerakModule(PipelineModule):  # type: ignore[misc]
-        """Merak's PipelineModule that never checkpoints the layer taking the model inputs.
-
-        Merak's checkpoint function is reentrant: around a layer whose inputs need no gradient
-        (token ids) it would cut the layer's parameters off the backward pass.
-        """
-
-        def _is_checkpointable(self, funcs: List[Any]) -> bool:
-            if any(getattr(f, "takes_model_inputs", False) for f in funcs):
-                return False
-            return bool(super()._is_checkpointable(funcs))
-
-    return PerseusMerakModule
-
-
-def stage_layers(
-    description: Any, parts: List[int], stage: int, seed: int, tie_shape: Optional[Any]
-) -> List[Any]:
-    """Every layer of the model for Merak: this stage's built, the others placeholders.
-
-    A layer is seeded with ``seed + index``, so it starts the same on whichever stage builds it.
-    A tied layer repeated on another stage (the output head) gets its own copy of the shared
-    module; Merak ties the copies' ``weight`` (all-reduced gradients, synchronized at start).
-    """
-    import torch
-
-    from perseus.models.build import tied_call
-
-    merak_layer, tied_copy = _layer_classes()
-    layers: List[Any] = []
-    shared: Dict[str, Any] = {}
-    for index, layer in enumerate(description.layers):
-        if not parts[stage] <= index < parts[stage + 1]:
-            layers.append(_Elsewhere(tie_shape if layer.tie_key is not None else None))
-            continue
-        torch.manual_seed(seed + index)
-        if layer.tie_key is not None and layer.tie_key in shared:
-            module = tied_call(shared[layer.tie_key], layer)  # both on this stage (pp=1)
-        else:
-            module = layer.module(**layer.kwargs)
-            if layer.tie_key is not None:
-                _check_tie_shape(module, tie_shape, description.name)
-                if layer.forward_fn is None:
-                    shared[layer.tie_key] = module
-                else:
-                    module = tied_copy(module, layer.forward_fn)
-        layers.append(merak_layer(module, index == 0))
-    return layers
-
-
-def _check_tie_shape(module: Any, tie_shape: Optional[Any], model_name: str) -> None:
-    weight = getattr(module, "weight", None)
-    if tie_shape is None or weight is None or tuple(weight.shape) != tuple(tie_shape):
-        raise ConfigError(
-            f"model {model_name!r}: Merak ties weights by shape, and the tied embedding's "
-            f"weight is not model.vocab_size x model.hidden_size {tuple(tie_shape or ())}"
-        )
-
-
-class _Shape:
-    def __init__(self, shape: Any) -> None:
-        self.shape = shape
-
-
-class _Elsewhere:
-    """A layer of another stage: only what Merak's tying reads (``modules()``, ``weight``)."""
-
-    def __init__(self, tie_shape: Optional[Any]) -> None:
-        self.__name__ = "(built by its own stage)"  # what Merak prints for it
-        if tie_shape is not None:
-            self.weight = _Shape(tie_shape)
-
-    def modules(self) -> Iterator[Any]:
-        """Merak looks for tied weights in every layer's modules."""
-        yield self
-
-
-@functools.lru_cache(maxsize=1)
-def _layer_classes() -> Tuple[type, type]:
-    """The module classes :func:`stage_layers` wraps zoo layers in (torch imported lazily)."""
-    import torch
-
-    class MerakLayer(torch.nn.Module):
-        """A zoo layer called with one argument: Merak unpacks tuples into positional ones."""
-
-        def __init__(self, layer: Any, takes_model_inputs: bool) -> None:
-            super().__init__()
-            self.layer = layer
-            self.takes_model_inputs = takes_model_inputs
-
-        def forward(self, *args: Any) -> Any:
-            return self.layer(args[0] if len(args) == 1 else tuple(args))
-
-    class TiedCopy(torch.nn.Module):
-        """A tied layer on another stage than the shared module: a copy, tied by Merak."""
-
-        def __init__(self, shared: Any, forward_fn: Callable[..., Any]) -> None:
-            super().__init__()
-            self.shared = shared
-            self.forward_fn = forward_fn
-
-        def forward(self, x: Any) -> Any:
-            return self.forward_fn(self.shared, x)
-
-    return MerakLayer, TiedCopy

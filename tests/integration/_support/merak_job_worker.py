@@ -1,4 +1,4 @@
-"""One rank of the framework=merak model check: zoo models built by ``perseus.train.merak_job``.
+"""One rank of the framework=merak model check: zoo models built by ``perseus.train.merak_engine``.
 
 Runs in the Merak environment (2 CPU ranks, gloo). Rank 0 also trains the same model as one
 plain ``nn.Sequential`` in this process (the same per-layer seeds, data and optimizer), so the
@@ -50,9 +50,9 @@ def _reference_losses(cfg: Any, description: Any, data: List[Any]) -> List[float
 
     from perseus.models.build import build_layers
     from perseus.models.losses import loss_fn
-    from perseus.train.merak_job import _real_linear
+    from perseus.train.merak_engine import real_linear
 
-    with _real_linear():
+    with real_linear():
         model = torch.nn.Sequential(*build_layers(description.layers, seed=cfg.train.seed))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     losses = []
@@ -73,7 +73,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from perseus.models.zoo import describe
-    from perseus.train import merak_job
+    from perseus.train import merak_engine, merak_job
     from tests.integration._support import merak_cpu
 
     merak_cpu.install()
@@ -89,7 +89,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     for model, schedule in args["models"]:
         cfg = _cfg(model, schedule)
         description = describe(cfg.model)
-        engine = merak_job.build_engine(cfg, merak_job.options(cfg), description)
+        engine = merak_engine.build_engine(cfg, merak_job.options(cfg), description)
         data = _data(description)
         feed = iter(data)
         losses = [float(engine.train_batch(feed)) for _ in range(STEPS)]

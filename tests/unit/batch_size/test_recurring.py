@@ -17,25 +17,15 @@ import pytest
 from perseus.batch_size import RecurringJob
 from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import BatchSizeError
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.gpu.emulated import EmulatedGPU
 from perseus.gpu.guard import GPUGuard
+from tests.unit.batch_size.emulated_job import emulated_gpu, train
 from tests.unit.power_limit.fakes import VirtualClock, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
-PROFILE = load_device_profile(default_device_profile_path())
 # epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
 EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
 LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
-
-
-def _gpu(clock: VirtualClock) -> EmulatedGPU:
-    return EmulatedGPU(
-        PROFILE,
-        blocking_power_w=80.0,
-        clock=clock,
-        sleeper=clock.sleep,
-        energy_update_period_s=1e-4,
-    )
 
 
 def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
@@ -53,21 +43,14 @@ def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> 
 
 
 def _train(job: RecurringJob, epochs: Dict[int, Optional[int]] = EPOCHS) -> None:
-    needed = epochs[job.batch_size]
-    for epoch in job.epochs():
-        for _ in job.steps(range(1024 // job.batch_size)):
-            with job.instruction("forward"):
-                pass
-            with job.instruction("backward"):
-                pass
-        job.report_metric(0.0 if needed is None else min(1.0, epoch / needed))
+    train(job, epochs, samples_per_epoch=1024)
 
 
 def _recur(tmp_path: Path, times: int, **kwargs) -> List[dict]:  # type: ignore[no-untyped-def]
     results = []
     for _ in range(times):
         clock = VirtualClock()
-        gpu = _gpu(clock)
+        gpu = emulated_gpu(clock)
         with _job(tmp_path, clock, gpu, **kwargs) as job:
             _train(job)
         assert gpu.power_limit_mw() == 400_000  # given back as found
@@ -106,7 +89,7 @@ def test_runs_stop_early_when_they_would_cost_too_much(tmp_path: Path) -> None:
 
 def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_path: Path) -> None:
     clock = VirtualClock()
-    gpu = _gpu(clock)
+    gpu = emulated_gpu(clock)
     with pytest.raises(RuntimeError, match="boom"), _job(tmp_path, clock, gpu) as job:
         for epoch in job.epochs():
             for step in job.steps(range(16)):
@@ -126,7 +109,8 @@ def test_forgetting_report_metric_warns_and_fails_the_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = VirtualClock()
-    with caplog.at_level(logging.WARNING), _job(tmp_path, clock, _gpu(clock), max_epochs=3) as job:
+    gpu = emulated_gpu(clock)
+    with caplog.at_level(logging.WARNING), _job(tmp_path, clock, gpu, max_epochs=3) as job:
         for _ in job.epochs():
             for _ in job.steps(range(4)):
                 pass
@@ -138,7 +122,7 @@ def test_a_gpu_owned_by_another_controller_leaves_training_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = VirtualClock()
-    gpu = _gpu(clock)
+    gpu = emulated_gpu(clock)
     shared = GPUConfig(state_dir=str(tmp_path))  # where the guards' ownership locks live
     other = GPUGuard(gpu, state_dir=tmp_path, owner="someone-else").acquire()
     try:
@@ -156,10 +140,10 @@ def test_an_exhausted_search_fails_before_training(tmp_path: Path) -> None:
     never: Dict[int, Optional[int]] = {b: None for b in EPOCHS}
     for _ in range(4):
         clock = VirtualClock()
-        with _job(tmp_path, clock, _gpu(clock), max_epochs=2) as job:
+        with _job(tmp_path, clock, emulated_gpu(clock), max_epochs=2) as job:
             _train(job, never)
     clock = VirtualClock()
-    gpu = _gpu(clock)
+    gpu = emulated_gpu(clock)
     with pytest.raises(BatchSizeError, match="every batch size tried"):
         _job(tmp_path, clock, gpu, max_epochs=2).start()
     assert gpu.power_limit_mw() == 400_000
@@ -205,7 +189,7 @@ def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
         seen = []
         for _ in range(3):
             clock = VirtualClock()
-            with _job(Path(db).parent, clock, _gpu(clock)) as job:
+            with _job(Path(db).parent, clock, emulated_gpu(clock)) as job:
                 _train(job)
                 seen.append((job.batch_size, job.local_batch_size))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "last": job.result}))

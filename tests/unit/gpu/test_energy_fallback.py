@@ -9,13 +9,9 @@ monitor, the power-limit optimizer, and the online source talking to a stub serv
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Tuple
 from unittest.mock import call
-from urllib.parse import parse_qs, urlparse
 
 import pynvml
 import pytest
@@ -31,8 +27,9 @@ from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
 from perseus.runtime.types import RankInfo
-from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+from perseus.wire import JobSpec, Phase, Schedule
 from tests.unit.server.stage_ranks import wait_prefetched
+from tests.unit.server.stub_server import stub_server
 
 from .nvml_mock import field_value, make_pynvml_mock, opening_calls, patched_pynvml
 
@@ -159,72 +156,41 @@ def test_power_limit_optimizer_profiles_without_counter(tmp_path):
     assert opt.chosen_limit_mw == 100_000
 
 
-class _Server(BaseHTTPRequestHandler):
-    """The coordination server's answers for a job that profiles (stub)."""
-
-    reports: List[Dict[str, Any]] = []
-
-    def _answer(self) -> None:
-        url = urlparse(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length) or b"{}")
-        if url.path.endswith("/steps"):
-            type(self).reports.append(body)
-        reply: object = Ack()
-        if url.path == Route.JOBS:
-            reply = JobCreated(job_id="j", created=True)
-        if url.path.endswith("/schedule"):
-            step = int(parse_qs(url.query)["step"][0])
-            reply = Schedule(step, Phase.profiling, [None, None])
-        data = json.dumps(to_json(reply)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = _answer  # noqa: N815
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _profiling(step: int) -> Schedule:
+    """The coordination server's answer for a job that profiles."""
+    return Schedule(step, Phase.profiling, [None, None])
 
 
 def test_online_profiling_gets_instruction_energy_in_step_one(tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Server.reports = []
     power, clock = {"w": 120.0}, Clock()
-    try:
-        with patched_pynvml(no_counter(power)):
-            gpu = open_gpu(clock)
-            client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", max_retries=0)
-            spec = JobSpec(job_id="j", num_stages=1, num_microbatches=1)
-            source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
-            opt = PerseusOptimizer.on_gpu(
-                RankInfo(),
-                gpu,
-                source,
-                state_dir=tmp_path / "state",
-                trace_dir=tmp_path,
-                synchronous_clocks=True,
-            )
-            spans: List[Tuple[str, float]] = [("forward", 0.02), ("backward", 0.04)]
-            for step in range(2):
-                opt.on_step_begin()
-                # Step 0 runs before any schedule arrived (never waited for); the first
-                # scheduled step of a profiling job wants per-instruction energy.
-                assert source.wants_energy == (step == 1)
-                for name, seconds in spans:
-                    opt.on_instruction_begin(name)
-                    clock.t += seconds
-                    opt.on_instruction_end(name)
-                if step == 0:
-                    wait_prefetched(source, 1)  # the test's pace: nothing waits in training
-                opt.on_step_end()
-            opt.close()  # sends the queued reports, then tells the server the rank finished
-    finally:
-        server.shutdown()
-    (report,) = [r for r in _Server.reports if r["step"] == 1]
+    with stub_server(_profiling) as server, patched_pynvml(no_counter(power)):
+        gpu = open_gpu(clock)
+        client = ServerClient(server.url, max_retries=0)
+        spec = JobSpec(job_id="j", num_stages=1, num_microbatches=1)
+        source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
+        opt = PerseusOptimizer.on_gpu(
+            RankInfo(),
+            gpu,
+            source,
+            state_dir=tmp_path / "state",
+            trace_dir=tmp_path,
+            synchronous_clocks=True,
+        )
+        spans: List[Tuple[str, float]] = [("forward", 0.02), ("backward", 0.04)]
+        for step in range(2):
+            opt.on_step_begin()
+            # Step 0 runs before any schedule arrived (never waited for); the first
+            # scheduled step of a profiling job wants per-instruction energy.
+            assert source.wants_energy == (step == 1)
+            for name, seconds in spans:
+                opt.on_instruction_begin(name)
+                clock.t += seconds
+                opt.on_instruction_end(name)
+            if step == 0:
+                wait_prefetched(source, 1)  # the test's pace: nothing waits in training
+            opt.on_step_end()
+        opt.close()  # sends the queued reports, then tells the server the rank finished
+    (report,) = [r for r in server.posted("/steps") if r["step"] == 1]
     got = [(i["energy_end_mj"] - i["energy_begin_mj"]) / 1000 for i in report["instructions"]]
     assert got == pytest.approx([120.0 * 0.02, 120.0 * 0.04], abs=MJ)
     assert report["energy_j"] == pytest.approx(120.0 * 0.06, abs=MJ)

@@ -18,6 +18,7 @@ from perseus.runtime.online_build import build_online_source
 from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import free_port
 from perseus.wire import JobSpec
+from tests.unit.server.stub_server import send_json
 
 
 class _Flaky(BaseHTTPRequestHandler):
@@ -32,15 +33,10 @@ class _Flaky(BaseHTTPRequestHandler):
             self.end_headers()
             return
         if "bad" in self.path:
-            body = json.dumps({"detail": "no such thing"}).encode()
-            self.send_response(404)
+            send_json(self, 404, json.dumps({"detail": "no such thing"}).encode())
         else:
             body = json.dumps({"ok": True, "auth": self.headers.get("Authorization")}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            send_json(self, 200, body)
 
     do_GET = do_POST = _answer  # noqa: N815
 
@@ -121,12 +117,7 @@ class _Counting(BaseHTTPRequestHandler):
         type(self).connections += 1
 
     def do_GET(self) -> None:
-        body = b"{}"
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 200, b"{}")
         if type(self).close_after_first:
             self.close_connection = True  # like a server's idle timeout: no answer said so
 

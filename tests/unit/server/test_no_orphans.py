@@ -37,29 +37,35 @@ def _alive(pid: int) -> bool:
     return status.exists() and "\tZ" not in status.read_text()
 
 
-def test_server_exits_when_the_rank_that_started_it_is_killed(tmp_path: Path) -> None:
-    rank = subprocess.Popen(
-        [sys.executable, "-c", STARTER, str(tmp_path / "dump")],
-        stdout=subprocess.PIPE,
-        text=True,
+def _child_exits_with_its_parent(code: str, *args: str) -> None:
+    """Run ``code`` (it prints the pid of a process it started), SIGKILL it: that child exits.
+
+    Nothing is left running, whatever the outcome.
+    """
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True
     )
-    server_pid = 0
+    child = 0
     try:
-        assert rank.stdout is not None
-        server_pid = int(rank.stdout.readline())
-        assert _alive(server_pid)
-        rank.send_signal(signal.SIGKILL)  # no exit closer runs
-        rank.wait(30)
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert child != parent.pid and _alive(child)
+        parent.send_signal(signal.SIGKILL)  # no exit closer runs
+        parent.wait(30)
         deadline = time.monotonic() + 60  # a hang guard, not a timing requirement
-        while _alive(server_pid) and time.monotonic() < deadline:
+        while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(server_pid)
+        assert not _alive(child)
     finally:
-        if rank.poll() is None:
-            rank.kill()
-            rank.wait(30)
-        if server_pid and _alive(server_pid):  # never leave it running
-            os.kill(server_pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(30)
+        if child and _alive(child):  # never leave it running
+            os.kill(child, signal.SIGKILL)
+
+
+def test_server_exits_when_the_rank_that_started_it_is_killed(tmp_path: Path) -> None:
+    _child_exits_with_its_parent(STARTER, str(tmp_path / "dump"))
 
 
 POOL = textwrap.dedent(
@@ -76,21 +82,5 @@ POOL = textwrap.dedent(
 
 def test_a_planner_worker_exits_when_the_server_is_killed() -> None:
     # A process pool's workers only stop when told to: the server's SIGKILL tells them nothing.
-    server = subprocess.Popen([sys.executable, "-c", POOL], stdout=subprocess.PIPE, text=True)
-    worker = 0
-    try:
-        assert server.stdout is not None
-        worker = int(server.stdout.readline())  # the pool's worker answered with its pid
-        assert worker != server.pid and _alive(worker)
-        server.send_signal(signal.SIGKILL)
-        server.wait(30)
-        deadline = time.monotonic() + 60  # a hang guard, not a timing requirement
-        while _alive(worker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(worker)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-        if worker and _alive(worker):
-            os.kill(worker, signal.SIGKILL)
+    # The pool's worker answers with its own pid.
+    _child_exits_with_its_parent(POOL)

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import List
-from urllib.parse import parse_qs, urlparse
-
 from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
 from perseus.profiler.virtual_run import VirtualClock
@@ -15,40 +9,17 @@ from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.types import RankInfo
-from perseus.wire import Ack, JobCreated, JobSpec, Phase, Route, Schedule, to_json
+from perseus.wire import JobSpec, Phase, Schedule
 from tests.unit.server.stage_ranks import wait_prefetched
+from tests.unit.server.stub_server import stub_server
 
 ORDER = ["forward", "forward", "backward", "backward"]
 
 
-class _Server(BaseHTTPRequestHandler):
-    """Profiles steps 0-2, then runs a plan; records every request."""
-
-    seen: List[str] = []
-
-    def _answer(self) -> None:
-        url = urlparse(self.path)
-        type(self).seen.append(f"{self.command} {url.path}")
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        answer: object = Ack()
-        if url.path == Route.JOBS:
-            answer = JobCreated(job_id="j", created=True)
-        if url.path.endswith("/schedule"):
-            step = int(parse_qs(url.query)["step"][0])
-            phase = Phase.profiling if step < 3 else Phase.running
-            answer = Schedule(step, phase, [1410] * len(ORDER))
-        data = json.dumps(to_json(answer)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = _answer  # noqa: N815
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _schedule(step: int) -> Schedule:
+    """Profiles steps 0-2, then runs a plan."""
+    phase = Phase.profiling if step < 3 else Phase.running
+    return Schedule(step, phase, [1410] * len(ORDER))
 
 
 class _CountingGPU(EmulatedGPU):
@@ -62,10 +33,7 @@ class _CountingGPU(EmulatedGPU):
 
 
 def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Server.seen = []
-    try:
+    with stub_server(_schedule) as server:
         clock = VirtualClock()
         gpu = _CountingGPU(
             read_profile_csv(default_device_profile_path()),
@@ -75,7 +43,7 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
             clock=clock,
             sleeper=clock.sleep,
         )
-        client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", max_retries=0)
+        client = ServerClient(server.url, max_retries=0)
         spec = JobSpec(job_id="j", num_stages=1, num_microbatches=2)
         source = OnlineSource(client, spec, RankInfo(), [1410, 1395])
         opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, source, synchronous_clocks=True)
@@ -101,7 +69,5 @@ def test_counter_is_read_per_instruction_only_while_profiling(tmp_path) -> None:
         ]
         assert all(s.energy_j is not None for s in opt.steps)  # step energy still measured
         opt.close()  # closes the source too: it tells the server the rank finished
-        assert "POST /jobs/j/ranks/0/finish" in _Server.seen
+        assert "POST /jobs/j/ranks/0/finish" in server.seen
         assert not source.wants_energy
-    finally:
-        server.shutdown()

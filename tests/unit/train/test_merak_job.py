@@ -11,7 +11,7 @@ from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher.preflight import check_job
 from perseus.launcher.ranks import plan_launch
-from perseus.train import merak_job
+from perseus.train import merak_job, merak_probe
 
 
 def merak_cfg(**options: object) -> PerseusConfig:
@@ -62,7 +62,7 @@ def test_an_interpreter_without_merak_is_refused_with_what_it_lacks(tmp_path: Pa
     message = str(err.value)
     assert f"train.python={sys.executable}" in message
     assert "Merak needs 3.9" in message and "importing Merak and Perseus there fails" in message
-    assert merak_job.probe_problems(str(tmp_path / "nope")) == ["no such executable"]
+    assert merak_probe.probe_problems(str(tmp_path / "nope")) == ["no such executable"]
 
 
 def test_ranks_in_another_interpreter_meet_on_their_own_store() -> None:

@@ -13,8 +13,8 @@ from omegaconf import DictConfig
 
 from perseus.batch_size import RecurringJob
 from perseus.config import PowerLimitConfig
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.profiler.virtual_run import VirtualClock
+from tests.unit.batch_size.emulated_job import emulated_gpu, train
 
 EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 
@@ -22,14 +22,7 @@ EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 @hydra.main(version_base=None, config_path=".", config_name="recurring_loop")
 def main(cfg: DictConfig) -> None:
     clock = VirtualClock()
-    device = EmulatedGPU(
-        load_device_profile(default_device_profile_path()),
-        time_scale=1e-2,
-        blocking_power_w=80.0,
-        energy_update_period_s=1e-4,
-        clock=clock,
-        sleeper=clock.sleep,
-    )
+    device = emulated_gpu(clock, time_scale=1e-2)
     power_limit = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
     with RecurringJob(
         "ignored-under-the-sweeper",
@@ -42,14 +35,7 @@ def main(cfg: DictConfig) -> None:
         synchronize=lambda: None,
     ) as job:
         assert job.batch_size == cfg.batch_size  # the sweeper's choice, also as an override
-        needed = EPOCHS[job.batch_size]
-        for epoch in job.epochs():
-            for _ in job.steps(range(2048 // job.batch_size)):
-                with job.instruction("forward"):
-                    pass
-                with job.instruction("backward"):
-                    pass
-            job.report_metric(0.0 if needed is None else min(1.0, epoch / needed))
+        train(job, EPOCHS, samples_per_epoch=2048)
 
 
 if __name__ == "__main__":
