@@ -17,6 +17,9 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 
+# A module longer than this is split (docs/design.md, "Layers").
+MAX_MODULE_LINES = 400
+
 # Where each installed package's source lives in the repository.
 ROOTS = {"perseus": REPO / "perseus", "perseus.adapters": REPO / "adapters"}
 

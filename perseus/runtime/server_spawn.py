@@ -41,8 +41,8 @@ from typing import Any, List, Optional
 from perseus import process_exit
 from perseus.config import ServerConfig
 from perseus.errors import ConfigError, ServerError
+from perseus.runtime.endpoint import TOKEN_ENV
 
-TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
 # Set in the child's environment: the server exits when the process that started it is gone
 # (a training rank killed by its launcher never runs its exit closers).
 PARENT_PID_ENV = "PERSEUS_SERVER_PARENT_PID"

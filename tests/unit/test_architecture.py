@@ -23,6 +23,12 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m in arch.module_files() if arch.layer_of(m) is None] == []
 
 
+def test_no_module_is_past_the_split_size() -> None:
+    """docs/design.md: a module past ~400 lines is split along a seam of responsibility."""
+    sizes = {m: len(p.read_text().splitlines()) for m, p in arch.module_files().items()}
+    assert {m: n for m, n in sizes.items() if n > arch.MAX_MODULE_LINES} == {}
+
+
 def test_no_import_circle() -> None:
     assert arch.cycles(_internal_edges()) == []
 
