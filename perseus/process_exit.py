@@ -12,7 +12,8 @@ online source (send the last reports), a locally started coordination server (te
   also run from the signal handler, which then hands the signal on: to the handler installed
   before (Python's ``KeyboardInterrupt`` for SIGINT, a framework's own handler), or, when that
   was the default disposition, re-delivers it so the process ends as it would have without
-  Perseus. Handlers can only be installed from the main thread; elsewhere ``atexit`` and the
+  Perseus. A signal the process ignores (SIGINT in a background job) is left alone: it does
+  not end the process, so nothing is restored. Handlers can only be installed from the main thread; elsewhere ``atexit`` and the
   owners' context managers remain.
 * **SIGKILL** cannot be caught: the guards' state files cover it (see
   :mod:`perseus.gpu.guard`).
@@ -143,7 +144,10 @@ def _install_signal_handlers() -> None:
         return
     for signum in SIGNALS:
         if signum not in _previous:
-            _previous[signum] = signal.getsignal(signum)
+            previous = signal.getsignal(signum)
+            if previous == signal.SIG_IGN:
+                continue  # the process outlives this signal (e.g. SIGINT in a background job)
+            _previous[signum] = previous
             signal.signal(signum, _handle)
 
 
@@ -162,7 +166,7 @@ def _handle(signum: int, frame: Any) -> None:
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
-    elif previous == signal.SIG_IGN:
+    elif previous == signal.SIG_IGN:  # set to ignore since Perseus installed its handler
         return
     else:  # SIG_DFL (or unknown, set from C): die the default way
         signal.signal(signum, signal.SIG_DFL)

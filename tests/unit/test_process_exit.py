@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,13 +29,20 @@ CHILD = textwrap.dedent(
     if sys.argv[1] == "signal":
         signal.raise_signal(signal.SIGTERM)
         time.sleep(5)
+    if sys.argv[1] == "ignored":  # SIGINT was ignored before Perseus registered anything
+        signal.raise_signal(signal.SIGINT)
+        print("alive", signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
     """
 )
 
 
 def _run(mode: str) -> subprocess.CompletedProcess:
+    ignore_sigint = mode == "ignored"
     return subprocess.run(
         [sys.executable, "-c", CHILD, mode],
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if ignore_sigint
+        else None,
         capture_output=True,
         text=True,
         timeout=60,
@@ -53,3 +61,10 @@ def test_sigterm_runs_signal_closers_then_dies_the_default_way() -> None:
     proc = _run("signal")
     assert proc.returncode == -15, proc.stderr
     assert proc.stdout.split() == ["guard-restore"]
+
+
+def test_an_ignored_signal_is_left_ignored_and_restores_nothing() -> None:
+    proc = _run("ignored")
+    assert proc.returncode == 0, proc.stderr
+    # Nothing restored while the process lives on; the closers run at its normal exit.
+    assert proc.stdout.split() == ["alive", "True", "optimizer", "guard-restore", "device"]

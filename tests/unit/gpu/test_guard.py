@@ -151,6 +151,8 @@ CHILD = textwrap.dedent(
 
     if mode == "chain":
         signal.signal(signal.SIGTERM, dump)
+    if mode == "sigint":  # as in a terminal: a background job may have inherited SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if mode == "exit":  # registered first, so it runs after Perseus' own exit hook
         import atexit
         atexit.register(dump)
