@@ -13,8 +13,8 @@ online source (send the last reports), a locally started coordination server (te
   before (Python's ``KeyboardInterrupt`` for SIGINT, a framework's own handler), or, when that
   was the default disposition, re-delivers it so the process ends as it would have without
   Perseus. A signal the process ignores (SIGINT in a background job) is left alone: it does
-  not end the process, so nothing is restored. Handlers can only be installed from the main thread; elsewhere ``atexit`` and the
-  owners' context managers remain.
+  not end the process, so nothing is restored. Handlers can only be installed from the main
+  thread; elsewhere ``atexit`` and the owners' context managers remain.
 * **SIGKILL** cannot be caught: the guards' state files cover it (see
   :mod:`perseus.gpu.guard`).
 
