@@ -3,8 +3,9 @@
 
 For each case (profile x microbatches) at the no-slowdown deadline ``T_allmax``:
 
-1. the convex-hull LP with the iteration time as a variable (seconds);
-2. the MILP over every instruction's discrete options (:mod:`perseus.planner.solvers.lp.milp`),
+1. the convex-hull LP with the iteration time as a variable and path cuts (seconds);
+2. the MILP over every instruction's discrete options (:mod:`perseus.planner.solvers.lp.milp`)
+   with path cuts (:mod:`perseus.planner.solvers.lp.cuts`),
    HiGHS branch and bound on one thread for ``--time-limit-s``, started from the best plan
    the ``lp`` solver finds; its dual bound is proven whenever the search stops, and a closed
    gap is the optimum itself;
@@ -40,6 +41,7 @@ from perseus.planner import plan_policy  # noqa: E402
 from perseus.planner.cases import MICROBATCHES, PROFILES, case_problem  # noqa: E402
 from perseus.planner.policies import choose  # noqa: E402
 from perseus.planner.solvers.lp.bounds import Bound, lp_bound, milp_bound  # noqa: E402
+from perseus.planner.solvers.lp.cuts import MAX_PATH_NODES  # noqa: E402
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "planner_bounds.json"
 
@@ -73,7 +75,7 @@ def prove(
     allmax = frontier.allmax
     deadline = allmax.iteration_time_s
     fast = choose(frontier, EnergyConfig(policy="no_slowdown"))
-    bounds: List[Bound] = [lp_bound(problem, deadline)]
+    bounds: List[Bound] = [lp_bound(problem, deadline, cut_path_nodes=MAX_PATH_NODES)]
     if time_limit_s > 0:
         start = frontier.choices(fast)
         bounds.append(milp_bound(problem, deadline, time_limit_s, start=start, log=log))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from perseus.errors import ConfigError
+from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
 
 #: Seconds per instruction: problem, all-max re-simulation, one LP rounding pass.
 BUILD_S_PER_NODE = 2.5e-5
@@ -29,6 +30,9 @@ SWEEP_DEADLINES = 130
 LP_S_PER_NODE = 5.0e-5
 LP_EXPONENT = 1.8
 LP_S_AT_1000 = 0.12
+#: Polish and re-optimisation of the no-slowdown plan (problems up to 400 instructions):
+#: seconds per squared instruction (about 75 s at 8 x 24).
+REOPTIMIZE_S_PER_NODE2 = 5.0e-4
 #: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier (candidate
 #: plans and their batched re-simulation; 6.8 GB measured at 8 x 10,000).
 BASE_BYTES = 150e6
@@ -103,6 +107,8 @@ def estimate(
     else:
         lp_solve_s = LP_S_AT_1000 * (nodes / 1000.0) ** LP_EXPONENT
     seconds = BUILD_S_PER_NODE * nodes + POLICY_S_PER_NODE * nodes + 3 * lp_solve_s
+    if nodes <= REOPTIMIZE_MAX_SIZE:
+        seconds += REOPTIMIZE_S_PER_NODE2 * nodes**2
     memory = BASE_BYTES + POLICY_BYTES_PER_NODE * nodes
     plans = 2
     if scope == "frontier":

@@ -77,7 +77,7 @@ def test_gap_filling_makes_a_published_frontier_dense() -> None:
     # Every limit is a count (MILPs, branch-and-bound nodes), so the result is the same on
     # any machine.
     problem = PlanningProblem(read_profile_csv(DATA / "gpt3-175b+a100_sxm_bf16.csv"), 12, 83.64)
-    plans = LPSolver(max_gap_rel=0.0, polish_nodes=0).solve_choices(problem)
+    plans = LPSolver(max_gap_rel=0.0, polish_nodes=0, reoptimize_sweeps=0).solve_choices(problem)
     sparse = build_frontier(problem, plans)
     assert max_gap_rel(sparse) > MAX_GAP_REL
     hulls = group_hulls(problem)

@@ -3,7 +3,9 @@
 * :func:`lp_bound`: the LP relaxation of the MILP (:mod:`.milp`): every instruction on the
   convex hull of its options that fit its time window, the iteration time a variable
   (``tau <= T``, blocking energy ``sum(P_block) * tau``). Every plan with iteration time
-  ``<= T`` is a feasible point, so the optimum bounds them all. Seconds.
+  ``<= T`` is a feasible point, so the optimum bounds them all. Seconds. With path cuts
+  (:mod:`.cuts`, rows every plan satisfies) it is tighter where a few instructions share a
+  fixed stretch of time.
 * :func:`milp_bound`: the mixed-integer program (:mod:`.milp`) with every instruction's
   discrete options, or only those of some stages (the others on the hulls of the options that
   fit their windows: a relaxation
@@ -24,6 +26,7 @@ import numpy as np
 
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
+from perseus.planner.solvers.lp.cuts import MAX_PATH_NODES
 from perseus.planner.solvers.lp.milp import solve_milp_result
 
 
@@ -50,11 +53,20 @@ class Bound:
     plan_energy_j: float = float("inf")
 
 
-def lp_bound(problem: PlanningProblem, deadline_s: float) -> Bound:
-    """The convex-hull relaxation's optimum (see the module docstring)."""
+def lp_bound(problem: PlanningProblem, deadline_s: float, cut_path_nodes: int = 0) -> Bound:
+    """The convex-hull relaxation's optimum (see the module docstring).
+
+    Args:
+        problem: The planning problem.
+        deadline_s: Iteration-time budget (s).
+        cut_path_nodes: Add the path cuts of paths up to this many instructions (0: none).
+    """
     began = time.perf_counter()
-    result = solve_milp_result(problem, deadline_s, time_limit_s=3600.0, relax=True)
-    return Bound(deadline_s, result.bound_j, "lp", time.perf_counter() - began)
+    result = solve_milp_result(
+        problem, deadline_s, time_limit_s=3600.0, relax=True, cut_path_nodes=cut_path_nodes
+    )
+    method = "lp+cuts" if cut_path_nodes >= 2 else "lp"
+    return Bound(deadline_s, result.bound_j, method, time.perf_counter() - began)
 
 
 def milp_bound(
@@ -65,6 +77,7 @@ def milp_bound(
     start: Optional[np.ndarray] = None,
     mip_rel_gap: float = 1e-6,
     log: bool = False,
+    cut_path_nodes: int = MAX_PATH_NODES,
 ) -> Bound:
     """HiGHS' dual bound of the (partly) discrete program after at most ``time_limit_s``.
 
@@ -77,14 +90,17 @@ def milp_bound(
         start: A plan meeting the deadline, the first incumbent (all-discrete only).
         mip_rel_gap: Stop when the gap is this small.
         log: Let HiGHS print its log.
+        cut_path_nodes: Add the path cuts (:mod:`.cuts`) of paths up to this many discrete
+            instructions (0: none); on GPT-3/A40 8 x 24 they raise the relaxation from
+            11.20 % to 11.17 % saving and let the search find better plans sooner.
     """
     began = time.perf_counter()
     hull_nodes = None
-    method = "milp"
+    method = "milp+cuts" if cut_path_nodes >= 2 else "milp"
     if discrete_stages is not None:
         keep = np.isin(problem.dag.stage, np.asarray(list(discrete_stages)))
         hull_nodes = np.flatnonzero(~keep)
-        method = f"milp(stages {','.join(str(s) for s in discrete_stages)})"
+        method += f"(stages {','.join(str(s) for s in discrete_stages)})"
     result = solve_milp_result(
         problem,
         deadline_s,
@@ -93,6 +109,7 @@ def milp_bound(
         mip_rel_gap=mip_rel_gap,
         start=start,
         log=log,
+        cut_path_nodes=cut_path_nodes,
     )
     bound = Bound(deadline_s, result.bound_j, method, time.perf_counter() - began)
     if hull_nodes is None and result.choices is not None:

@@ -20,7 +20,8 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
    (:mod:`.refine`), then rounded among their own hull's vertices.
 5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
    mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
-   instructions).
+   instructions), then re-optimise it (``reoptimize_sweeps``, :mod:`.reoptimize`) with the
+   whole MILP a window at a time, the rest of the schedule free to move.
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
    ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
 
@@ -52,6 +53,7 @@ from perseus.planner.solvers.lp.layout import default_layout
 from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
 from perseus.planner.solvers.lp.polish import best_within, polish
 from perseus.planner.solvers.lp.refine import JumpRefiner
+from perseus.planner.solvers.lp.reoptimize import MAX_SIZE, SWEEPS, reoptimize
 from perseus.planner.solvers.lp.rounding import Rounder
 
 #: Up to this many instructions the LP is exact (no shared clocks).
@@ -114,6 +116,11 @@ class LPSolver(ChoiceSolver):
             all-max energy above the LP bound with time windows (otherwise it gains little).
         polish_windows: Windows polished per sweep, those where the plan loses most energy
             against the LP optimum first (None: every window).
+        reoptimize_sweeps: Sweeps of the re-optimisation after the polish (0 turns it off;
+            the same gap test as the polish).
+        reoptimize_max_size: Re-optimise only problems of at most this many instructions
+            (a sweep takes about 40 s at 384 instructions on one core, growing with the
+            square of the size).
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
         gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
@@ -140,6 +147,8 @@ class LPSolver(ChoiceSolver):
         polish_max_size: int = POLISH_MAX_NODES,
         polish_gap: float = POLISH_GAP,
         polish_windows: Optional[int] = POLISH_WINDOWS,
+        reoptimize_sweeps: int = SWEEPS,
+        reoptimize_max_size: int = MAX_SIZE,
         max_gap_rel: float = MAX_GAP_REL,
         gap_milps: int = 12,
         max_exact_nodes: int = MAX_EXACT_NODES,
@@ -157,6 +166,8 @@ class LPSolver(ChoiceSolver):
         self.polish_max_size = polish_max_size
         self.polish_gap = polish_gap
         self.polish_windows = polish_windows
+        self.reoptimize_sweeps = reoptimize_sweeps
+        self.reoptimize_max_size = reoptimize_max_size
         self.max_gap_rel = max_gap_rel
         self.gap_milps = gap_milps
         self.max_exact_nodes = max_exact_nodes
@@ -280,6 +291,10 @@ class LPSolver(ChoiceSolver):
                 reference_j=reference,
                 max_windows=self.polish_windows,
             )
+        sweeps = self.reoptimize_sweeps
+        fits = problem.num_nodes <= self.reoptimize_max_size
+        if sweeps > 0 and fits and self._worth_polishing(problem, plans, deadline):
+            plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=progress)
         return plans
 
     def _worth_polishing(
