@@ -17,20 +17,25 @@ from perseus.planner.solvers.lp.windows import time_windows, windowed
 from ._profiles import synthetic_profile
 
 
-def test_windows_keep_every_plan_meeting_the_deadline() -> None:
-    problem = PlanningProblem(synthetic_profile(3, seed=2), 4, p2p_power_w=70.0)
-    rng = np.random.default_rng(0)
-    # Plans near the fastest one (each instruction slowed with probability 0.3).
+def _near_fastest(
+    problem: PlanningProblem, rng: np.random.Generator, slowed: float, count: int
+) -> np.ndarray:
+    """Plans near the fastest one: each instruction slowed with probability ``slowed``."""
     fastest = np.array([problem.candidates[g][0] for g in problem.node_group])
-    plans = np.array(
+    return np.array(
         [
             [
-                rng.choice(problem.candidates[g]) if rng.random() < 0.3 else f
+                rng.choice(problem.candidates[g]) if rng.random() < slowed else f
                 for g, f in zip(problem.node_group, fastest)
             ]
-            for _ in range(2000)
+            for _ in range(count)
         ]
     )
+
+
+def test_windows_keep_every_plan_meeting_the_deadline() -> None:
+    problem = PlanningProblem(synthetic_profile(3, seed=2), 4, p2p_power_w=70.0)
+    plans = _near_fastest(problem, np.random.default_rng(0), 0.3, 2000)
     times, _ = simulate_choices(problem, plans)
     deadline = float(times.min()) * 1.03
     allowed = windowed(problem, deadline, None)
@@ -81,17 +86,7 @@ def test_least_energy_within_is_the_exhaustive_optimum() -> None:
 
 def test_path_cuts_keep_every_plan_meeting_the_deadline() -> None:
     problem = PlanningProblem(synthetic_profile(3, seed=4), 4, p2p_power_w=70.0)
-    rng = np.random.default_rng(1)
-    fastest = np.array([problem.candidates[g][0] for g in problem.node_group])
-    plans = np.array(
-        [
-            [
-                rng.choice(problem.candidates[g]) if rng.random() < 0.4 else f
-                for g, f in zip(problem.node_group, fastest)
-            ]
-            for _ in range(3000)
-        ]
-    )
+    plans = _near_fastest(problem, np.random.default_rng(1), 0.4, 3000)
     times, _ = simulate_choices(problem, plans)
     deadline = float(np.quantile(times, 0.2))
     allowed = windowed(problem, deadline, None)

@@ -22,7 +22,7 @@ All limits are counts, so the result is the same on any machine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -81,33 +81,70 @@ def polish(
     Returns:
         The improved plan (empty when nothing improved).
     """
-    current = best_within(problem, plans, deadline_s)
-    if current is None:
-        return []
     groups = problem.node_group
-    _, energy = simulate_choices(problem, current[None, :])
-    best_j = float(energy[0])
-    improved = False
-    step = max(1, window // 2)
-    for sweep in range(passes):
-        blend = BLENDS[sweep % len(BLENDS)]
-        times = problem.opt_time[groups, current]
-        order = np.argsort(earliest_finish(problem, times[None, :])[0] - times, kind="stable")
-        starts = list(range(0, max(1, len(order) - step), step))
+
+    def rank(current: np.ndarray, order: np.ndarray, starts: List[int]) -> List[int]:
         if reference_j is not None:
             loss = problem.opt_effective[groups, current] - reference_j
             score = [float(loss[order[s : s + window]].sum()) for s in starts]
             starts = [starts[i] for i in np.argsort(score)[::-1].tolist()]
-        starts = starts[:max_windows]
+        return starts[:max_windows]
+
+    def solve(current: np.ndarray, nodes: np.ndarray, sweep: int) -> Optional[np.ndarray]:
+        blend = BLENDS[sweep % len(BLENDS)]
+        return _window_milp(problem, current, nodes, deadline_s, blend, max_nodes)
+
+    return window_search(
+        problem, plans, deadline_s, window, passes, solve, "polishing", progress, rank
+    )
+
+
+WindowSolve = Callable[[np.ndarray, np.ndarray, int], Optional[np.ndarray]]
+WindowRank = Callable[[np.ndarray, np.ndarray, List[int]], List[int]]
+
+
+def window_search(
+    problem: PlanningProblem,
+    plans: Sequence[np.ndarray],
+    deadline_s: float,
+    window: int,
+    sweeps: int,
+    solve: WindowSolve,
+    label: str,
+    progress: Optional[Progress] = None,
+    rank: Optional[WindowRank] = None,
+) -> List[np.ndarray]:
+    """Large-neighbourhood search over windows of the schedule, from the best of ``plans``.
+
+    Each sweep orders the instructions by the current plan's earliest start times and slides
+    a window of ``window`` of them by half its size; ``solve(current, nodes, sweep)`` returns
+    a plan changing only ``nodes`` (or None), kept when it meets the deadline and saves
+    energy. ``rank(current, order, starts)`` may re-order or drop windows.
+
+    Returns:
+        The improved plan (empty when nothing improved).
+    """
+    current = best_within(problem, plans, deadline_s)
+    if current is None:
+        return []
+    groups = problem.node_group
+    best_j = float(simulate_choices(problem, current[None, :])[1][0])
+    improved = False
+    step = max(1, window // 2)
+    for sweep in range(sweeps):
+        times = problem.opt_time[groups, current]
+        order = np.argsort(earliest_finish(problem, times[None, :])[0] - times, kind="stable")
+        starts = list(range(0, max(1, len(order) - step), step))
+        if rank is not None:
+            starts = rank(current, order, starts)
         for k, first in enumerate(starts):
             report(
                 progress,
-                f"polishing T <= {deadline_s:.4f} s: pass {sweep + 1}/{passes}, window "
+                f"{label} T <= {deadline_s:.4f} s: sweep {sweep + 1}/{sweeps}, window "
                 f"{k + 1}/{len(starts)}",
-                (sweep * len(starts) + k) / max(1, passes * len(starts)),
+                (sweep * len(starts) + k) / max(1, sweeps * len(starts)),
             )
-            nodes = np.sort(order[first : first + window])
-            found = _window_milp(problem, current, nodes, deadline_s, blend, max_nodes)
+            found = solve(current, np.sort(order[first : first + window]), sweep)
             if found is None:
                 continue
             t, e = simulate_choices(problem, found[None, :])

@@ -28,10 +28,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
-from perseus.planner.simulate import earliest_finish, simulate_choices
-from perseus.planner.solvers.base import Progress, report
+from perseus.planner.solvers.base import Progress
 from perseus.planner.solvers.lp.milp import solve_milp_result
-from perseus.planner.solvers.lp.polish import best_within
+from perseus.planner.solvers.lp.polish import window_search
 
 #: Instructions per window, and branch-and-bound nodes per window.
 WINDOW_NODES = 96
@@ -68,31 +67,13 @@ def reoptimize(
     Returns:
         The improved plan (empty when nothing improved).
     """
-    current = best_within(problem, plans, deadline_s)
-    if current is None:
-        return []
-    groups = problem.node_group
-    best_j = float(simulate_choices(problem, current[None, :])[1][0])
-    improved = False
-    step = max(1, window // 2)
-    for sweep in range(sweeps):
-        times = problem.opt_time[groups, current]
-        order = np.argsort(earliest_finish(problem, times[None, :])[0] - times, kind="stable")
-        starts = list(range(0, max(1, len(order) - step), step))
-        for k, first in enumerate(starts):
-            report(
-                progress,
-                f"re-optimising T <= {deadline_s:.4f} s: sweep {sweep + 1}/{sweeps}, window "
-                f"{k + 1}/{len(starts)}",
-                (sweep * len(starts) + k) / max(1, sweeps * len(starts)),
-            )
-            found = _window(problem, current, order[first : first + window], deadline_s, max_nodes)
-            if found is None:
-                continue
-            t, e = simulate_choices(problem, found[None, :])
-            if t[0] <= deadline_s * (1 + 1e-9) and e[0] < best_j * (1 - 1e-12):
-                current, best_j, improved = found, float(e[0]), True
-    return [current] if improved else []
+
+    def solve(current: np.ndarray, nodes: np.ndarray, sweep: int) -> Optional[np.ndarray]:
+        return _window(problem, current, nodes, deadline_s, max_nodes)
+
+    return window_search(
+        problem, plans, deadline_s, window, sweeps, solve, "re-optimising", progress
+    )
 
 
 def _window(
