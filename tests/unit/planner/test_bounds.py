@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from perseus.errors import SolverError
 from perseus.planner import plan_frontier
 from perseus.planner.cases import case_problem
 from perseus.planner.policies import best_for_iteration_time
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers.lp.bounds import lp_bound, milp_bound
-from perseus.planner.solvers.lp.cuts import least_energy_within, path_cuts
+from perseus.planner.solvers.lp.cuts import PathCut, least_energy_within, path_cuts
+from perseus.planner.solvers.lp.milp_model import MILPModel
 from perseus.planner.solvers.lp.windows import time_windows, windowed
 
 from ._profiles import synthetic_profile
@@ -119,3 +121,14 @@ def test_cuts_bite_next_to_the_bottleneck_of_a_published_case() -> None:
     plain = lp_bound(problem, deadline).energy_j
     cut = lp_bound(problem, deadline, cut_path_nodes=3).energy_j
     assert cut > plain * (1 + 1e-4)
+
+
+def test_a_cut_through_a_hull_instruction_is_refused() -> None:
+    problem = PlanningProblem(synthetic_profile(2, seed=5), 2, p2p_power_w=50.0)
+    deadline = iteration_time(
+        problem, problem.opt_time[problem.node_group, problem.allmax_choices()]
+    )
+    allowed = windowed(problem, deadline, None)
+    model = MILPModel(problem, deadline, allowed, hull_nodes=np.array([0]))
+    with pytest.raises(SolverError, match="discrete instructions only"):
+        model.add_cuts([PathCut((0, 1), 1.0, 0.0)])

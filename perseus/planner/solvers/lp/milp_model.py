@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 
+from perseus.errors import SolverError
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.solvers.lp.cuts import PathCut
 from perseus.planner.solvers.lp.model import ranges
@@ -196,7 +197,10 @@ class MILPModel:
             constant = 0.0
             for v in cut.nodes:
                 if self.is_hull[v]:
-                    raise ValueError(f"path cut through hull node {v}")
+                    raise SolverError(
+                        f"path cut through instruction {v}, which is on its hull: build cuts "
+                        "over discrete instructions only (path_cuts(..., nodes=discrete))"
+                    )
                 if self.counts[v] == 0:
                     constant += float(problem.opt_effective[groups[v], self.const_option[v]])
                     continue
