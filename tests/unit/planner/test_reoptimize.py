@@ -56,3 +56,26 @@ def test_nothing_better_returns_nothing(problem: PlanningProblem) -> None:
     assert reoptimize(problem, [exact.choices], deadline, window=12, sweeps=1) == []
     # No plan meets an impossible deadline: nothing to start from.
     assert reoptimize(problem, [allmax], deadline * 0.5) == []
+
+
+def test_the_solver_solves_the_gap_tests_bound_once(
+    problem: PlanningProblem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perseus.planner.solvers.lp import solver as solver_module
+    from perseus.planner.solvers.lp.solver import LPSolver
+
+    calls = []
+    real = solver_module.lp_bound
+
+    def counted(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(solver_module, "lp_bound", counted)
+    deadline, allmax_j = _energy(problem, problem.allmax_choices())
+    # polish_gap=-1: both the polish and the re-optimisation run (each asks the gap test).
+    solver = LPSolver(deadlines_s=[deadline], polish_gap=-1.0, reoptimize_sweeps=1)
+    plans = solver.solve_choices(problem)
+    assert len(calls) == 1
+    energies = simulate_choices(problem, np.vstack(plans))[1]
+    assert energies.min() < allmax_j

@@ -35,9 +35,10 @@ time in the range has a plan close to it; the sweep stops once the LP's energy h
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -280,7 +281,12 @@ class LPSolver(ChoiceSolver):
         for refined, node_hull in refiner.refine(model, solution):
             plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
         small = problem.num_nodes <= self.polish_max_size
-        if self.polish_nodes > 0 and small and self._worth_polishing(problem, plans, deadline):
+        # The windowed LP bound both gap tests compare with: solved once, when first needed.
+        bound_j = functools.lru_cache(maxsize=1)(lambda: lp_bound(problem, deadline).energy_j)
+        worth = functools.partial(
+            self._worth_polishing, problem, deadline_s=deadline, bound_j=bound_j
+        )
+        if self.polish_nodes > 0 and small and worth(plans):
             reference = lp_node_energy(problem, hulls, solution)
             plans += polish(
                 problem,
@@ -293,23 +299,31 @@ class LPSolver(ChoiceSolver):
             )
         sweeps = self.reoptimize_sweeps
         fits = problem.num_nodes <= self.reoptimize_max_size
-        if sweeps > 0 and fits and self._worth_polishing(problem, plans, deadline):
+        if sweeps > 0 and fits and worth(plans):
             plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=progress)
         return plans
 
     def _worth_polishing(
-        self, problem: PlanningProblem, plans: List[np.ndarray], deadline_s: float
+        self,
+        problem: PlanningProblem,
+        plans: List[np.ndarray],
+        deadline_s: float,
+        bound_j: Callable[[], float],
     ) -> bool:
         """Whether the best plan is over ``polish_gap`` (of the all-max energy) above the bound.
 
-        The bound is the LP relaxation with time windows (:func:`.bounds.lp_bound`).
+        Args:
+            problem: The planning problem.
+            plans: Candidate plans; the best meeting ``deadline_s`` is tested.
+            deadline_s: The deadline.
+            bound_j: The LP relaxation with time windows at the deadline
+                (:func:`.bounds.lp_bound`), asked for only when a plan meets the deadline.
         """
         best = best_within(problem, plans, deadline_s)
         if best is None:
             return False
         energies = simulate_choices(problem, np.vstack([best, problem.allmax_choices()]))[1]
-        bound_j = lp_bound(problem, deadline_s).energy_j
-        return bool((energies[0] - bound_j) / energies[1] > self.polish_gap)
+        return bool((energies[0] - bound_j()) / energies[1] > self.polish_gap)
 
     def _deadlines(self, problem: PlanningProblem) -> Tuple[List[float], List[float]]:
         """The deadlines to solve and the ones to refine (see ``refine_deadlines``)."""
