@@ -18,6 +18,8 @@ from typing import Optional
 
 from perseus.errors import ConfigError
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
+from perseus.planner.solvers.lp.steady import FREE_PAIRS, MARGIN_PAIRS, MIN_FIXED_PAIRS
+from perseus.planner.solvers.lp.steady import MAX_SIZE as STEADY_MAX_SIZE
 
 #: Seconds per instruction: problem, all-max re-simulation, one LP rounding pass.
 BUILD_S_PER_NODE = 2.5e-5
@@ -33,6 +35,9 @@ LP_S_AT_1000 = 0.12
 #: Polish and re-optimisation of the no-slowdown plan (problems up to 400 instructions):
 #: seconds per squared instruction (about 75 s at 8 x 24).
 REOPTIMIZE_S_PER_NODE2 = 5.0e-4
+#: The steady-state pattern spliced into long 1F1B plans: seconds in all (four whole-problem
+#: MILPs of 200 nodes, 140 s at 8 x 96 and 180 s at 8 x 48).
+STEADY_S = 160.0
 #: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier (candidate
 #: plans and their batched re-simulation; 6.8 GB measured at 8 x 10,000).
 BASE_BYTES = 150e6
@@ -109,6 +114,9 @@ def estimate(
     seconds = BUILD_S_PER_NODE * nodes + POLICY_S_PER_NODE * nodes + 3 * lp_solve_s
     if nodes <= REOPTIMIZE_MAX_SIZE:
         seconds += REOPTIMIZE_S_PER_NODE2 * nodes**2
+    steady_pairs = num_microbatches - (num_stages - 1) - 2 * (MARGIN_PAIRS + FREE_PAIRS)
+    if periodic and nodes <= STEADY_MAX_SIZE and steady_pairs >= MIN_FIXED_PAIRS:
+        seconds += STEADY_S
     memory = BASE_BYTES + POLICY_BYTES_PER_NODE * nodes
     plans = 2
     if scope == "frontier":

@@ -21,7 +21,9 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
 5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
    mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
    instructions), then re-optimise it (``reoptimize_sweeps``, :mod:`.reoptimize`) with the
-   whole MILP a window at a time, the rest of the schedule free to move.
+   whole MILP a window at a time, the rest of the schedule free to move. Long 1F1B
+   pipelines first get a steady-state clock pattern repeating every few pairs spliced in
+   (:mod:`.steady`).
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
    ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
 
@@ -47,6 +49,7 @@ from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
+from perseus.planner.solvers.lp import steady
 from perseus.planner.solvers.lp.bounds import lp_bound
 from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps, prove_empty
 from perseus.planner.solvers.lp.hull import GroupHull, group_hulls
@@ -122,6 +125,9 @@ class LPSolver(ChoiceSolver):
         reoptimize_max_size: Re-optimise only problems of at most this many instructions
             (a sweep takes about 40 s at 384 instructions on one core, growing with the
             square of the size).
+        steady_pattern: Splice a steady-state clock pattern repeating every few pairs
+            (:mod:`.steady`) into the refined plan of 1F1B problems with a long steady state
+            (up to 2,048 instructions; about 2 min at 8 x 96).
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
         gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
@@ -150,6 +156,7 @@ class LPSolver(ChoiceSolver):
         polish_windows: Optional[int] = POLISH_WINDOWS,
         reoptimize_sweeps: int = SWEEPS,
         reoptimize_max_size: int = MAX_SIZE,
+        steady_pattern: bool = True,
         max_gap_rel: float = MAX_GAP_REL,
         gap_milps: int = 12,
         max_exact_nodes: int = MAX_EXACT_NODES,
@@ -169,6 +176,7 @@ class LPSolver(ChoiceSolver):
         self.polish_windows = polish_windows
         self.reoptimize_sweeps = reoptimize_sweeps
         self.reoptimize_max_size = reoptimize_max_size
+        self.steady_pattern = steady_pattern
         self.max_gap_rel = max_gap_rel
         self.gap_milps = gap_milps
         self.max_exact_nodes = max_exact_nodes
@@ -297,6 +305,8 @@ class LPSolver(ChoiceSolver):
                 reference_j=reference,
                 max_windows=self.polish_windows,
             )
+        if self.steady_pattern and steady.applies(problem):
+            plans += steady.improve(problem, plans, deadline, progress)
         sweeps = self.reoptimize_sweeps
         fits = problem.num_nodes <= self.reoptimize_max_size
         if sweeps > 0 and fits and worth(plans):
