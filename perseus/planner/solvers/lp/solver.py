@@ -23,7 +23,8 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
    instructions), then re-optimise it (``reoptimize_sweeps``, :mod:`.reoptimize`) with the
    whole MILP a window at a time, the rest of the schedule free to move. Long 1F1B
    pipelines first get a steady-state clock pattern repeating every few pairs spliced in
-   (:mod:`.steady`).
+   (:mod:`.steady`); the polish then works on the spliced plan's seams (up to
+   :data:`.steady.MAX_SIZE` instructions).
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
    ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
 
@@ -127,7 +128,8 @@ class LPSolver(ChoiceSolver):
             square of the size).
         steady_pattern: Splice a steady-state clock pattern repeating every few pairs
             (:mod:`.steady`) into the refined plan of 1F1B problems with a long steady state
-            (up to 2,048 instructions; about 2 min at 8 x 96).
+            (up to 2,048 instructions), then polish it whatever ``polish_max_size`` (about
+            4 min at 8 x 96).
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
         gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
@@ -288,12 +290,17 @@ class LPSolver(ChoiceSolver):
         plans = list(rounder.from_solutions([solution]))
         for refined, node_hull in refiner.refine(model, solution):
             plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
-        small = problem.num_nodes <= self.polish_max_size
         # The windowed LP bound both gap tests compare with: solved once, when first needed.
         bound_j = functools.lru_cache(maxsize=1)(lambda: lp_bound(problem, deadline).energy_j)
         worth = functools.partial(
             self._worth_polishing, problem, deadline_s=deadline, bound_j=bound_j
         )
+        spliced: List[np.ndarray] = []
+        if self.steady_pattern and steady.applies(problem):
+            spliced = steady.improve(problem, plans, deadline, progress)
+            plans += spliced
+        # A spliced pattern's seams are polished up to the splice's own size limit.
+        small = problem.num_nodes <= (steady.MAX_SIZE if spliced else self.polish_max_size)
         if self.polish_nodes > 0 and small and worth(plans):
             reference = lp_node_energy(problem, hulls, solution)
             plans += polish(
@@ -305,8 +312,6 @@ class LPSolver(ChoiceSolver):
                 reference_j=reference,
                 max_windows=self.polish_windows,
             )
-        if self.steady_pattern and steady.applies(problem):
-            plans += steady.improve(problem, plans, deadline, progress)
         sweeps = self.reoptimize_sweeps
         fits = problem.num_nodes <= self.reoptimize_max_size
         if sweeps > 0 and fits and worth(plans):
