@@ -36,8 +36,8 @@ LP_S_AT_1000 = 0.12
 #: seconds per squared instruction (about 75 s at 8 x 24).
 REOPTIMIZE_S_PER_NODE2 = 5.0e-4
 #: The steady-state pattern spliced into long 1F1B plans and the polish of its seams: seconds
-#: in all (four whole-problem MILPs of 200 nodes and the polish; measured +140 s at 8 x 48,
-#: +245 s at 8 x 96).
+#: in all (four whole-problem MILPs of 200 nodes and the polish; measured +200 s at 8 x 48,
+#: +250 s at 8 x 96).
 STEADY_S = 240.0
 #: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier (candidate
 #: plans and their batched re-simulation; 6.8 GB measured at 8 x 10,000).

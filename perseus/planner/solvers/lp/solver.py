@@ -21,10 +21,10 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
 5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
    mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
    instructions), then re-optimise it (``reoptimize_sweeps``, :mod:`.reoptimize`) with the
-   whole MILP a window at a time, the rest of the schedule free to move. Long 1F1B
-   pipelines first get a steady-state clock pattern repeating every few pairs spliced in
-   (:mod:`.steady`); the polish then works on the spliced plan's seams (up to
-   :data:`.steady.MAX_SIZE` instructions).
+   whole MILP a window at a time, the rest of the schedule free to move. Between the two,
+   long 1F1B pipelines get a steady-state clock pattern repeating every few pairs spliced
+   into the polished plan (:mod:`.steady`), and the spliced plans get a polish of their
+   own for their seams (up to :data:`.steady.MAX_SIZE` instructions).
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
    ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
 
@@ -295,28 +295,40 @@ class LPSolver(ChoiceSolver):
         worth = functools.partial(
             self._worth_polishing, problem, deadline_s=deadline, bound_j=bound_j
         )
-        spliced: List[np.ndarray] = []
+        small = problem.num_nodes <= self.polish_max_size
+        if self.polish_nodes > 0 and small and worth(plans):
+            plans += self._polish(problem, plans, deadline, hulls, solution, progress)
         if self.steady_pattern and steady.applies(problem):
             spliced = steady.improve(problem, plans, deadline, progress)
             plans += spliced
-        # A spliced pattern's seams are polished up to the splice's own size limit.
-        small = problem.num_nodes <= (steady.MAX_SIZE if spliced else self.polish_max_size)
-        if self.polish_nodes > 0 and small and worth(plans):
-            reference = lp_node_energy(problem, hulls, solution)
-            plans += polish(
-                problem,
-                plans,
-                deadline,
-                self.polish_nodes,
-                progress=progress,
-                reference_j=reference,
-                max_windows=self.polish_windows,
-            )
+            # The spliced plans' seams get their own polish (up to the splice's size limit).
+            if spliced and self.polish_nodes > 0 and worth(plans):
+                plans += self._polish(problem, spliced, deadline, hulls, solution, progress)
         sweeps = self.reoptimize_sweeps
         fits = problem.num_nodes <= self.reoptimize_max_size
         if sweeps > 0 and fits and worth(plans):
             plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=progress)
         return plans
+
+    def _polish(
+        self,
+        problem: PlanningProblem,
+        plans: List[np.ndarray],
+        deadline_s: float,
+        hulls: List[GroupHull],
+        solution: LPSolution,
+        progress: Optional[Progress],
+    ) -> List[np.ndarray]:
+        """The polish (:mod:`.polish`) of the best of ``plans`` at ``deadline_s``."""
+        return polish(
+            problem,
+            plans,
+            deadline_s,
+            self.polish_nodes,
+            progress=progress,
+            reference_j=lp_node_energy(problem, hulls, solution),
+            max_windows=self.polish_windows,
+        )
 
     def _worth_polishing(
         self,

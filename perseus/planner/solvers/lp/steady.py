@@ -24,9 +24,9 @@ cool-down and a few pairs next to them with the interior fixed and every start t
 so each result meets the deadline by construction; all are re-simulated by the frontier.
 
 GPT-3/A40 at no slowdown: the pattern saves 85.9 J per pair against all-max where the LP's
-rounding saves 84.4 J (9 s). The solver polishes the spliced plan's seams afterwards
-(:mod:`.polish`): 8 x 48 goes from 10.08 to 10.17 % (190 s in all) and 8 x 96 from 9.59 to
-9.77 % (250 s). All limits are counts: the same plans on any machine.
+rounding saves 84.4 J (9 s). The solver polishes the spliced plans' seams afterwards
+(:mod:`.polish`): 8 x 48 goes from 10.08 to 10.17 % (250 s in all) and 8 x 96 from 9.59 to
+9.77 % (260 s). All limits are counts: the same plans on any machine.
 """
 
 from __future__ import annotations
