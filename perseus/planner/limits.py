@@ -18,8 +18,7 @@ from typing import Optional
 
 from perseus.errors import ConfigError
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
-from perseus.planner.solvers.lp.steady import FREE_PAIRS, MARGIN_PAIRS, MIN_FIXED_PAIRS
-from perseus.planner.solvers.lp.steady import MAX_SIZE as STEADY_MAX_SIZE
+from perseus.planner.solvers.lp.steady import applies_to as steady_applies_to
 
 #: Seconds per instruction: problem, all-max re-simulation, one LP rounding pass.
 BUILD_S_PER_NODE = 2.5e-5
@@ -115,8 +114,7 @@ def estimate(
     seconds = BUILD_S_PER_NODE * nodes + POLICY_S_PER_NODE * nodes + 3 * lp_solve_s
     if nodes <= REOPTIMIZE_MAX_SIZE:
         seconds += REOPTIMIZE_S_PER_NODE2 * nodes**2
-    steady_pairs = num_microbatches - (num_stages - 1) - 2 * (MARGIN_PAIRS + FREE_PAIRS)
-    if periodic and nodes <= STEADY_MAX_SIZE and steady_pairs >= MIN_FIXED_PAIRS:
+    if steady_applies_to(num_stages, num_microbatches, schedule, num_model_chunks):
         seconds += STEADY_S
     memory = BASE_BYTES + POLICY_BYTES_PER_NODE * nodes
     plans = 2

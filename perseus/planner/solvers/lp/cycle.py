@@ -25,6 +25,7 @@ import numpy as np
 
 from perseus.errors import SolverError
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.solvers.lp.model import set_matrix
 
 if TYPE_CHECKING:
     from scipy.sparse import csc_matrix
@@ -235,10 +236,7 @@ def _solve(
     lp.row_upper_ = (
         np.full(len(row_lower), inf) if row_upper is None else np.nan_to_num(row_upper, posinf=inf)
     )
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = matrix.data
+    set_matrix(lp, matrix)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)

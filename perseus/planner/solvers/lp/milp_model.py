@@ -10,7 +10,7 @@ import numpy as np
 from perseus.errors import SolverError
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.solvers.lp.cuts import PathCut
-from perseus.planner.solvers.lp.model import ranges
+from perseus.planner.solvers.lp.model import ranges, set_matrix
 from perseus.planner.solvers.lp.windows import option_hulls, time_windows
 
 if TYPE_CHECKING:
@@ -259,13 +259,8 @@ class MILPModel:
 
     def _set_matrix(self, matrix: csc_matrix) -> None:
         """Make ``matrix`` the model's constraint matrix."""
-        import highspy
-
         self._matrix = matrix
-        self.lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        self.lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
-        self.lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
-        self.lp.a_matrix_.value_ = matrix.data
+        set_matrix(self.lp, matrix)
 
     def start_vector(self, start: np.ndarray) -> np.ndarray:
         """A full MILP point (start times, tau and binaries) for a given plan."""

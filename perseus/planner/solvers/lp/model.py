@@ -29,7 +29,8 @@ from perseus.planner.solvers.lp.hull import GroupHull
 from perseus.planner.solvers.lp.layout import Layout, identity_layout
 
 if TYPE_CHECKING:
-    from highspy import Highs
+    from highspy import Highs, HighsLp
+    from scipy.sparse import csc_matrix
 
 
 @dataclass
@@ -61,6 +62,16 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     shift = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(counts) - counts), counts)
     return shift + np.arange(total, dtype=np.int64)
+
+
+def set_matrix(lp: HighsLp, matrix: csc_matrix) -> None:
+    """Make the column-wise sparse ``matrix`` the constraint matrix of ``lp``."""
+    import highspy
+
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
+    lp.a_matrix_.value_ = matrix.data
 
 
 class HullLP:
@@ -194,10 +205,7 @@ class HullLP:
         lp.col_upper_ = np.concatenate([np.full(seg0, inf), self.seg_upper])
         lp.row_lower_ = np.concatenate([self.t0[e_cls], np.full(num_s, -inf)])
         lp.row_upper_ = np.full(num_rows, inf)
-        lp.a_matrix_.format_ = self._highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
-        lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
-        lp.a_matrix_.value_ = matrix.data
+        set_matrix(lp, matrix)
         self._lp = lp
         self.num_rows = num_rows
         self._highs = self._new_instance()

@@ -29,6 +29,7 @@ import numpy as np
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import earliest_finish, latest_finish, simulate_choices
 from perseus.planner.solvers.base import Progress, report
+from perseus.planner.solvers.lp.model import set_matrix
 
 if TYPE_CHECKING:
     from highspy import Highs
@@ -234,10 +235,7 @@ def _window_milp(
     lp.integrality_ = [highspy.HighsVarType.kContinuous] * n + [
         highspy.HighsVarType.kInteger
     ] * num_z
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = matrix.data
+    set_matrix(lp, matrix)
     h: Highs = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)

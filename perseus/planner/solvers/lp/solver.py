@@ -298,7 +298,7 @@ class LPSolver(ChoiceSolver):
         small = problem.num_nodes <= self.polish_max_size
         if self.polish_nodes > 0 and small and worth(plans):
             plans += self._polish(problem, plans, deadline, hulls, solution, progress)
-        if self.steady_pattern and steady.applies(problem):
+        if self.steady_pattern:
             spliced = steady.improve(problem, plans, deadline, progress)
             plans += spliced
             # The spliced plans' seams get their own polish (up to the splice's size limit).

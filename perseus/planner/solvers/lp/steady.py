@@ -67,14 +67,23 @@ MIN_FIXED_PAIRS = 2 * PATTERN_PAIRS
 MAX_SIZE = 2048
 
 
+def applies_to(
+    num_stages: int, num_microbatches: int, schedule: str = "1f1b", num_model_chunks: int = 1
+) -> bool:
+    """Whether a pipeline of this shape is 1F1B with enough steady pairs to splice into."""
+    if schedule != "1f1b" or num_model_chunks != 1:
+        return False
+    if 2 * num_stages * num_microbatches > MAX_SIZE:
+        return False
+    pairs = num_microbatches - (num_stages - 1)
+    return pairs - 2 * (MARGIN_PAIRS + FREE_PAIRS) >= MIN_FIXED_PAIRS
+
+
 def applies(problem: PlanningProblem) -> bool:
     """Whether ``problem`` is 1F1B with enough steady pairs to splice a pattern into."""
-    if problem.schedule != "1f1b" or problem.num_model_chunks != 1:
-        return False
-    if problem.num_nodes > MAX_SIZE:
-        return False
-    pairs = problem.num_microbatches - (problem.num_stages - 1)
-    return pairs - 2 * (MARGIN_PAIRS + FREE_PAIRS) >= MIN_FIXED_PAIRS
+    return applies_to(
+        problem.num_stages, problem.num_microbatches, problem.schedule, problem.num_model_chunks
+    )
 
 
 def _multisets(problem: PlanningProblem, durations_s: np.ndarray, k: int) -> List[np.ndarray]:
