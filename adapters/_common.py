@@ -13,7 +13,8 @@ import importlib
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from perseus.errors import AdapterError
-from perseus.runtime.types import Hooks, RankInfo
+from perseus.records import RankInfo
+from perseus.runtime.types import Hooks
 
 WRAPPED_MARK = "__perseus_wrapped__"
 """Attribute set on every wrapper, so a function is never wrapped twice."""

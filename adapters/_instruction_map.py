@@ -36,7 +36,8 @@ from perseus.adapters._common import (
     mark_wrapped,
 )
 
-from perseus.runtime.types import Hooks, RankInfo
+from perseus.records import RankInfo
+from perseus.runtime.types import Hooks
 
 RECOMPUTE = "recompute"
 ROLES = (FORWARD, BACKWARD, RECOMPUTE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 
 
 def grid_rank_info(engine: Any) -> RankInfo:

@@ -36,7 +36,8 @@ from perseus.adapters._common import (
 )
 
 from perseus.errors import AdapterError
-from perseus.runtime.types import Hooks, RankInfo
+from perseus.records import RankInfo
+from perseus.runtime.types import Hooks
 
 SCHEDULES_MODULE = "megatron.core.pipeline_parallel.schedules"
 STEP_FUNCTIONS = (

@@ -28,22 +28,9 @@ from perseus.config_enums import (
     ProfilerMode,
     RuntimeMode,
 )
-from perseus.config_validation import (
-    ETA_RANGE,
-    JOB_ID_PATTERN,
-    SOLVER_NAME_PATTERN,
-    check_eta,
-    eta_problem,
-    p2p_power_problems,
-    validate,
-)
-from perseus.errors import ConfigError
 
 __all__ = [
-    "ETA_RANGE",
-    "JOB_ID_PATTERN",
     "PIPELINE_POLICIES",
-    "SOLVER_NAME_PATTERN",
     "ConfigChoice",
     "EnergyPolicy",
     "Framework",
@@ -54,11 +41,6 @@ __all__ = [
     "PowerLimitSelector",
     "ProfilerMode",
     "RuntimeMode",
-    "check_eta",
-    "eta_problem",
-    "p2p_power_problems",
-    "to_object",
-    "validate",
 ]
 
 
@@ -337,17 +319,3 @@ class PerseusConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     output_dir: Optional[str] = None
-
-
-def to_object(cfg: Any) -> PerseusConfig:
-    """Turn a composed ``DictConfig`` into a validated :class:`PerseusConfig`."""
-    from omegaconf import OmegaConf
-
-    obj = cfg if isinstance(cfg, PerseusConfig) else OmegaConf.to_object(cfg)
-    if not isinstance(obj, PerseusConfig):
-        raise ConfigError(
-            f"expected a PerseusConfig, got {type(obj).__name__}; compose the config with "
-            "the perseus_schema defaults entry"
-        )
-    validate(obj)
-    return obj

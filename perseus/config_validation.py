@@ -1,6 +1,6 @@
 """Validation of the whole configuration: every problem at once, one line each.
 
-:func:`validate` (re-exported by :mod:`perseus.config`) checks
+:func:`validate` (and :func:`to_object`, which the apps call on a composed configuration) checks
 
 * every key with a numeric range (:data:`RANGES`): a finite number within it, an integer where
   a count is meant, so ``gpu.emulated.time_scale=nan`` or ``server.request_timeout_s=-1`` fail
@@ -9,17 +9,29 @@
 * the keys that go together: the energy policy's own key, the emulated power-limit range, the
   node rank, the loop length; and the strings other programs read (server URL, token, job id).
 
-Where the coordination server bounds the same value (:mod:`perseus.wire`), the range here is the
-same or narrower, so a configuration that passes never gets its job refused by the server
-(``tests/unit/test_config_bad_input.py`` checks it). The checks of files and of this machine
+Where the coordination server bounds the same value (:mod:`perseus.wire`), both take the range
+from :mod:`perseus.bounds`, stated once, so a configuration that passes never gets its job
+refused by the server (``tests/unit/test_config_bad_input.py`` checks it). This module imports
+the configuration; the configuration never imports it. The checks of files and of this machine
 (plans, datasets, GPUs) are the launcher's preflight.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
+from perseus.bounds import (
+    ENERGY_SETTINGS,
+    ETA_RANGE,
+    JOB_ID_PATTERN,
+    MAX_POWER_W,
+    MHZ,
+    P2P_POWER_W,
+    PROFILER_SETTINGS,
+    SOLVER_NAME_PATTERN,
+)
+from perseus.config import EnergyConfig, PerseusConfig
 from perseus.config_enums import (
     EnergyPolicy,
     Framework,
@@ -33,13 +45,20 @@ from perseus.errors import ConfigError
 from perseus.numbers import Range, number_problem, ranges_problems
 from perseus.schedule import SCHEDULES
 
-if TYPE_CHECKING:
-    from perseus.config import EnergyConfig, PerseusConfig
+__all__ = [
+    "ETA_RANGE",
+    "JOB_ID_PATTERN",
+    "P2P_POWER_W",
+    "RANGES",
+    "SOLVER_NAME_PATTERN",
+    "check_eta",
+    "eta_problem",
+    "p2p_power_problems",
+    "to_object",
+    "validate",
+]
 
-ETA_RANGE = (0.0, 1.0)
 MAX_STEPS = 10**12  # the wire's largest iteration number
-MAX_POWER_W = 10_000.0
-MAX_MHZ = 100_000
 DAY_S = 86_400.0
 
 
@@ -59,8 +78,6 @@ def _watts(optional: bool = False, positive: bool = False) -> Range:
 
 PORT = Range(ge=1, le=65535, integer=True)
 SEED = Range(ge=0, le=2**32 - 1, integer=True)
-MHZ = Range(gt=0, le=MAX_MHZ, integer=True, optional=True, unit="MHz")
-P2P_POWER_W = _watts()
 
 RANGES: Dict[str, Range] = {
     # model
@@ -83,10 +100,8 @@ RANGES: Dict[str, Range] = {
     "parallelism.num_microbatches": _count(),
     "parallelism.microbatch_size": _count(),
     "parallelism.num_model_chunks": _count(),
-    # energy (fractions as the server bounds them)
-    "energy.max_slowdown": Range(ge=0.0, le=100.0, optional=True),
-    "energy.iteration_time_s": Range(gt=0.0, le=1e6, optional=True, unit="s"),
-    "energy.eta": Range(ge=ETA_RANGE[0], le=ETA_RANGE[1]),
+    # energy (the server's bounds of the same keys)
+    **{f"energy.{key}": allowed for key, allowed in ENERGY_SETTINGS.items()},
     "energy.power_limit.step_w": _watts(positive=True),
     "energy.power_limit.warmup_steps": _count(0),
     "energy.power_limit.profile_steps": _count(),
@@ -101,15 +116,7 @@ RANGES: Dict[str, Range] = {
     "gpu.emulated.power_limit_min_w": _watts(positive=True),
     "gpu.emulated.seed": SEED,
     # profiler (the server's bounds of the same keys)
-    "profiler.energy_rise_patience": _count(1, 1000),
-    "profiler.warmup_instructions": _count(0, 1000),
-    "profiler.min_window_s": Range(ge=0.0, le=3600.0, unit="s"),
-    "profiler.max_iterations": _count(1, 100_000),
-    "profiler.frequency_step": _count(1, 1000),
-    "profiler.min_frequency_mhz": MHZ,
-    "profiler.baseline_steps": _count(1, 10_000),
-    "profiler.settle_steps": _count(0, 10_000),
-    "profiler.measure_steps": _count(1, 10_000),
+    **{f"profiler.{key}": allowed for key, allowed in PROFILER_SETTINGS.items()},
     # planner (p2p_power_w, one value or one per stage, is checked with P2P_POWER_W)
     "planner.time_unit_s": _seconds(le=60.0),
     "planner.min_frequency_mhz": MHZ,
@@ -145,11 +152,6 @@ RANGES: Dict[str, Range] = {
 }
 
 
-# The coordination server's job ids and solver names (perseus.wire uses the same patterns).
-JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-SOLVER_NAME_PATTERN = r"^[a-z0-9_]{1,32}$"
-
-
 def eta_problem(eta: float, key: str = "energy.eta") -> Optional[str]:
     """Why ``eta`` (weight of energy in ``eta * E + (1 - eta) * P_max * T``) is invalid, or None."""
     problem = number_problem(key, eta, RANGES["energy.eta"])
@@ -166,6 +168,20 @@ def check_eta(eta: float, key: str = "energy.eta") -> float:
     if problem:
         raise ConfigError(problem)
     return eta
+
+
+def to_object(cfg: Any) -> PerseusConfig:
+    """Turn a composed ``DictConfig`` into a validated :class:`~perseus.config.PerseusConfig`."""
+    from omegaconf import OmegaConf
+
+    obj = cfg if isinstance(cfg, PerseusConfig) else OmegaConf.to_object(cfg)
+    if not isinstance(obj, PerseusConfig):
+        raise ConfigError(
+            f"expected a PerseusConfig, got {type(obj).__name__}; compose the config with "
+            "the perseus_schema defaults entry"
+        )
+    validate(obj)
+    return obj
 
 
 def validate(cfg: PerseusConfig) -> None:

@@ -1,9 +1,9 @@
 """One check for numbers: finite, within a range, integer where counts are meant.
 
-Configuration keys (:func:`perseus.config.validate`), the file formats (profiles, plans) and the
-wire models the client builds all describe their numbers with a :class:`Range` and ask it for
-the problem with a value, so every surface rejects NaN, infinity, a wrong type or an
-out-of-range value with the same words. Standard library only (the training process uses it).
+Configuration keys (:func:`perseus.config_validation.validate`), the file formats (profiles, plans)
+and the wire models the client builds all describe their numbers with a :class:`Range` and ask it
+for the problem with a value, so every surface rejects NaN, infinity, a wrong type or an out-of-
+range value with the same words. Standard library only (the training process uses it).
 """
 
 from __future__ import annotations

@@ -42,6 +42,12 @@ class Bound:
     def __init__(self, **constraints: Any) -> None:
         self.constraints = constraints
 
+    @classmethod
+    def of(cls, allowed: Range) -> Bound:
+        """The bounds of a :class:`~perseus.numbers.Range` (its lower and upper limits)."""
+        limits = {"ge": allowed.ge, "gt": allowed.gt, "le": allowed.le, "lt": allowed.lt}
+        return cls(**{key: value for key, value in limits.items() if value is not None})
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.constraints.items())
         return f"Bound({inner})"

@@ -28,10 +28,10 @@ from typing import Any, Callable, Dict, List, Tuple
 from bench_hooks import NullGPU  # scripts/ is on sys.path when a script runs
 from perseus.adapters import _instruction_map as imap
 
+from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
-from perseus.runtime.types import RankInfo
 
 
 class NullHooks:

@@ -33,9 +33,9 @@ from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU
 from perseus.gpu.sync import CudaSynchronizer
 from perseus.profiler.virtual_run import VirtualClock
+from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
-from perseus.runtime.types import RankInfo
 
 CLOCKS_MHZ = (1410, 1305, 1200, 1095, 1005, 900)
 NUM_STAGES = 4

@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from perseus.config import ServerConfig
 from perseus.profiler.virtual_run import run_step, virtual_gpu
+from perseus.records import InstructionRecord, RankInfo, StepRecord
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.stage_exchange import Member, ThreadStage
-from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import start_server_process
 from perseus.wire import EnergySettings, JobSpec, ProfilerSettings
 

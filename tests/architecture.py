@@ -3,8 +3,9 @@
 ``docs/design.md`` ("Layers") states the rules these serve: every package sits in one layer and
 imports only from its own layer or below; there is no import circle; and what a training process
 imports (the training-process modules below and everything they import) needs nothing but the
-standard library and the core dependencies. Both module-level and function-level imports count;
-imports under ``if TYPE_CHECKING:`` are type-only (never executed) and do not.
+standard library and the core dependencies. Module-level, function-level and type-only imports
+(under ``if TYPE_CHECKING:``) all count for the layers and circles: a type-only import is an
+arrow for a reader too. Only executed imports count for what a process needs at run time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ROOTS = {"perseus": REPO / "perseus", "perseus.adapters": REPO / "adapters"}
 
 # Bottom to top. A module belongs to the longest matching prefix.
 LAYERS: List[Tuple[str, List[str]]] = [
+    # Plain records and the bounds every layer checks: standard library only.
+    ("records", ["perseus.records", "perseus.numbers", "perseus.bounds"]),
     (
         "foundation",
         [
@@ -62,6 +65,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
 # The modules a training process imports (a user's script with an adapter, a perseus-train
 # rank's runtime); they and all they import must run with only the core dependencies.
 TRAINING_PROCESS = [
+    *dict(LAYERS)["records"],
     *dict(LAYERS)["foundation"],
     *dict(LAYERS)["gpu"],
     *dict(LAYERS)["runtime"],
@@ -98,6 +102,7 @@ class Import:
     target: str
     line: int
     in_function: bool
+    type_only: bool = False
 
 
 def module_files() -> Dict[str, Path]:
@@ -111,6 +116,11 @@ def module_files() -> Dict[str, Path]:
     return out
 
 
+def layer_named(name: str) -> int:
+    """Index of the layer called ``name`` in :data:`LAYERS`."""
+    return [n for n, _ in LAYERS].index(name)
+
+
 def layer_of(module: str) -> Optional[int]:
     """Index of ``module``'s layer in :data:`LAYERS` (longest prefix), or None."""
     best: Tuple[int, int] = (-1, -1)
@@ -122,28 +132,38 @@ def layer_of(module: str) -> Optional[int]:
 
 
 def imports_of(module: str, path: Path) -> Iterator[Import]:
-    """Every executed import of one module (relative imports resolved)."""
+    """Every import of one module (relative imports resolved), type-only ones marked."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    yield from _walk(tree, module, package, in_function=False)
+    yield from _walk(tree, module, package, in_function=False, type_only=False)
 
 
-def _walk(node: ast.AST, module: str, package: str, in_function: bool) -> Iterator[Import]:
+def _walk(
+    node: ast.AST, module: str, package: str, in_function: bool, type_only: bool
+) -> Iterator[Import]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for sub in child.body:
+                yield from _walk_one(sub, module, package, in_function, True)
             for sub in child.orelse:
-                yield from _walk(sub, module, package, in_function)
+                yield from _walk_one(sub, module, package, in_function, type_only)
             continue
-        nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-        if isinstance(child, ast.Import):
-            for alias in child.names:
-                yield Import(module, alias.name, child.lineno, in_function)
-        elif isinstance(child, ast.ImportFrom):
-            base = _resolve(child, package)
-            for alias in child.names:
-                # ``from pkg import mod`` imports pkg.mod when that is a module.
-                yield Import(module, f"{base}.{alias.name}", child.lineno, in_function)
-        yield from _walk(child, module, package, nested)
+        yield from _walk_one(child, module, package, in_function, type_only)
+
+
+def _walk_one(
+    child: ast.AST, module: str, package: str, in_function: bool, type_only: bool
+) -> Iterator[Import]:
+    nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if isinstance(child, ast.Import):
+        for alias in child.names:
+            yield Import(module, alias.name, child.lineno, in_function, type_only)
+    elif isinstance(child, ast.ImportFrom):
+        base = _resolve(child, package)
+        for alias in child.names:
+            # ``from pkg import mod`` imports pkg.mod when that is a module.
+            yield Import(module, f"{base}.{alias.name}", child.lineno, in_function, type_only)
+    yield from _walk(child, module, package, nested, type_only)
 
 
 def _resolve(node: ast.ImportFrom, package: str) -> str:
@@ -168,7 +188,9 @@ def graph() -> Dict[str, List[Import]]:
         edges = []
         for imp in imports_of(module, path):
             target = _internal(imp.target, modules)
-            edges.append(Import(imp.source, target or imp.target, imp.line, imp.in_function))
+            edges.append(
+                Import(imp.source, target or imp.target, imp.line, imp.in_function, imp.type_only)
+            )
         out[module] = edges
     return out
 
@@ -243,7 +265,8 @@ def training_process_modules() -> List[str]:
 
 
 def closure(roots: List[str], edges: Dict[str, List[Import]]) -> Set[str]:
-    """The repository modules ``roots`` import, directly or not (``roots`` included)."""
+    """The repository modules ``roots`` import when they run, directly or not (``roots``
+    included); type-only imports are never executed and do not count."""
     seen: Set[str] = set()
     todo = list(roots)
     while todo:
@@ -251,5 +274,7 @@ def closure(roots: List[str], edges: Dict[str, List[Import]]) -> Set[str]:
         if module in seen:
             continue
         seen.add(module)
-        todo.extend(i.target for i in edges.get(module, []) if i.target in edges)
+        todo.extend(
+            i.target for i in edges.get(module, []) if i.target in edges and not i.type_only
+        )
     return seen

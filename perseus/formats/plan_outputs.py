@@ -12,21 +12,18 @@ directory (which ``perseus-train`` copies into its run directory):
 * ``profile.csv``: the profile planned from (the server's measured one);
 * ``reference/freqs_pipeline_%05d.py``: optionally, every plan in the reference system's format.
 
-The frontier arrives as the planner's :class:`~perseus.planner.frontier.Frontier` (type-only
-reference here: this module never imports the planner).
+The frontier arrives as anything shaped like :class:`FrontierLike` (the planner's ``Frontier``
+is); this module never imports the planner, not even for its types.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 from perseus.formats.atomic_file import write_json_atomic, write_text_atomic
 from perseus.formats.plan_json import Plan, load_plan
-
-if TYPE_CHECKING:
-    from perseus.planner.frontier import Frontier, FrontierPoint
 
 FRONTIER_CSV = "frontier.csv"
 PLANS_DIR = "plans"
@@ -38,10 +35,32 @@ REFERENCE_DIR = "reference"
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+class FrontierPointLike(Protocol):
+    """One plan of a frontier, as far as the outputs need it."""
+
+    @property
+    def plan_id(self) -> int:
+        """The plan's number (0: the fastest)."""
+
+
+class FrontierLike(Protocol):
+    """A frontier, as far as the outputs need it (the planner's ``Frontier``)."""
+
+    @property
+    def points(self) -> Sequence[Any]:
+        """Its plans, fastest first (each a :class:`FrontierPointLike`)."""
+
+    def to_plan(self, point: Any) -> Plan:
+        """The plan JSON of one of :attr:`points`."""
+
+    def to_dataframe(self) -> Any:
+        """One row per plan (a pandas ``DataFrame`` with a ``plan_id`` column)."""
+
+
 def write_frontier_outputs(
     out_dir: PathLike,
-    frontier: Frontier,
-    chosen: FrontierPoint,
+    frontier: FrontierLike,
+    chosen: FrontierPointLike,
     *,
     plan_extra: Optional[Mapping[str, Any]] = None,
     export_reference: bool = False,

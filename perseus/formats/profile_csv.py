@@ -330,7 +330,7 @@ def blocking_power_per_stage_w(p2p_power_w: Any, num_stages: int) -> List[float]
         ProfileError: not a finite power >= 0 W (or a list of them), or a list whose length is
             not the profile's stage count.
     """
-    from perseus.config import p2p_power_problems
+    from perseus.config_validation import p2p_power_problems
 
     # Finite and >= 0 here; the configuration's own range (a realistic power) is checked where
     # the value is read (validate(), the server's job bounds): a planning problem with scaled

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, List, NamedTuple, Optional, Union
 from perseus.errors import PlanError
 
 if TYPE_CHECKING:
-    from perseus.runtime.types import StepRecord
+    from perseus.records import StepRecord
 
 TRACE_COLUMNS = (
     "step",

@@ -143,8 +143,8 @@ def check_online(cfg: PerseusConfig) -> None:
     job's server state against ``server.max_job_state_mb`` when the job starts its own server);
     a configured ``server.url`` must answer ``/healthz`` and accept ``server.token``.
     """
-    from perseus.runtime.online_build import job_spec_from_config
-    from perseus.runtime.types import RankInfo
+    from perseus.records import RankInfo
+    from perseus.runtime.job_spec import job_spec_from_config
     from perseus.server.limits import job_problems
 
     par = cfg.parallelism

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 BLOCKING = ("blocking", 0)
 TypeKey = Tuple[str, int]

@@ -40,7 +40,7 @@ from perseus.profiler.counter import (
     vote_phase,
 )
 from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 
 @dataclass(frozen=True)

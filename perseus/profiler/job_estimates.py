@@ -19,7 +19,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 from perseus.formats.profile_csv import Profile
 from perseus.profiler import inversions
 from perseus.profiler.estimate import StageEstimator, TypeEstimate
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 Key = Tuple[str, int]
 

@@ -15,7 +15,7 @@ from perseus.formats.profile_csv import Profile
 from perseus.profiler.estimate import TypeEstimate
 from perseus.profiler.job_estimates import JobEstimates, Key
 from perseus.profiler.stage_sweep import StageSweep
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 
 def sweep_update(sweep: StageSweep, estimates: JobEstimates, stage: int) -> None:

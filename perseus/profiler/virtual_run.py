@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 
 class VirtualClock:

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from perseus.errors import ConfigError, GPUPreflightError
+from perseus.records import RankInfo
 from perseus.runtime import announce, job_shape, rendezvous
 from perseus.runtime.device import DeviceTable
-from perseus.runtime.types import Hooks, RankInfo
+from perseus.runtime.types import Hooks
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
@@ -141,7 +142,8 @@ def _current() -> Tuple[PerseusConfig, Optional[FrozenSet[str]], str]:
     path = os.environ.get(CONFIG_ENV)
     if path:
         return load_config_file(Path(path)), _keys_in_file(Path(path)), f"{CONFIG_ENV}={path}"
-    from perseus.config import PerseusConfig, validate
+    from perseus.config import PerseusConfig
+    from perseus.config_validation import validate
 
     cfg = PerseusConfig()
     validate(cfg)
@@ -159,7 +161,8 @@ def load_config_file(path: Path) -> PerseusConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from perseus.config import PerseusConfig, to_object
+    from perseus.config import PerseusConfig
+    from perseus.config_validation import to_object
 
     if not path.is_file():
         raise ConfigError(

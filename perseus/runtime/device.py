@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from perseus import process_exit
+from perseus.records import RankInfo
 from perseus.runtime.controller import ClockController
-from perseus.runtime.types import RankInfo
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig

@@ -30,8 +30,9 @@ import sys
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import GPUNotSupportedError
+from perseus.records import InstructionRecord, RankInfo, StepRecord
 from perseus.runtime import hook_errors
-from perseus.runtime.types import FrequencySource, InstructionRecord, RankInfo, StepRecord
+from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
     from perseus.formats.trace_csv import TraceWriter

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, FrozenSet, List, Mapping, Optional, Tuple
 from perseus.errors import JobShapeError
 
 __all__ = ["JobShapeError", "apply_engine_shape", "keys_in_yaml", "keys_off_default"]
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Tuple
 from perseus import process_exit
 from perseus.errors import ServerError
 from perseus.numbers import finite_or_none
+from perseus.records import RankInfo, StepRecord
 from perseus.runtime import announce
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
@@ -42,7 +43,6 @@ from perseus.runtime.endpoint import URL_ENV, Endpoint
 from perseus.runtime.server_link import ServerLink
 from perseus.runtime.stage_exchange import Member, Pending, SoloExchange, StageExchange
 from perseus.runtime.stage_reports import combined_report, stage_registration
-from perseus.runtime.types import RankInfo, StepRecord
 from perseus.schedule import stage_order
 from perseus.wire import JobSpec, Phase, Route, encode_sequence, first_difference
 

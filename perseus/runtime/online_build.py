@@ -1,7 +1,7 @@
 """How a rank builds its online source: the job, the server, the stage exchange and the client.
 
 ``runtime.mode=online`` (:func:`build_online_source`, called by ``sources.build_source``): the
-job's spec from the configuration (:func:`job_spec_from_config`, also the launcher's check),
+job's spec from the configuration (:mod:`perseus.runtime.job_spec`, also the launcher's check),
 where the server is and which job this launch is (configured, or found through the job's own
 ``torch.distributed`` store, the server started by global rank 0:
 :mod:`perseus.runtime.rendezvous`), the ranks' agreement that the job runs online, the stage's
@@ -14,40 +14,17 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Optional
 
-from perseus.errors import ConfigError
+from perseus.records import RankInfo
 from perseus.runtime import rendezvous
 from perseus.runtime.client import ServerClient
 from perseus.runtime.endpoint import TOKEN_ENV, Endpoint
+from perseus.runtime.job_spec import job_spec_from_config
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.stage_exchange import torch_stage_exchange
-from perseus.runtime.types import RankInfo
-from perseus.wire import JobSpec
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
     from perseus.gpu.base import GPU
-
-
-def job_spec_from_config(
-    cfg: PerseusConfig, rank: RankInfo, job_id: Optional[str] = None
-) -> JobSpec:
-    """The ``POST /jobs`` body of this job (its shape as the engine runs it, see ``job_shape``).
-
-    ``job_id``: the launch's job (see :mod:`perseus.runtime.rendezvous`); ``None`` for checks.
-
-    Raises:
-        ConfigError: a schedule or energy policy the coordination server does not serve.
-    """
-    par = cfg.parallelism
-    if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
-        raise ConfigError(
-            f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
-            f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
-        )
-    try:
-        return JobSpec.from_config(cfg, rank.num_stages, job_id)
-    except ValueError as exc:
-        raise ConfigError(f"runtime.mode=online: {exc}") from None
 
 
 def build_online_source(

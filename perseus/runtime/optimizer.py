@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Optional
 from perseus import process_exit
 from perseus.errors import GPUError
 from perseus.formats.trace_csv import TraceWriter, trace_path
+from perseus.records import RankInfo
 from perseus.runtime.device import RankDevice, build_device, open_device
 from perseus.runtime.hook_runtime import HookRuntime
 from perseus.runtime.sources import build_source
-from perseus.runtime.types import FrequencySource, RankInfo
+from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig

@@ -41,8 +41,8 @@ from perseus.runtime.launch_server import start_launch_server
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
+    from perseus.records import RankInfo
     from perseus.runtime.server_spawn import ServerHandle
-    from perseus.runtime.types import RankInfo
 
 STORE_PREFIX = "perseus/"
 ENDPOINT_KEY = "endpoint"

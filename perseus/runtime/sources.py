@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
 from perseus.formats.plan_json import Plan
-from perseus.runtime.types import FrequencySource, RankInfo, StepRecord
+from perseus.records import RankInfo, StepRecord
+from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
+from perseus.records import RankInfo, StepRecord
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.stage_exchange import Member
-from perseus.runtime.types import RankInfo, StepRecord
 from perseus.wire import (
     InstructionReport,
     PeerRank,

@@ -1,47 +1,14 @@
-"""Types shared by the hook runtime, the adapters and the online profiler."""
+"""The runtime's contracts: the hooks adapters call and the frequency sources the hooks ask.
+
+The records they carry (:class:`~perseus.records.RankInfo`, :class:`~perseus.records.StepRecord`)
+live in :mod:`perseus.records`, the layer every other one imports.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional, Protocol
+from typing import Optional, Protocol
 
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where one training process sits in the job.
-
-    Attributes:
-        stage: Pipeline stage of this rank (0-based).
-        num_stages: Number of pipeline stages.
-        dp_rank: Data-parallel rank (which pipeline replica).
-        tp_rank: Tensor-parallel rank within the stage.
-        rank: Global rank in the process group.
-        world_size: Number of processes in the job.
-        local_gpu_index: Index of this rank's GPU as the process sees it.
-        num_model_chunks: Model chunks per stage (interleaved schedule), 1 otherwise.
-        num_microbatches: Microbatches per training iteration, as the engine runs them
-            (``None``: the adapter could not tell).
-        dp: Data-parallel size (pipeline replicas) of the engine (``None``: unknown).
-        tp: Tensor-parallel size of the engine (``None``: unknown).
-        schedule: The engine's pipeline schedule (``1f1b``, ``gpipe``, ``interleaved_1f1b``;
-            ``None``: unknown).
-
-    The engine is the source of truth for the job's shape: :mod:`perseus.runtime.job_shape`
-    fills unset configuration keys from these fields and rejects keys that disagree.
-    """
-
-    stage: int = 0
-    num_stages: int = 1
-    dp_rank: int = 0
-    tp_rank: int = 0
-    rank: int = 0
-    world_size: int = 1
-    local_gpu_index: int = 0
-    num_model_chunks: int = 1
-    num_microbatches: Optional[int] = None
-    dp: Optional[int] = None
-    tp: Optional[int] = None
-    schedule: Optional[str] = None
+from perseus.records import StepRecord
 
 
 class Hooks(Protocol):
@@ -75,45 +42,6 @@ class WaitHooks(Hooks, Protocol):
 
     def on_wait_end(self) -> None:
         """The wait is over; what follows is the instruction's work again."""
-
-
-@dataclass
-class InstructionRecord:
-    """What happened to one instruction in one iteration.
-
-    ``energy_begin_mj`` / ``energy_end_mj`` are raw counter readings of this rank's GPU,
-    present only when the frequency source asked for them (they cost a driver call each).
-    """
-
-    position: int
-    instruction: str
-    microbatch: int
-    frequency_mhz: Optional[int]
-    start_s: float
-    end_s: float
-    energy_begin_mj: Optional[float] = None
-    energy_end_mj: Optional[float] = None
-
-
-@dataclass
-class StepRecord:
-    """One training iteration as seen by one rank."""
-
-    step: int
-    stage: int
-    start_s: float
-    end_s: float
-    energy_j: Optional[float]
-    instructions: List[InstructionRecord] = field(default_factory=list)
-    # The SM clock read back from the device at the end of each instruction (same order as
-    # ``instructions``; None where no clock was locked). Read only while a trace is written:
-    # a driver call each. Kept beside the instructions, off the server's wire format.
-    applied_mhz: List[Optional[int]] = field(default_factory=list)
-
-    @property
-    def iteration_time_s(self) -> float:
-        """Wall time of the iteration."""
-        return self.end_s - self.start_s
 
 
 class FrequencySource(Protocol):

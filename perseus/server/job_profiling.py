@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from perseus.profiler import StageSweep, sweep_clocks_mhz
 from perseus.profiler.stage_sweep import warmup_positions
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 from perseus.server.workers import EstimatorPool
 from perseus.wire import ProfilerSettings
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Optional
 
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 from perseus.server.job_base import JobBase
 from perseus.server.steps import JobStep, RankStep, typical_step
 from perseus.wire import Phase, StepReport, describe_item, encode_sequence, first_difference

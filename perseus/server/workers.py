@@ -63,7 +63,7 @@ def _init_worker(threads: int, nice: int, server_pid: int) -> None:
 def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ...]) -> Any:
     """Run one estimator command on the worker's jobs."""
     from perseus.profiler.job_estimates import JobEstimates
-    from perseus.runtime.types import InstructionRecord
+    from perseus.records import InstructionRecord
 
     if command == "open":
         jobs[job_id] = JobEstimates(int(args[0]))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.formats.atomic_file import write_json_atomic
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 
 logger = logging.getLogger(__name__)
 

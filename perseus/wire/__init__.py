@@ -24,7 +24,7 @@ Every message and route is listed in ``docs/design.md`` ("HTTP API").
 
 from __future__ import annotations
 
-from perseus.config import JOB_ID_PATTERN
+from perseus.bounds import JOB_ID_PATTERN
 from perseus.wire.codec import from_json, to_json
 from perseus.wire.fields import (
     MAX_CLOCKS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from perseus.config import JOB_ID_PATTERN
+from perseus.bounds import JOB_ID_PATTERN, MHZ
 from perseus.wire_bounds import Bound
 
 MAX_STAGES = 512
@@ -22,7 +22,7 @@ MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
 SEQUENCE_PATTERN = r"^([FB][0-9]{1,6}(,[FB][0-9]{1,6})*)?$"
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
-Mhz = Annotated[int, Bound(gt=0, le=100_000)]
+Mhz = Annotated[int, Bound.of(MHZ)]
 Seconds = Annotated[float, Bound(ge=0.0, le=1e7, allow_inf_nan=False)]
 Joules = Annotated[float, Bound(ge=0.0, le=1e15, allow_inf_nan=False)]
 RankId = Annotated[int, Bound(ge=0, lt=MAX_RANKS)]

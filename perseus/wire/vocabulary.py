@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict
 
-from perseus.config import ConfigChoice
+from perseus.config_enums import ConfigChoice
 
 
 class Route:

@@ -169,7 +169,7 @@ RUNTIME_CHILD = textwrap.dedent(
     from perseus.formats.profile_csv import Profile
     from perseus.gpu.emulated import EmulatedGPU
     from perseus.runtime.sources import PlanSource
-    from perseus.runtime.types import RankInfo
+    from perseus.records import RankInfo
 
     rows = [(s, n, f, t * 1410 / f, t * 1410 / f * 200.0)
             for s in range(2) for n, t in (("forward", 0.01), ("backward", 0.02))

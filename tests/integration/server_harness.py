@@ -92,9 +92,9 @@ def rank_main(
     """One rank; ``progress[rank]`` is the number of iterations it completed so far."""
     import os
 
+    from perseus.records import RankInfo
     from perseus.runtime.online_build import build_online_source
     from perseus.runtime.optimizer import PerseusOptimizer
-    from perseus.runtime.types import RankInfo
     from perseus.schedule import stage_order
 
     stage, dp_rank = rank % setup.pp, rank // setup.pp

@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 from perseus.schedule import stage_order
 from tests.integration._support.launch import run_ranks
 from tests.integration._support.merak_env import merak_python

@@ -57,13 +57,15 @@ def test_training_process_needs_only_core_dependencies() -> None:
         f"{imp.source}:{imp.line} imports {imp.target}"
         for module in reached
         for imp in graph[module]
-        if (top := arch.third_party(imp.target)) is not None
+        if not imp.type_only
+        and (top := arch.third_party(imp.target)) is not None
         and top not in arch.CORE_IMPORTS
         and not (top in arch.PATCHED_FRAMEWORKS and module.startswith("perseus.adapters"))
     )
     assert foreign == []
     # The training path reaches none of the planner, server, launcher or apps.
-    assert sorted(m for m in reached if arch.layer_of(m) not in (0, 1, 2)) == sorted(
+    runtime = arch.layer_named("runtime")
+    assert sorted(m for m in reached if (arch.layer_of(m) or 0) > runtime) == sorted(
         m for m in reached if m.startswith("perseus.adapters")
     )
 
@@ -75,7 +77,8 @@ def test_merak_rank_needs_only_what_merak_env_installs() -> None:
         f"{imp.source}:{imp.line} imports {imp.target}"
         for module in reached
         for imp in graph[module]
-        if (top := arch.third_party(imp.target)) is not None
+        if not imp.type_only
+        and (top := arch.third_party(imp.target)) is not None
         and top not in arch.MERAK_RANK_IMPORTS
         and top != "Merak"
     )
@@ -90,7 +93,7 @@ def test_merak_rank_needs_only_what_merak_env_installs() -> None:
     above_runtime = sorted(
         m
         for m in reached
-        if (arch.layer_of(m) or 0) > 2
+        if (arch.layer_of(m) or 0) > arch.layer_named("runtime")
         and not m.startswith(("perseus.adapters", "perseus.models", "perseus.train"))
     )
     assert above_runtime == []
@@ -114,3 +117,24 @@ def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_configuration_validation_and_wire_import_in_one_direction() -> None:
+    """Validation imports the configuration, never the reverse; the wire knows no configuration
+    (the runtime builds the job spec from it); the records import nothing of Perseus but the
+    records layer."""
+    graph = arch.graph()
+    config = {"perseus.config", "perseus.config_validation"}
+    wrong = sorted(
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for module, imports in graph.items()
+        for imp in imports
+        if (module == "perseus.config" and imp.target == "perseus.config_validation")
+        or (module.startswith("perseus.wire") and imp.target in config)
+        or (
+            arch.layer_of(module) == arch.layer_named("records")
+            and arch.is_internal(imp.target)
+            and arch.layer_of(imp.target) != arch.layer_named("records")
+        )
+    )
+    assert wrong == []

@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient
 from pydantic import TypeAdapter, ValidationError
 
 from perseus.config import EnergyConfig, PerseusConfig, ProfilerConfig, ServerConfig
+from perseus.records import RankInfo
+from perseus.runtime.job_spec import job_spec_from_config
 from perseus.server.app import create_app
 from perseus.wire import (
     EnergySettings,
@@ -31,7 +33,7 @@ def test_client_spec_from_config_is_accepted_by_server_validation() -> None:
     cfg = PerseusConfig()
     cfg.energy.policy, cfg.energy.max_slowdown = "slowdown", 0.05  # type: ignore[assignment]
     cfg.profiler.mode = "sweep"  # type: ignore[assignment]
-    spec = JobSpec.from_config(cfg, num_stages=4, job_id="job-1")
+    spec = job_spec_from_config(cfg, RankInfo(num_stages=4), "job-1")
     assert TypeAdapter(JobSpec).validate_python(to_json(spec)) == spec
     assert from_json(JobSpec, to_json(spec)) == spec
 

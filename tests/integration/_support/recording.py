@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU
 
 Event = Tuple[str, Optional[str]]

@@ -8,7 +8,7 @@ import pytest
 
 from perseus.errors import PlanError
 from perseus.formats.trace_csv import TraceRow, TraceWriter, read_traces, trace_path
-from perseus.runtime.types import InstructionRecord, StepRecord
+from perseus.records import InstructionRecord, StepRecord
 
 
 def test_round_trip_over_ranks(tmp_path: Path) -> None:

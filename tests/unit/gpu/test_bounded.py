@@ -22,8 +22,8 @@ from perseus.errors import GPUTimeoutError
 from perseus.gpu import nvml as nvml_module
 from perseus.gpu.guard import GPUGuard
 from perseus.gpu.nvml import NVMLGPU
+from perseus.records import RankInfo
 from perseus.runtime.sources import MaxSpeedSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import owning_optimizer
 
 from .nvml_mock import make_pynvml_mock, patched_pynvml, uuid_of

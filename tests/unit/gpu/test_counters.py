@@ -18,9 +18,9 @@ from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_
 from perseus.gpu.monitor import EnergyMonitor
 from perseus.gpu.nvml import NVMLGPU
 from perseus.profiler.virtual_run import VirtualClock
+from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
-from perseus.runtime.types import RankInfo
 
 from .nvml_mock import make_pynvml_mock, patched_pynvml
 

@@ -22,11 +22,11 @@ from perseus.gpu.monitor import EnergyMonitor
 from perseus.gpu.nvml import NVMLGPU
 from perseus.power_limit import PowerLimitOptimizer
 from perseus.power_limit.aggregate import local_only
+from perseus.records import RankInfo
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
-from perseus.runtime.types import RankInfo
 from perseus.wire import JobSpec, Phase, Schedule
 from tests.unit.server.stage_ranks import wait_prefetched
 from tests.unit.server.stub_server import stub_server

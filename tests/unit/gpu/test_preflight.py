@@ -19,10 +19,10 @@ from perseus.config import PerseusConfig
 from perseus.errors import GPUPreflightError, PlanError
 from perseus.gpu.nvml import NVMLGPU
 from perseus.gpu.preflight import GPUNeeds, capabilities_of, check_capabilities
+from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource, PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import make_plan, one_f_one_b, run_iteration
 
 from .nvml_mock import (

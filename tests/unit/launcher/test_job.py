@@ -123,7 +123,7 @@ def test_train_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -
     from hydra import compose, initialize_config_module
 
     from perseus.apps.common import register_configs
-    from perseus.config import to_object
+    from perseus.config_validation import to_object
 
     register_configs()
     monkeypatch.setenv("NNODES", "2")

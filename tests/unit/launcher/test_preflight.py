@@ -71,8 +71,8 @@ def test_local_ranks_follow_the_launch_geometry() -> None:
 
 
 def test_job_the_server_would_refuse_is_refused_before_launch() -> None:
-    from perseus.runtime.online_build import job_spec_from_config
-    from perseus.runtime.types import RankInfo
+    from perseus.records import RankInfo
+    from perseus.runtime.job_spec import job_spec_from_config
     from perseus.server.limits import job_problems
 
     cfg = _cfg()

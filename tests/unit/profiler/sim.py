@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 
 
 class CounterTimeline:

@@ -59,7 +59,7 @@ def test_phase_is_located_from_counter_changes() -> None:
 
 
 def test_records_without_readings_only_give_times() -> None:
-    from perseus.runtime.types import InstructionRecord
+    from perseus.records import InstructionRecord
 
     est = StageEstimator(0.02)
     recs = [

@@ -9,7 +9,7 @@ from perseus.gpu.device_profiles import bundled_profile_names, bundled_profile_p
 from perseus.profiler.estimate import StageEstimator
 from perseus.profiler.inversions import describe, find_inversions, repair
 from perseus.profiler.job_estimates import JobEstimates
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 from tests.unit.profiler.sim import CounterTimeline, run_step
 
 ROWS = [

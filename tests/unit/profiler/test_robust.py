@@ -9,7 +9,7 @@ import pytest
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
 from perseus.profiler.virtual_run import run_step, virtual_gpu
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 from perseus.schedule import stage_order
 
 

@@ -11,8 +11,9 @@ from perseus.gpu.base import GPU
 
 if TYPE_CHECKING:
     from perseus.gpu.guard import GPUGuard
+    from perseus.records import RankInfo
     from perseus.runtime.optimizer import PerseusOptimizer
-    from perseus.runtime.types import FrequencySource, RankInfo
+    from perseus.runtime.types import FrequencySource
 
 
 def owning_optimizer(

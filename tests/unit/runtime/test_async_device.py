@@ -21,9 +21,9 @@ from perseus.formats.plan_json import Plan
 from perseus.formats.profile_csv import Profile
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.profiler.virtual_run import VirtualClock
+from perseus.records import RankInfo, StepRecord
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
-from perseus.runtime.types import RankInfo, StepRecord
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 CLOCKS_MHZ = (1410, 1200, 1005, 900)  # all in the bundled A100 profile

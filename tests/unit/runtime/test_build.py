@@ -13,10 +13,10 @@ import pytest
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
 from perseus.gpu.emulated import EmulatedGPU
+from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import make_plan, one_f_one_b, run_iteration
 
 RANK1 = RankInfo(stage=1, num_stages=2, rank=1, world_size=2)

@@ -7,10 +7,10 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MeasureSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU
 
 pytestmark = pytest.mark.usefixtures("clean_context")

@@ -17,8 +17,8 @@ import torch
 from perseus.gpu.guard import GPUGuard
 from perseus.gpu.nvml import NVMLGPU
 from perseus.gpu.sync import CudaSynchronizer
+from perseus.records import RankInfo
 from perseus.runtime.sources import PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.gpu.nvml_mock import make_pynvml_mock, opening_calls, patched_pynvml
 from tests.unit.runtime.fakes import make_plan, one_f_one_b, owning_optimizer
 

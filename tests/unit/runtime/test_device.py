@@ -8,11 +8,11 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import GPUOwnershipError
+from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.device import DeviceTable, build_device, open_device
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU, run_iteration
 
 

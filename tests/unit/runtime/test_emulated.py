@@ -10,9 +10,9 @@ import pytest
 from perseus.formats.plan_json import Plan
 from perseus.formats.profile_csv import Profile
 from perseus.gpu.emulated import EmulatedGPU
+from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import make_plan, one_f_one_b, run_iteration
 
 CLOCKS_MHZ = (1410, 1200, 1005, 810)

@@ -11,9 +11,9 @@ from unittest import mock
 import pytest
 
 from perseus.gpu.nvml import NVMLGPU
+from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.gpu.nvml_mock import (
     make_pynvml_mock,
     opening_calls,
@@ -118,7 +118,7 @@ from pathlib import Path
 from perseus.gpu.nvml import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource
-from perseus.runtime.types import RankInfo
+from perseus.records import RankInfo
 opt = PerseusOptimizer.on_gpu(RankInfo(), NVMLGPU(0), MaxSpeedSource(1410),
                               state_dir=Path({state!r}))
 opt.on_step_begin()

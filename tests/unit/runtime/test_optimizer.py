@@ -9,10 +9,10 @@ import pytest
 from perseus import PerseusOptimizer
 from perseus.errors import GPUPermissionError, ScheduleMismatchError
 from perseus.gpu.guard import GPUGuard
+from perseus.records import RankInfo
 from perseus.runtime.controller import ClockController
 from perseus.runtime.device import RankDevice
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU, make_plan, one_f_one_b, run_iteration
 
 

@@ -16,8 +16,8 @@ import pytest
 from perseus import PerseusOptimizer
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
 from perseus.profiler.virtual_run import VirtualClock
+from perseus.records import RankInfo
 from perseus.runtime.sources import MeasureSource
-from perseus.runtime.types import RankInfo
 from tests.unit.runtime.fakes import RecordingGPU
 
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perseus.errors import PlanError, ScheduleMismatchError
+from perseus.records import InstructionRecord, StepRecord
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
-from perseus.runtime.types import InstructionRecord, StepRecord
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 

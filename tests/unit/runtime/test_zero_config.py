@@ -11,11 +11,11 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import JobShapeError, RendezvousError
+from perseus.records import RankInfo
 from perseus.runtime import announce, context, rendezvous
 from perseus.runtime.endpoint import URL_ENV
 from perseus.runtime.job_shape import apply_engine_shape, keys_in_yaml, keys_off_default
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.types import RankInfo
 
 pytestmark = pytest.mark.usefixtures("clean_context")
 

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from perseus.records import InstructionRecord, RankInfo, StepRecord
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.stage_exchange import Member, ThreadStage
-from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.schedule import stage_order
 from perseus.wire import JobSpec
 

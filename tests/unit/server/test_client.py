@@ -11,11 +11,11 @@ from typing import List
 import pytest
 
 from perseus.errors import RendezvousError, ServerError
+from perseus.records import InstructionRecord, RankInfo, StepRecord
 from perseus.runtime.client import ServerClient, ServerUnavailable
 from perseus.runtime.endpoint import new_job_id
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.online_build import build_online_source
-from perseus.runtime.types import InstructionRecord, RankInfo, StepRecord
 from perseus.server.process import free_port
 from perseus.wire import JobSpec
 from tests.unit.server.stub_server import send_json

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from perseus.config import PerseusConfig, ServerConfig
+from perseus.records import RankInfo
 from perseus.runtime.client import ServerClient
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.types import RankInfo
 from perseus.schedule import stage_order
 from perseus.server.process import start_local_server
 from tests.unit.server.stage_ranks import wait_prefetched

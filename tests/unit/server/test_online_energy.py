@@ -5,10 +5,10 @@ from __future__ import annotations
 from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
 from perseus.profiler.virtual_run import VirtualClock
+from perseus.records import RankInfo
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.types import RankInfo
 from perseus.wire import JobSpec, Phase, Schedule
 from tests.unit.server.stage_ranks import wait_prefetched
 from tests.unit.server.stub_server import stub_server

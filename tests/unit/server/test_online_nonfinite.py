@@ -18,9 +18,9 @@ from typing import Any, List
 import pytest
 
 from perseus.config import ServerConfig
+from perseus.records import InstructionRecord, StepRecord
 from perseus.runtime.client import ServerClient
 from perseus.runtime.server_link import ServerLink
-from perseus.runtime.types import InstructionRecord, StepRecord
 from perseus.server.process import start_local_server
 from perseus.wire import InstructionReport, RankRegistration, StepReport
 from tests.unit.server.stage_ranks import CLOCKS, spec_of, stage_sources, wait_prefetched

@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from perseus.profiler import JobProfiler, StageSweep
-from perseus.runtime.types import InstructionRecord
+from perseus.records import InstructionRecord
 from perseus.server.plan_switching import DriftWatcher
 from perseus.server.steps import JobStep, RankStep, StepTable, inliers, typical_step
 

@@ -8,8 +8,8 @@ from typing import Optional
 import pytest
 
 from perseus.config import PerseusConfig
+from perseus.records import RankInfo
 from perseus.runtime import context
-from perseus.runtime.types import RankInfo
 from perseus.train.loop import StopRule, current_phase
 from perseus.wire import Phase
 

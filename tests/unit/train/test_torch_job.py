@@ -15,8 +15,8 @@ import torch
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.records import RankInfo
 from perseus.runtime import context
-from perseus.runtime.types import RankInfo
 from perseus.train import torch_job
 
 

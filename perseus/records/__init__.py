@@ -1,0 +1,16 @@
+"""The records every layer shares.
+
+Where a rank sits, what its instructions and iterations did, and what its GPU's energy counter
+showed.
+
+The bottom of the package (``docs/design.md``, "Layers"): plain data, standard library only,
+imported by the file formats, the wire, the GPU layer, the runtime, the profiler and the server
+alike, and importing nothing of Perseus itself.
+"""
+
+from __future__ import annotations
+
+from perseus.records.ranks import RankInfo
+from perseus.records.steps import InstructionRecord, StepRecord
+
+__all__ = ["InstructionRecord", "RankInfo", "StepRecord"]
