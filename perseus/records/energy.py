@@ -1,0 +1,210 @@
+"""What a GPU's energy counter showed: its updates, the energy between two instants, its period.
+
+A real GPU's cumulative energy counter (NVML's ``nvmlDeviceGetTotalEnergyConsumption``) does not
+move continuously: it is updated every ~100 ms (with jitter), and a read returns the energy up to
+the last update. Between two *updates* the difference is exact (the counter integrates power
+continuously); between two arbitrary instants it is not. So Perseus keeps the updates themselves
+(:class:`EnergyUpdate`: when the counter moved and to what), collected off the training thread by
+the GPU's sampler (:mod:`perseus.gpu.energy_sampler`), and derives everything else from them:
+
+* the energy between two instants (:meth:`EnergySeries.energy_j_between`): the counter's values
+  interpolated linearly between the updates around each instant. Over windows of many updates the
+  error is a small part of one update at each end, and sums over consecutive windows telescope;
+* the exact equations of the profiler (the energy between consecutive updates, against what ran
+  between them: :mod:`perseus.profiler.attribution`);
+* the counter's update period and jitter (:func:`estimate_update_period`), the one estimator the
+  sampler, ``perseus-doctor``, the profiler and the server use.
+
+Plain data and arithmetic, standard library only; thread-safe where it says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import threading
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class EnergyUpdate:
+    """One observed update of a GPU's cumulative energy counter.
+
+    Attributes:
+        time_s: When the counter moved, as best known (the host clock the hooks stamp with:
+            ``time.perf_counter`` unless the device has its own).
+        energy_mj: The counter's value from then on (mJ).
+        time_error_s: Half-width of the window the move is known to lie in (the reads before
+            and after it); ``0`` where the time is exact (the emulated device's own record).
+    """
+
+    time_s: float
+    energy_mj: float
+    time_error_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdatePeriod:
+    """How often a counter updates, measured from its updates.
+
+    Attributes:
+        median_s: The typical time between updates.
+        min_s: The shortest interval seen (outliers of a missed update excluded).
+        max_s: The longest interval seen (likewise).
+        num_intervals: Intervals measured.
+        time_error_s: The median uncertainty of the update times behind the figures.
+    """
+
+    median_s: float
+    min_s: float
+    max_s: float
+    num_intervals: int
+    time_error_s: float
+
+    @property
+    def jitter_s(self) -> float:
+        """Spread of the intervals (``max_s - min_s``)."""
+        return self.max_s - self.min_s
+
+
+# Intervals longer than this many typical periods are counted as missed updates, not jitter.
+MISSED_UPDATE_FACTOR = 1.6
+
+
+def estimate_update_period(
+    updates: Sequence[EnergyUpdate], min_intervals: int = 5
+) -> Optional[UpdatePeriod]:
+    """The counter's update period from consecutive updates (``None``: too few to tell).
+
+    Intervals whose ends are uncertain by more than a quarter of the typical interval are left
+    out, and so are intervals that span a missed update (longer than
+    :data:`MISSED_UPDATE_FACTOR` typical ones) or split one (shorter than a third of it).
+    """
+    intervals: List[float] = []
+    errors: List[float] = []
+    for a, b in zip(updates, updates[1:]):
+        if b.time_s > a.time_s:
+            intervals.append(b.time_s - a.time_s)
+            errors.append(max(a.time_error_s, b.time_error_s))
+    if len(intervals) < min_intervals:
+        return None
+    typical = statistics.median(intervals)
+    kept = [
+        (i, e)
+        for i, e in zip(intervals, errors)
+        if typical / 3.0 <= i <= MISSED_UPDATE_FACTOR * typical and e <= typical / 4.0
+    ]
+    if len(kept) < min_intervals:
+        return None
+    values = [i for i, _ in kept]
+    return UpdatePeriod(
+        median_s=statistics.median(values),
+        min_s=min(values),
+        max_s=max(values),
+        num_intervals=len(values),
+        time_error_s=statistics.median(e for _, e in kept),
+    )
+
+
+class EnergySeries:
+    """The updates of one GPU's counter, oldest first, and the energy between instants.
+
+    Thread-safe: the sampler adds updates from its thread while the training thread (or a
+    reporter) reads; every read is a binary search (microseconds). Beyond ``max_updates`` the
+    oldest half is dropped (at ~10 updates a second the default keeps at least half a day);
+    cursors (:meth:`since`) count every update ever added, so a reader that fell behind only
+    loses what was dropped.
+
+    Args:
+        max_updates: Updates kept at most.
+    """
+
+    def __init__(self, max_updates: int = 1_000_000) -> None:
+        self._lock = threading.Lock()
+        self._max = max(4, max_updates)
+        self._updates: List[EnergyUpdate] = []
+        self._times: List[float] = []
+        self._dropped = 0
+
+    def add(self, update: EnergyUpdate) -> None:
+        """Append an update (later than the last one; an earlier one is ignored)."""
+        with self._lock:
+            if self._times and update.time_s <= self._times[-1]:
+                return
+            if len(self._updates) >= self._max:
+                half = len(self._updates) // 2
+                del self._updates[:half]
+                del self._times[:half]
+                self._dropped += half
+            self._updates.append(update)
+            self._times.append(update.time_s)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._updates)
+
+    @property
+    def last_time_s(self) -> Optional[float]:
+        """When the newest update happened (``None``: none yet)."""
+        with self._lock:
+            return self._times[-1] if self._times else None
+
+    def covers(self, t_s: float) -> bool:
+        """Whether the counter has moved at or after ``t_s`` (so energy up to ``t_s`` is known)."""
+        with self._lock:
+            return bool(self._times) and self._times[-1] >= t_s
+
+    def energy_mj_at(self, t_s: float) -> Optional[float]:
+        """The counter's value interpolated to ``t_s`` (mJ); ``None`` outside the updates.
+
+        Linear between the updates just before and just after ``t_s``: the energy at an instant
+        between two updates is not known exactly; the counter integrates power, so the
+        interpolation errs by at most what the power's changes within that interval move.
+        """
+        with self._lock:
+            return self._at(t_s)
+
+    def energy_j_between(self, t0_s: float, t1_s: float) -> Optional[float]:
+        """Energy from ``t0_s`` to ``t1_s`` (J), interpolated; ``None`` where not covered yet."""
+        with self._lock:
+            e0, e1 = self._at(t0_s), self._at(t1_s)
+        if e0 is None or e1 is None:
+            return None
+        return max(0.0, (e1 - e0) / 1000.0)
+
+    def updates_between(self, t0_s: float, t1_s: float) -> List[EnergyUpdate]:
+        """The updates at times within ``[t0_s, t1_s]``, oldest first."""
+        with self._lock:
+            lo = bisect.bisect_left(self._times, t0_s)
+            hi = bisect.bisect_right(self._times, t1_s)
+            return self._updates[lo:hi]
+
+    def since(self, cursor: int) -> Tuple[List[EnergyUpdate], int]:
+        """The updates added after ``cursor`` (a count of updates ever added) and the new cursor.
+
+        Start with cursor 0; pass the returned cursor next time.
+        """
+        with self._lock:
+            total = self._dropped + len(self._updates)
+            first = max(cursor, self._dropped) - self._dropped
+            return self._updates[first:], total
+
+    def snapshot(self) -> List[EnergyUpdate]:
+        """Every update kept, oldest first."""
+        with self._lock:
+            return list(self._updates)
+
+    def _at(self, t_s: float) -> Optional[float]:
+        times = self._times
+        if not times or t_s < times[0] or t_s > times[-1]:
+            return None
+        i = bisect.bisect_left(times, t_s)
+        after = self._updates[i]
+        if times[i] == t_s or i == 0:
+            return after.energy_mj
+        before = self._updates[i - 1]
+        span = after.time_s - before.time_s
+        return before.energy_mj + (after.energy_mj - before.energy_mj) * (
+            (t_s - before.time_s) / span
+        )
