@@ -24,6 +24,8 @@ MAX_MHZ = 100_000
 MHZ = Range(gt=0, le=MAX_MHZ, integer=True, optional=True, unit="MHz")
 # GPU power while blocked on pipeline communication (``planner.p2p_power_w``, each value).
 P2P_POWER_W = Range(ge=0.0, le=MAX_POWER_W, unit="W")
+# A GPU's power (a measured power, a power limit).
+POWER_W = Range(gt=0.0, le=MAX_POWER_W, unit="W")
 
 
 def _count(low: int, high: int) -> Range:

@@ -10,7 +10,16 @@ alike, and importing nothing of Perseus itself.
 
 from __future__ import annotations
 
+from perseus.records.energy import EnergySeries, EnergyUpdate, UpdatePeriod
 from perseus.records.ranks import RankInfo
-from perseus.records.steps import InstructionRecord, StepRecord
+from perseus.records.steps import InstructionRecord, StepEnergy, StepRecord
 
-__all__ = ["InstructionRecord", "RankInfo", "StepRecord"]
+__all__ = [
+    "EnergySeries",
+    "EnergyUpdate",
+    "InstructionRecord",
+    "RankInfo",
+    "StepEnergy",
+    "StepRecord",
+    "UpdatePeriod",
+]

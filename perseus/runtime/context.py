@@ -194,8 +194,7 @@ def _build(rank: RankInfo) -> Hooks:
             raise
         return _disabled(rank, exc)
     if rank.rank == 0:
-        source = hooks.source
-        endpoint = getattr(source, "endpoint", None)
+        endpoint = hooks.source.endpoint
         served = None if endpoint is None else f"{endpoint.where}, job {endpoint.job_id}"
         announce.say(announce.start_line(str(cfg.runtime.mode), hooks.gpu, served))
     return hooks

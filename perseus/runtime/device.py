@@ -1,6 +1,6 @@
-"""A rank's device: its GPU, the guard that owns the GPU's clocks, and the clock controller.
+"""A rank's device: its GPU, the guard that owns its clocks, the clock controller, the sampler.
 
-This is the one place where the three are built and closed:
+This is the one place where they are built and closed:
 
 * :func:`build_device` builds a rank's device from the configuration (the GPU backend of
   ``gpu.*``, the guard in ``gpu.state_dir``, the memory-clock lock, the controller). Start-up
@@ -10,8 +10,10 @@ This is the one place where the three are built and closed:
 * :class:`DeviceTable` keeps one device per local GPU index for the whole process, so that
   several engines (several optimizers) in one process share one guard and one controller.
 
-A device closes in the reverse order of building, through one :class:`contextlib.ExitStack`:
-controller stopped, clocks and power limit restored and the guard released, GPU closed. It is
+Every device has an energy sampler (:mod:`perseus.gpu.energy_sampler`): a thread of its own that
+watches the GPU's energy counter, so that no hook ever reads it. A device closes in the reverse
+order of building, through one :class:`contextlib.ExitStack`: controller stopped, clocks and
+power limit restored and the guard released, sampler stopped, GPU closed. It is
 also registered with :mod:`perseus.process_exit`, so that it closes at interpreter exit when its
 owner never did. What a :class:`RankDevice` was built with from outside stays the caller's (see
 ``docs/design.md``, "Ownership and exit").
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from perseus import process_exit
-from perseus.records import RankInfo
+from perseus.gpu.energy_sampler import EnergySampler
+from perseus.records import EnergySeries, RankInfo
 from perseus.runtime.controller import ClockController
 
 if TYPE_CHECKING:
@@ -35,17 +38,18 @@ if TYPE_CHECKING:
 
 
 class RankDevice:
-    """One GPU with what controls its clocks; the owner of the three it was built with.
+    """One GPU with what controls its clocks and watches its energy (the owner of all of them).
 
     Args:
         gpu: The device.
         guard: The owner of the GPU's clocks and power limit (``None``: clocks untouched).
         controller: Applies SM-clock requests through ``guard`` (``None`` without a guard).
+        sampler: Watches the GPU's energy counter (``None``: energy is not measured).
         closing: What to close with the device (filled by :func:`open_device`); a device
             assembled by hand from parts the caller keeps closes nothing of them.
 
     Attributes:
-        gpu, guard, controller: As given.
+        gpu, guard, controller, sampler: As given.
     """
 
     def __init__(
@@ -54,11 +58,13 @@ class RankDevice:
         guard: Optional[GPUGuard] = None,
         controller: Optional[ClockController] = None,
         *,
+        sampler: Optional[EnergySampler] = None,
         closing: Optional[ExitStack] = None,
     ) -> None:
         self.gpu = gpu
         self.guard = guard
         self.controller = controller
+        self.sampler = sampler
         self._exit = ExitStack()
         if closing is not None:
             self._exit.enter_context(closing)
@@ -69,6 +75,11 @@ class RankDevice:
     def controls_clocks(self) -> bool:
         """Whether this device changes clocks (measure-only devices do not)."""
         return self.controller is not None
+
+    @property
+    def energy(self) -> Optional[EnergySeries]:
+        """The GPU's energy counter updates (``None``: energy is not measured)."""
+        return None if self.sampler is None else self.sampler.series
 
     @property
     def closed(self) -> bool:
@@ -102,8 +113,9 @@ def open_device(
     lock_memory_clock: bool = False,
     synchronous_clocks: Optional[bool] = None,
     name: str = "",
+    sample_energy: bool = True,
 ) -> RankDevice:
-    """Take ownership of ``gpu``: acquire its guard and start a clock controller.
+    """Take ownership of ``gpu``: start its energy sampler, acquire its guard, start a controller.
 
     Args:
         gpu: The device; closed when the returned device closes.
@@ -115,14 +127,21 @@ def open_device(
         synchronous_clocks: Apply clock changes in the calling thread. ``None``: only when
             the GPU's clock changes are free (``gpu.fast_clock_changes``).
         name: Suffix of the controller thread's name.
+        sample_energy: Start the energy sampler's thread. ``False``: the device still has a
+            sampler, which its caller polls (``device.sampler.poll_once()``) — for a GPU on a
+            virtual clock, where a thread polling in real time would see frozen time.
 
     Raises:
         GPUOwnershipError: another live owner holds the GPU (everything taken is released).
     """
     with ExitStack() as stack:
         stack.callback(gpu.close)
+        sampler = EnergySampler(gpu.total_energy_mj, gpu.now_s, name=f"{gpu.index}{name}")
+        stack.callback(sampler.close)  # before the GPU closes
+        if sample_energy:
+            sampler.start()
         if not control_clocks:
-            return RankDevice(gpu, closing=stack.pop_all())
+            return RankDevice(gpu, sampler=sampler, closing=stack.pop_all())
         from perseus.gpu.guard import GPUGuard
 
         guard = GPUGuard(gpu, state_dir=state_dir, owner=owner)
@@ -135,7 +154,7 @@ def open_device(
         sync = gpu.fast_clock_changes if synchronous_clocks is None else synchronous_clocks
         controller = ClockController(guard, synchronous=sync, name=name)
         stack.callback(controller.close)
-        return RankDevice(gpu, guard, controller, closing=stack.pop_all())
+        return RankDevice(gpu, guard, controller, sampler=sampler, closing=stack.pop_all())
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
 

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 from perseus.errors import GPUError, PerseusError, PlanError, ScheduleMismatchError
 
 # The optimizer's open instruction: (position, name, microbatch, frequency_mhz, energy_mj).
-Opened = Tuple[int, str, int, Optional[int], Optional[float]]
+Opened = Tuple[int, str, int, Optional[int]]
 
 
 def unended_at_step_begin(stage: int, opened: Opened) -> ScheduleMismatchError:

@@ -8,16 +8,23 @@ forward and backward of one microbatch; where an engine blocks in the middle of 
 :class:`~perseus.runtime.types.WaitHooks`). For each instruction :class:`HookRuntime` asks its
 :class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to its device's
 :class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
-start and end (the emulated device uses that), and records times (and energy counter readings
-when the source wants them) into :class:`~perseus.runtime.types.StepRecord` objects.
+start and end (the emulated device uses that), and records times into
+:class:`~perseus.records.StepRecord` objects.
 
 Real GPUs are asynchronous: a framework's forward returns once its kernels are queued. So every
 hook first synchronizes the device (:meth:`~perseus.gpu.base.GPU.synchronize`:
 ``torch.cuda.synchronize`` of the rank's device, a no-op without CUDA), then changes the clock
-and stamps time (:meth:`~perseus.gpu.base.GPU.now_s`) and energy: clocks apply to the
-instruction they are meant for, and times and energies are the device's, not the queueing's.
-Hooks synchronize at those boundaries and nowhere else. With a trace, the SM clock read back
-from the device at the end of each clock-locked instruction is recorded too (``applied_mhz``).
+and stamps time (:meth:`~perseus.gpu.base.GPU.now_s`): clocks apply to the instruction they are
+meant for, and times are the device's, not the queueing's. Hooks synchronize at those boundaries
+and nowhere else. With a trace, the SM clock read back from the device at the end of each
+clock-locked instruction is recorded too (``applied_mhz``).
+
+No hook reads the energy counter (a read blocks ~3 ms on a real GPU, and the counter moves only
+every ~100 ms). The device's energy sampler watches it from its own thread
+(:mod:`perseus.gpu.energy_sampler`); at the end of every iteration the hooks attach the counter
+updates seen since the previous one and the energies of earlier iterations that the updates now
+cover (:attr:`~perseus.records.StepRecord.earlier_energies`), and fill those iterations'
+``energy_j`` in place: a step's energy is known once an update after its end has arrived.
 
 Building, owning and closing what the hooks use is the job of the subclass,
 :class:`~perseus.runtime.optimizer.PerseusOptimizer`.
@@ -27,10 +34,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
-from perseus.errors import GPUNotSupportedError
-from perseus.records import InstructionRecord, RankInfo, StepRecord
+from perseus.records import EnergySeries, InstructionRecord, RankInfo, StepEnergy, StepRecord
 from perseus.runtime import hook_errors
 from perseus.runtime.types import FrequencySource
 
@@ -41,8 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# (position, instruction, microbatch, frequency_mhz, start_s, end_s, energy_begin, energy_end)
-_Raw = Tuple[int, str, int, Optional[int], float, float, Optional[float], Optional[float]]
+# (position, instruction, microbatch, frequency_mhz, start_s, end_s)
+_Raw = Tuple[int, str, int, Optional[int], float, float]
+# Iterations waiting for the counter to cover them, at most (beyond: the oldest go unmeasured).
+MAX_AWAITING_ENERGY = 100_000
 
 
 class HookRuntime:
@@ -55,6 +65,8 @@ class HookRuntime:
         source: Decides each instruction's clock (measure, max speed, plan, online).
         controller: Applies the source's clocks (``None``: the device only measures).
         trace: Where every iteration's record is written (``None``: no trace).
+        energy: The GPU's energy counter updates, kept by its sampler (``None``: energy is
+            not measured).
         max_steps_kept: How many recent :class:`StepRecord` objects :attr:`steps` keeps.
 
     Attributes:
@@ -70,6 +82,7 @@ class HookRuntime:
         *,
         controller: Optional[ClockController],
         trace: Optional[TraceWriter],
+        energy: Optional[EnergySeries] = None,
         max_steps_kept: int = 100,
     ) -> None:
         """Set up the per-iteration state; see the class docstring."""
@@ -82,7 +95,9 @@ class HookRuntime:
         self._controller = controller
         self._trace = trace
         self._closed = False  # set by the owner's close: hooks after it are errors
-        self._energy_ok = True
+        self.energy = energy
+        self._energy_cursor = 0
+        self._awaiting: Deque[StepRecord] = deque()
         # Hot-path state, reset every iteration.
         self._stage = rank.stage
         self._step = -1
@@ -91,14 +106,11 @@ class HookRuntime:
         self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
         self._open: Optional[hook_errors.Opened] = None
         self._t_open = 0.0
-        # A wait inside the open instruction: (start time, energy counter or None).
-        self._wait: Optional[Tuple[float, Optional[float]]] = None
+        self._wait_t0: Optional[float] = None  # a wait inside the open instruction began then
         self._raw: List[_Raw] = []
         self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
-        self._step_e0: Optional[float] = None
         self._freq_of = source.frequency_mhz
-        self._wants_energy = bool(getattr(source, "wants_energy", False))
         self._gpu_begin = self.gpu.instruction_begin
         self._gpu_end = self.gpu.instruction_end
         # The device's time base and synchronization (see the module docstring).
@@ -108,7 +120,7 @@ class HookRuntime:
 
     # -- hooks --------------------------------------------------------------------------------
     def on_step_begin(self) -> None:
-        """A training iteration starts: reset the per-iteration counters, read the energy."""
+        """A training iteration starts: reset the per-iteration counters, stamp its start."""
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
@@ -118,18 +130,13 @@ class HookRuntime:
             raise hook_errors.unended_at_step_begin(self._stage, opened)
         self._step += 1
         self.source.begin_step(self._step)
-        # Re-read every iteration (cheap): a source may need per-instruction energy readings
-        # only for a while (the online source: while it profiles), and reading the counter at
-        # every instruction costs driver calls.
-        self._wants_energy = self._energy_ok and bool(getattr(self.source, "wants_energy", False))
         self._in_step = True
-        self._wait = None
+        self._wait_t0 = None
         self._position = 0
         self._counts = {"forward": 0, "backward": 0}
         self._raw = []
         self._applied = []
-        self._sync()  # the stamps below see the device's finished work
-        self._step_e0 = self._energy_mj()
+        self._sync()  # the stamp below sees the device's finished work
         self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
@@ -159,25 +166,23 @@ class HookRuntime:
             ctrl.request(freq)  # a repeat of the last request returns at once
         elif freq is not None:
             raise hook_errors.no_controller(self.source, freq)
-        e0 = self.gpu.total_energy_mj() if self._wants_energy else None
         self._gpu_begin(self._stage, name)
-        self._open = (pos, name, mb, freq, e0)
+        self._open = (pos, name, mb, freq)
         self._t_open = self._now()
 
     def on_wait_begin(self) -> None:
         """The running instruction blocks on another stage (e.g. for its incoming gradient).
 
-        Until :meth:`on_wait_end` (or the instruction's end), time and energy are not the
-        instruction's: its record covers only its own work, as if it had started that much
-        later. The device is synchronized first, so the instruction's queued work (the
-        recomputation) counts as its own. Outside an instruction, or while already waiting,
-        nothing happens.
+        Until :meth:`on_wait_end` (or the instruction's end), time is not the instruction's:
+        its record covers only its own work, as if it had started that much later (so the
+        wait shows as blocking time before it). The device is synchronized first, so the
+        instruction's queued work (the recomputation) counts as its own. Outside an
+        instruction, or while already waiting, nothing happens.
         """
-        if self._open is None or self._wait is not None:
+        if self._open is None or self._wait_t0 is not None:
             return
         self._sync()
-        e0 = self.gpu.total_energy_mj() if self._open[4] is not None else None
-        self._wait = (self._now(), e0)
+        self._wait_t0 = self._now()
 
     def on_wait_end(self) -> None:
         """The wait begun by :meth:`on_wait_begin` is over; the instruction's work goes on.
@@ -185,13 +190,13 @@ class HookRuntime:
         The device is synchronized first: work queued during the wait (the receive) is the
         wait's.
         """
-        if self._wait is not None:
+        if self._wait_t0 is not None:
             self._end_wait(sync=True)
 
     def on_instruction_end(self, name: str) -> None:
         """The instruction begun last ended (adapters call this in ``finally``)."""
         ok = sys.exc_info()[0] is None  # no sync over the instruction's own error
-        if self._wait is not None:
+        if self._wait_t0 is not None:
             self._end_wait(sync=ok)  # waited until the end: none of that was the instruction's
         opened = self._open
         if opened is None or opened[1] != name:
@@ -201,19 +206,16 @@ class HookRuntime:
         if ok:
             self._sync()
         t_end = self._now()
-        e1 = self.gpu.total_energy_mj() if self._wants_energy else None
         if self._read_clock is not None:  # the clock the instruction ran at, read back
             self._applied.append(self._read_clock() if opened[3] is not None else None)
         self._open = None
-        self._raw.append(
-            (opened[0], name, opened[2], opened[3], self._t_open, t_end, opened[4], e1)
-        )
+        self._raw.append((opened[0], name, opened[2], opened[3], self._t_open, t_end))
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None and ok:
             ctrl.check()  # not over an exception the instruction itself raised
 
     def on_step_end(self) -> None:
-        """The iteration ended: build its record, let the source check/learn, write the trace.
+        """The iteration ended: build its record, attach energies, hand it on, write the trace.
 
         Called from an adapter's ``finally`` while an exception propagates, it only writes the
         trace: the aborted iteration is not handed to the source (no schedule checks, no
@@ -225,22 +227,24 @@ class HookRuntime:
         if sys.exc_info()[0] is None:
             self._sync()
         t_end = self._now()
-        e_end = self._energy_mj()
         self._in_step = False
         self._open = None
-        energy_j = None
-        if e_end is not None and self._step_e0 is not None:
-            energy_j = (e_end - self._step_e0) / 1000.0
         record = StepRecord(
             step=self._step,
             stage=self._stage,
             start_s=self._step_t0,
             end_s=t_end,
-            energy_j=energy_j,
             instructions=[InstructionRecord(*raw) for raw in self._raw],
             applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None
+        if self.energy is not None:
+            record.energy_updates, self._energy_cursor = self.energy.since(self._energy_cursor)
+            record.earlier_energies = self._resolve_energies()
+            if not aborted:
+                self._awaiting.append(record)
+                if len(self._awaiting) > MAX_AWAITING_ENERGY:
+                    self._awaiting.popleft()
         try:
             if not aborted:
                 self.last_step = record
@@ -258,28 +262,42 @@ class HookRuntime:
 
     # -- helpers ------------------------------------------------------------------------------
     def _end_wait(self, *, sync: bool) -> None:
-        wait = self._wait
-        assert wait is not None
-        self._wait = None
+        wait_t0 = self._wait_t0
+        assert wait_t0 is not None
+        self._wait_t0 = None
         if sync:
             self._sync()
-        self._t_open += self._now() - wait[0]
-        opened = self._open
-        if opened is not None and wait[1] is not None and opened[4] is not None:
-            waited_mj = self.gpu.total_energy_mj() - wait[1]
-            self._open = (*opened[:4], opened[4] + waited_mj)
+        self._t_open += self._now() - wait_t0
 
-    def _energy_mj(self) -> Optional[float]:
-        if not self._energy_ok:
-            return None
-        try:
-            return float(self.gpu.total_energy_mj())
-        except GPUNotSupportedError as exc:
-            logger.warning(
-                "GPU %d has no energy counter (%s); energy not measured", self.gpu.index, exc
-            )
-            self._energy_ok = False
-            return None
+    def _resolve_energies(self) -> List[StepEnergy]:
+        """Fill in the energy of every waiting iteration the counter now covers (oldest first)."""
+        series = self.energy
+        awaiting = self._awaiting
+        if series is None or not awaiting:
+            return []
+        covered_s = series.last_time_s
+        out: List[StepEnergy] = []
+        while awaiting and covered_s is not None and awaiting[0].end_s <= covered_s:
+            record = awaiting.popleft()
+            record.energy_j = series.energy_j_between(record.start_s, record.end_s)
+            if record.energy_j is not None:
+                out.append(StepEnergy(record.step, record.energy_j))
+        return out
+
+    def settle_energy(self, timeout_s: float = 1.0) -> List[StepEnergy]:
+        """Wait (at most ``timeout_s``) until the counter covers the last iteration; resolve.
+
+        For the end of a run: the last iterations' energies arrive with the next counter
+        update. Never called from a hook. Returns the energies resolved by this call.
+        """
+        series = self.energy
+        if series is None or not self._awaiting:
+            return []
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        last_end_s = self._awaiting[-1].end_s
+        while not series.covers(last_end_s) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self._resolve_energies()
 
     def _unmatched_end(self, name: str) -> None:
         opened = self._open

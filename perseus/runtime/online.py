@@ -6,13 +6,16 @@ one small all-gather per iteration: time = max, energy = sum), and only the stag
 to the server (:mod:`perseus.runtime.server_link`); the schedules reach the other ranks the same
 way. Without process groups every rank is its own leader.
 
-The training thread never waits on the server. The leader's link fetches the schedules of the
-next iterations in the background; when an iteration ends, the leader puts the next iteration's
-schedule (if it has arrived) into the exchange, and every rank of the stage runs it. An
-iteration without a schedule runs at default clocks and is reported as unscheduled (the server
-does not use its measurements). Clocks are handed out per ``(instruction, microbatch)`` of the
-stage's order, never by bare position; every report carries the rank's sequence, and the
-server fails the job (default clocks, one warning) when the framework runs another schedule.
+The training thread never waits on the server. The leader's link fetches the schedules of the next
+iterations in the background; when an iteration ends, the leader puts the next iteration's schedule
+(if it has arrived) into the exchange, and every rank of the stage runs it. An iteration without a
+schedule runs at default clocks and is reported as unscheduled (the server does not use its
+measurements). Energy arrives later than time (the GPU's counter covers an iteration only with its
+next update): each rank passes the energies of earlier iterations its sampler now covers through the
+exchange, and the leader reports an iteration's stage energy once every rank's is in, with its own
+GPU's counter updates for the profiler. Clocks are handed out per ``(instruction, microbatch)`` of
+the stage's order, never by bare position; every report carries the rank's sequence, and the server
+fails the job (default clocks, one warning) when the framework runs another schedule.
 
 Fail-safe: an unreachable server means default clocks until it answers again (the link keeps
 trying in the background and registers again if the server lost the job); a refused job means
@@ -30,12 +33,13 @@ import functools
 import logging
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
 
 from perseus import process_exit
 from perseus.errors import ServerError
 from perseus.numbers import finite_or_none
-from perseus.records import RankInfo, StepRecord
+from perseus.records import EnergyUpdate, RankInfo, StepEnergy, StepRecord
 from perseus.runtime import announce
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
@@ -51,6 +55,10 @@ logger = logging.getLogger(__name__)
 # Global rank 0 waits at most this long, when it closes, for the other ranks to finish before
 # the server it started stops.
 FINISH_WAIT_S = 15.0
+# The leader keeps at most this many iterations whose stage energy is still incomplete, and
+# this many counter updates not yet reported (beyond: the oldest are dropped).
+MAX_JOINING_STEPS = 4096
+MAX_PENDING_UPDATES = 65536
 
 
 class OnlineSource:
@@ -61,7 +69,7 @@ class OnlineSource:
         job_spec: The job as registered with ``POST /jobs`` (same on every rank).
         rank: This rank's place in the job.
         supported_clocks_mhz: SM clocks this rank's GPU supports.
-        energy_update_period_s: The GPU's energy counter update period, if known.
+        power_limit_w: The GPU's power limit (W), registered for the profiler's bounds.
         exchange: The stage's exchange (``None``: this rank is a stage of its own).
         prefetch_steps: Schedules fetched ahead of the current iteration
             (``server.prefetch_steps``).
@@ -79,7 +87,7 @@ class OnlineSource:
         rank: RankInfo,
         supported_clocks_mhz: List[int],
         *,
-        energy_update_period_s: Optional[float] = None,
+        power_limit_w: Optional[float] = None,
         exchange: Optional[StageExchange] = None,
         prefetch_steps: int = 2,
         max_queued_reports: int = 64,
@@ -98,7 +106,7 @@ class OnlineSource:
                 rank.dp_rank,
                 rank.tp_rank,
                 [int(c) for c in supported_clocks_mhz],
-                energy_update_period_s,
+                power_limit_w,
             )
         )
         self.is_leader = self.exchange.index == 0
@@ -109,8 +117,12 @@ class OnlineSource:
         self.payload_size = payloads.payload_size(len(self.order), job_spec.dp)
         # State of the current iteration (the training thread's).
         self.phase: Optional[Phase] = None
-        self.wants_energy = False
         self.stopped = False
+        # Energies of earlier iterations not yet exchanged (this rank's GPU), and on the leader
+        # the stage's energies being joined and its GPU's counter updates not yet reported.
+        self._energies_out: Deque[StepEnergy] = deque()
+        self._joining: Dict[int, Dict[int, float]] = {}
+        self._updates_out: Deque[EnergyUpdate] = deque(maxlen=MAX_PENDING_UPDATES)
         self._clocks: Dict[Tuple[str, int], Optional[int]] = {}
         self._step = -1
         self._scheduled = False
@@ -150,7 +162,6 @@ class OnlineSource:
         self._clocks = {}
         self._scheduled = False
         self.phase = None
-        self.wants_energy = False
         leader_payload = self._finish_exchange()
         if self.stopped:
             return
@@ -160,8 +171,6 @@ class OnlineSource:
                 self._clocks = dict(zip(self.order, nxt.frequencies_mhz))
                 self._scheduled = True
                 self.phase = nxt.phase
-                # Only the leader's per-instruction records reach the server.
-                self.wants_energy = self.is_leader and nxt.phase.wants_energy
                 if self.announces and nxt.phase != self._announced:
                     self._announced = nxt.phase
                     words = announce.PHASE_WORDS.get(str(nxt.phase), str(nxt.phase))
@@ -187,8 +196,17 @@ class OnlineSource:
         )
         # A time or energy that is not a finite number is never sent as one: the iteration
         # counts as unmeasured (unscheduled), an energy as unknown.
-        time_s, energy_j = finite_or_none(record.iteration_time_s), finite_or_none(record.energy_j)
+        time_s = finite_or_none(record.iteration_time_s)
         measured = time_s is not None and compute_s is not None
+        self._energies_out.extend(
+            e for e in record.earlier_energies if finite_or_none(e.energy_j) is not None
+        )
+        energies = [
+            self._energies_out.popleft()
+            for _ in range(min(payloads.ENERGY_SLOTS, len(self._energies_out)))
+        ]
+        if self.is_leader:
+            self._updates_out.extend(record.energy_updates)
         next_schedule = None
         stop = False
         if self.link is not None:
@@ -202,7 +220,7 @@ class OnlineSource:
             step=record.step,
             iteration_time_s=max(0.0, time_s or 0.0),
             compute_time_s=max(0.0, compute_s or 0.0),
-            energy_j=None if energy_j is None else max(0.0, energy_j),
+            energies=energies,
             mismatch=None if diff is None else (diff[0], diff[2]),
             num_positions=len(self.order),
             next_schedule=next_schedule,
@@ -229,6 +247,9 @@ class OnlineSource:
             return None
         leader = everyone[0]
         if self.link is not None and self.link.failure is None:
+            energies = self._join_energies(everyone)
+            updates = list(self._updates_out)
+            self._updates_out.clear()
             # Built on the link's thread: the training thread only hands it over.
             self.link.report(
                 functools.partial(
@@ -239,6 +260,8 @@ class OnlineSource:
                     sequence,
                     phase,
                     everyone,
+                    energies,
+                    updates,
                 )
             )
         if payloads.stops(leader):
@@ -246,13 +269,26 @@ class OnlineSource:
             return None
         return leader
 
+    def _join_energies(self, everyone: List[List[float]]) -> List[StepEnergy]:
+        """(Leader) The stage's energies of the iterations every member's counter now covers."""
+        joining = self._joining
+        for index, payload in enumerate(everyone):
+            for step, energy_j in payloads.measured(payload).energies:
+                joining.setdefault(step, {})[index] = energy_j
+        members = len(everyone)
+        done = sorted(step for step, parts in joining.items() if len(parts) == members)
+        out = [StepEnergy(step, sum(joining.pop(step).values())) for step in done]
+        if len(joining) > MAX_JOINING_STEPS:  # a member that never covers them: give up
+            for step in sorted(joining)[: len(joining) - MAX_JOINING_STEPS]:
+                del joining[step]
+        return out
+
     def _stop(self, why: Optional[str]) -> None:
         if self.stopped:
             return
         self.stopped = True
         self._clocks = {}
         self.phase = None
-        self.wants_energy = False
         if why is not None:
             logger.warning(
                 "Perseus: %s; rank %d continues at default GPU clocks without energy optimization",

@@ -46,7 +46,7 @@ def build_online_source(
     Args:
         cfg: The configuration.
         rank: This rank's place in the job.
-        gpu: This rank's GPU (its supported clocks and counter period are registered).
+        gpu: This rank's GPU (its supported clocks and power limit are registered).
         url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL``.
         token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
         job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
@@ -76,8 +76,7 @@ def build_online_source(
     # Every rank decides alike whether the job runs online (the exchange below is collective).
     rendezvous.agree(rank)
     clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
-    period = getattr(gpu, "energy_update_period_s", None)
-    period_s = float(period) if period else None
+    power_limit_w = gpu.power_limit_mw() / 1000.0
     exchange = None
     if cfg.server.combine_stage:
         exchange = torch_stage_exchange(
@@ -86,7 +85,7 @@ def build_online_source(
             rank.dp_rank,
             rank.tp_rank,
             clocks,
-            period_s,
+            power_limit_w,
             timeout_s=max(60.0, 4 * cfg.server.request_timeout_s),
         )
     client = None
@@ -103,7 +102,7 @@ def build_online_source(
         spec,
         rank,
         clocks,
-        energy_update_period_s=period_s,
+        power_limit_w=power_limit_w,
         exchange=exchange,
         prefetch_steps=cfg.server.prefetch_steps,
         endpoint=found,

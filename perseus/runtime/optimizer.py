@@ -71,15 +71,13 @@ class PerseusOptimizer(HookRuntime):
             self._exit.enter_context(closing)
         try:
             controller = device.controller
-            if controller is None and getattr(source, "changes_clocks", True):
+            if controller is None and source.changes_clocks:
                 raise GPUError(
                     f"{type(source).__name__} changes clocks but the device was opened to "
                     "measure only; open it with control_clocks=True (runtime.mode other than "
                     "measure)"
                 )
-            source_close = getattr(source, "close", None)  # e.g. the online reporter thread
-            if source_close is not None:
-                self._exit.callback(source_close)
+            self._exit.callback(source.close)  # e.g. the online reporter thread
             self._exit.callback(self._reset_clocks)
             trace: Optional[TraceWriter] = None
             if trace_dir is not None:
@@ -95,6 +93,7 @@ class PerseusOptimizer(HookRuntime):
             source,
             controller=controller,
             trace=trace,
+            energy=device.energy,
             max_steps_kept=max_steps_kept,
         )
         process_exit.at_exit(self.close)  # before its device closes
@@ -151,22 +150,24 @@ class PerseusOptimizer(HookRuntime):
         synchronous_clocks: Optional[bool] = None,
         trace_dir: Optional[Path] = None,
         max_steps_kept: int = 100,
+        sample_energy: bool = True,
     ) -> PerseusOptimizer:
         """An optimizer on a GPU object at hand, with a device opened for it (and closed with it).
 
         The device takes a guard and a clock controller when ``source`` changes clocks (see
-        :func:`~perseus.runtime.device.open_device` for ``state_dir`` and
-        ``synchronous_clocks``); ``gpu`` is closed when the optimizer closes.
+        :func:`~perseus.runtime.device.open_device` for ``state_dir``, ``synchronous_clocks``
+        and ``sample_energy``); ``gpu`` is closed when the optimizer closes.
         """
         with ExitStack() as owned:
             device = owned.enter_context(
                 open_device(
                     gpu,
-                    control_clocks=bool(getattr(source, "changes_clocks", True)),
+                    control_clocks=source.changes_clocks,
                     state_dir=state_dir,
                     owner=f"perseus rank {rank.rank}",
                     synchronous_clocks=synchronous_clocks,
                     name=f"-rank{rank.rank}",
+                    sample_energy=sample_energy,
                 )
             )
             return cls(

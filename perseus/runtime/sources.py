@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
 from perseus.formats.plan_json import Plan
 from perseus.records import RankInfo, StepRecord
+from perseus.runtime.endpoint import Endpoint
 from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
@@ -25,10 +26,18 @@ if TYPE_CHECKING:
     from perseus.gpu.base import GPU
 
 
-class MeasureSource:
+class _LocalSource:
+    """What the sources without a server share: no endpoint, nothing to close."""
+
+    endpoint: Optional[Endpoint] = None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MeasureSource(_LocalSource):
     """Leave the clocks alone: every instruction runs at whatever the driver picks."""
 
-    wants_energy = False
     changes_clocks = False
 
     def begin_step(self, step: int) -> None:
@@ -44,14 +53,13 @@ class MeasureSource:
         """Nothing to learn."""
 
 
-class MaxSpeedSource:
+class MaxSpeedSource(_LocalSource):
     """Every instruction at one SM clock, normally the highest the device supports.
 
     Args:
         max_mhz: The clock to lock (MHz).
     """
 
-    wants_energy = False
     changes_clocks = True
 
     def __init__(self, max_mhz: int) -> None:
@@ -73,7 +81,7 @@ class MaxSpeedSource:
         """Nothing to learn."""
 
 
-class PlanSource:
+class PlanSource(_LocalSource):
     """Apply one stage's part of a frequency plan, position by position.
 
     The optimizer numbers the instructions of an iteration 0, 1, 2, ... on this stage and counts
@@ -90,7 +98,6 @@ class PlanSource:
         strict: Raise on a mismatch (True) or warn once and fall back (False).
     """
 
-    wants_energy = False
     changes_clocks = True
 
     def __init__(self, plan: Plan, stage: int, strict: bool = True) -> None:

@@ -37,7 +37,7 @@ class Member:
     dp_rank: int
     tp_rank: int
     clocks_mhz: Sequence[int]
-    energy_update_period_s: Optional[float] = None
+    power_limit_w: Optional[float] = None
 
 
 class Pending(Protocol):
@@ -183,7 +183,7 @@ def torch_stage_exchange(
     dp_rank: int,
     tp_rank: int,
     clocks_mhz: Sequence[int],
-    energy_update_period_s: Optional[float],
+    power_limit_w: Optional[float],
     timeout_s: float = 120.0,
 ) -> Optional[StageExchange]:
     """The stage's exchange over the job's ``torch.distributed``; collective on every rank.
@@ -200,7 +200,7 @@ def torch_stage_exchange(
         dp_rank: Its data-parallel rank.
         tp_rank: Its tensor-parallel rank.
         clocks_mhz: SM clocks its GPU supports.
-        energy_update_period_s: Its energy counter's update period, if known.
+        power_limit_w: Its GPU's power limit (W), if known.
         timeout_s: Timeout of the side groups' operations.
 
     Returns:
@@ -235,10 +235,10 @@ def torch_stage_exchange(
             group = created
     peers = by_stage[stage]
     if len(peers) == 1:
-        member = Member(rank, dp_rank, tp_rank, list(clocks_mhz), energy_update_period_s)
+        member = Member(rank, dp_rank, tp_rank, list(clocks_mhz), power_limit_w)
         return SoloExchange(member)
     described: List[Any] = [None] * len(peers)
-    own = (rank, dp_rank, tp_rank, [int(c) for c in clocks_mhz], energy_update_period_s)
+    own = (rank, dp_rank, tp_rank, [int(c) for c in clocks_mhz], power_limit_w)
     dist.all_gather_object(described, own, group=group)
     members = [Member(r, d, t, c, p) for r, d, t, c, p in described]
     index = peers.index(me)

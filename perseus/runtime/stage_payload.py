@@ -1,14 +1,17 @@
 """What a stage's ranks exchange once per iteration, as one flat list of floats.
 
-Every rank contributes its measurements of the iteration that just ended; the stage leader also
-contributes the schedule of the next iteration (the clocks of the stage's default plan and, for
-a straggler's replica, another set with a bit mask of the replicas that run it). All numbers fit
-a float64 exactly (clocks, steps, microbatches, 48-bit masks). Layout, with ``P`` the stage's
-number of instructions per iteration::
+Every rank contributes its measurements of the iteration that just ended, and the energies of
+earlier iterations its GPU's counter now covers (at most :data:`ENERGY_SLOTS` per iteration; the
+rest wait for the next exchange); the stage leader also contributes the schedule of the next
+iteration (the clocks of the stage's default plan and, for a straggler's replica, another set
+with a bit mask of the replicas that run it). All numbers but the energies fit a float64 exactly
+(clocks, steps, microbatches, 48-bit masks). Layout, with ``P`` the stage's number of
+instructions per iteration and ``K`` = :data:`ENERGY_SLOTS`::
 
-    [flags, step, iteration_time_s, compute_time_s, energy_j (NaN: unknown),
+    [flags, step, iteration_time_s, compute_time_s, number of energies,
      mismatch position (-1: none), mismatch item, next step, next phase,
-     P clocks (0: default clocks), P override clocks, ceil(dp / 48) replica mask words]
+     K x (earlier step, its energy_j), P clocks (0: default clocks), P override clocks,
+     ceil(dp / 48) replica mask words]
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from perseus.records import StepEnergy
 from perseus.wire import Phase, Schedule
 
-FLAGS, STEP, ITERATION, COMPUTE, ENERGY, MISMATCH_AT, MISMATCH_ITEM, NEXT_STEP, NEXT_PHASE = range(
-    9
+FLAGS, STEP, ITERATION, COMPUTE, NUM_ENERGIES, MISMATCH_AT, MISMATCH_ITEM, NEXT_STEP, NEXT_PHASE = (
+    range(9)
 )
-HEADER = 9
+# Earlier iterations' energies one payload carries at most: a GPU's counter update may cover
+# many short iterations at once; they queue and drain at this rate (one arrives per iteration).
+ENERGY_SLOTS = 8
+HEADER = 9 + 2 * ENERGY_SLOTS
 #: This rank's iteration ran the stage's schedule (its measurements are clean).
 SCHEDULED = 1
 #: (Leader) the payload carries the next step's schedule.
@@ -62,7 +69,7 @@ class Measured:
     step: int
     iteration_time_s: float
     compute_time_s: float
-    energy_j: Optional[float]
+    energies: List[StepEnergy]
     mismatch: Optional[Tuple[int, str]]
 
 
@@ -82,19 +89,27 @@ def pack(
     step: int,
     iteration_time_s: float,
     compute_time_s: float,
-    energy_j: Optional[float],
+    energies: Sequence[StepEnergy],
     mismatch: Optional[Tuple[int, str]],
     num_positions: int,
     next_schedule: Optional[Schedule] = None,
     stop: bool = False,
 ) -> List[float]:
-    """One rank's payload (``next_schedule``/``stop``: the leader's part)."""
+    """One rank's payload (``next_schedule``/``stop``: the leader's part).
+
+    ``energies``: at most :data:`ENERGY_SLOTS` earlier iterations' energies (more is an error).
+    """
+    if len(energies) > ENERGY_SLOTS:
+        raise ValueError(f"{len(energies)} energies do not fit {ENERGY_SLOTS} slots")
     out = [0.0] * size
     flags = SCHEDULED if scheduled else 0
     out[STEP] = float(step)
     out[ITERATION] = float(iteration_time_s)
     out[COMPUTE] = float(compute_time_s)
-    out[ENERGY] = math.nan if energy_j is None else float(energy_j)
+    out[NUM_ENERGIES] = float(len(energies))
+    for i, (earlier_step, energy_j) in enumerate(energies):
+        out[9 + 2 * i] = float(earlier_step)
+        out[10 + 2 * i] = float(energy_j)
     out[MISMATCH_AT] = -1.0 if mismatch is None else float(mismatch[0])
     out[MISMATCH_ITEM] = 0.0 if mismatch is None else encode_item(mismatch[1])
     if next_schedule is not None and len(next_schedule.frequencies_mhz) == num_positions:
@@ -123,14 +138,17 @@ def _put_clocks(out: List[float], offset: int, clocks: Sequence[Optional[int]]) 
 
 def measured(payload: Sequence[float]) -> Measured:
     """A rank's measurements from its payload."""
-    energy = payload[ENERGY]
     at = int(payload[MISMATCH_AT])
+    energies = [
+        StepEnergy(int(payload[9 + 2 * i]), float(payload[10 + 2 * i]))
+        for i in range(min(ENERGY_SLOTS, int(payload[NUM_ENERGIES])))
+    ]
     return Measured(
         scheduled=bool(int(payload[FLAGS]) & SCHEDULED),
         step=int(payload[STEP]),
         iteration_time_s=float(payload[ITERATION]),
         compute_time_s=float(payload[COMPUTE]),
-        energy_j=None if math.isnan(energy) else float(energy),
+        energies=energies,
         mismatch=None if at < 0 else (at, decode_item(payload[MISMATCH_ITEM])),
     )
 

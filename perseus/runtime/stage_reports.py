@@ -2,26 +2,29 @@
 
 The leader registers once for every member of its stage (:func:`stage_registration`: the SM
 clocks all of them support, the peers it speaks for) and, after each iteration, sends one report
-combined from every member's payload (:func:`combined_report`: time = the slowest member, energy
-= the sum, each data-parallel replica's compute time, the members whose sequence differs from
-the stage's order).
+combined from every member's payload (:func:`combined_report`: time = the slowest member, each
+data-parallel replica's compute time, the members whose sequence differs from the stage's order,
+the stage's energies of earlier iterations and the leader's counter updates).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-from perseus.records import RankInfo, StepRecord
+from perseus.records import EnergyUpdate, RankInfo, StepEnergy, StepRecord
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.stage_exchange import Member
 from perseus.wire import (
+    CounterUpdate,
     InstructionReport,
     PeerRank,
     Phase,
     RankRegistration,
     ReplicaTime,
     SequenceMismatch,
+    StepEnergyReport,
     StepReport,
 )
 
@@ -35,13 +38,14 @@ def stage_registration(rank: RankInfo, members: Sequence[Member]) -> RankRegistr
     for member in members[1:]:
         common &= set(member.clocks_mhz)
     clocks = sorted(common or members[0].clocks_mhz)[-MAX_REGISTERED_CLOCKS:]
+    limits = [m.power_limit_w for m in members if m.power_limit_w]
     return RankRegistration(
         rank=rank.rank,
         stage=rank.stage,
         dp_rank=rank.dp_rank,
         tp_rank=rank.tp_rank,
         supported_clocks_mhz=[int(c) for c in clocks],
-        energy_update_period_s=members[0].energy_update_period_s,
+        power_limit_w=min(limits) if limits else None,
         peers=[PeerRank(m.rank, m.dp_rank, m.tp_rank) for m in members[1:]],
     )
 
@@ -53,6 +57,8 @@ def combined_report(
     sequence: str,
     phase: Optional[Phase],
     everyone: List[List[float]],
+    energies: Sequence[StepEnergy] = (),
+    updates: Sequence[EnergyUpdate] = (),
 ) -> StepReport:
     """The stage's report of one iteration.
 
@@ -63,9 +69,10 @@ def combined_report(
         sequence: The ``(instruction, microbatch)`` sequence the leader ran.
         phase: The phase the iteration ran in (``None``: unscheduled).
         everyone: Every member's payload, in the order of ``members``.
+        energies: The stage's energies of earlier iterations, complete since the last report.
+        updates: The leader's counter updates since its last report.
     """
     rows = [payloads.measured(p) for p in everyone]
-    energies = [r.energy_j for r in rows]
     replicas: Dict[int, float] = {}
     for member, row in zip(members, rows):
         replicas[member.dp_rank] = max(replicas.get(member.dp_rank, 0.0), row.compute_time_s)
@@ -76,7 +83,12 @@ def combined_report(
         step=record.step,
         iteration_time_s=max(r.iteration_time_s for r in rows),
         compute_time_s=max(r.compute_time_s for r in rows),
-        energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
+        energies=[StepEnergyReport(step, max(0.0, energy_j)) for step, energy_j in energies],
+        energy_updates=[
+            CounterUpdate(u.time_s, u.energy_mj, u.time_error_s)
+            for u in updates
+            if math.isfinite(u.time_s) and math.isfinite(u.energy_mj) and u.energy_mj >= 0
+        ],
         instructions=[InstructionReport(**asdict(i)) for i in record.instructions]
         if with_records
         else [],

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Protocol
 
 from perseus.records import StepRecord
+from perseus.runtime.endpoint import Endpoint
 
 
 class Hooks(Protocol):
@@ -48,11 +49,17 @@ class FrequencySource(Protocol):
     """Decides the SM frequency of every instruction (a plan, a profiler sweep, max speed).
 
     The optimizer asks once per instruction; ``None`` means "leave the GPU at default
-    clocks". Implementations must be cheap: this runs on the training critical path.
+    clocks". Implementations must be cheap: this runs on the training critical path. Everything
+    the runtime uses of a source is declared here.
     """
 
-    wants_energy: bool
-    """When true, the optimizer reads the energy counter at every instruction boundary."""
+    @property
+    def changes_clocks(self) -> bool:
+        """Whether the source ever asks for a clock (measuring ones never: no guard needed)."""
+
+    @property
+    def endpoint(self) -> Optional[Endpoint]:
+        """The coordination server the source talks to (``None``: it talks to none)."""
 
     def begin_step(self, step: int) -> None:
         """Iteration ``step`` starts."""
@@ -64,3 +71,6 @@ class FrequencySource(Protocol):
 
     def end_step(self, record: StepRecord) -> None:
         """Iteration ended; ``record`` has what happened (for profilers and watchers)."""
+
+    def close(self) -> None:
+        """Release what the source holds (threads, the server link); idempotent."""

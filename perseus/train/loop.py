@@ -149,12 +149,19 @@ def _progress_bar(cfg: PerseusConfig, rule: StopRule, *, enabled: bool) -> Optio
 
 
 def write_rank_steps(out_dir: Path, rank: int) -> Optional[Path]:
-    """Write this rank's measured iterations to ``steps-rank{R}.json`` (for the report)."""
+    """Write this rank's measured iterations to ``steps-rank{R}.json`` (for the report).
+
+    Hooks that are not Perseus's own (Perseus is off for this run) write nothing.
+    """
+    from perseus.runtime.hook_runtime import HookRuntime
+
     opt = rank0_optimizer()
-    if opt is None:
+    if not isinstance(opt, HookRuntime):
         return None
+    # The last iterations' energies arrive with the counter's next update (~0.1 s later).
+    opt.settle_energy(timeout_s=1.0)
     records: List[dict] = []
-    for rec in getattr(opt, "steps", []):
+    for rec in opt.steps:
         records.append(
             {
                 "step": rec.step,

@@ -45,11 +45,13 @@ from perseus.wire.fields import (
 from perseus.wire.jobs import EnergySettings, IterationTime, JobCreated, JobSpec, ProfilerSettings
 from perseus.wire.ranks import PeerRank, RankRegistration
 from perseus.wire.steps import (
+    CounterUpdate,
     InstructionReport,
     ReplicaSchedule,
     ReplicaTime,
     Schedule,
     SequenceMismatch,
+    StepEnergyReport,
     StepReport,
     describe_item,
     encode_sequence,
@@ -68,6 +70,7 @@ __all__ = [
     "MAX_STEP",
     "SEQUENCE_PATTERN",
     "Ack",
+    "CounterUpdate",
     "EnergySettings",
     "InstructionReport",
     "IterationTime",
@@ -87,6 +90,7 @@ __all__ = [
     "Schedule",
     "Seconds",
     "SequenceMismatch",
+    "StepEnergyReport",
     "StepId",
     "StepReport",
     "describe_item",

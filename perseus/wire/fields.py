@@ -17,6 +17,10 @@ MAX_RANKS = 65536
 MAX_CLOCKS = 1024
 MAX_INSTRUCTIONS = 2 * MAX_MICROBATCHES * 8
 MAX_STEP = 10**12
+# Earlier iterations' energies in one step report, and energy counter updates (~10 a second
+# on real GPUs; a report is sent per iteration).
+MAX_ENERGIES = 4096
+MAX_UPDATES = 65536
 # A step sequence ("F0,F1,B0,..."): at most this many characters.
 MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
 SEQUENCE_PATTERN = r"^([FB][0-9]{1,6}(,[FB][0-9]{1,6})*)?$"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Optional
 
+from perseus.bounds import POWER_W
 from perseus.wire.fields import FORBID_EXTRA, MAX_CLOCKS, MAX_RANKS, MAX_STAGES, Mhz, RankId
 from perseus.wire_bounds import Bound, Checked
 
@@ -40,5 +41,6 @@ class RankRegistration(Checked):
     supported_clocks_mhz: Annotated[List[Mhz], Bound(min_length=1, max_length=MAX_CLOCKS)]
     dp_rank: RankId = 0
     tp_rank: RankId = 0
-    energy_update_period_s: Optional[Annotated[float, Bound(gt=0.0, le=10.0)]] = None
+    # The GPU's power limit (W): no profiled power above it is planned on.
+    power_limit_w: Optional[Annotated[float, Bound.of(POWER_W)]] = None
     peers: Annotated[List[PeerRank], Bound(max_length=MAX_RANKS)] = field(default_factory=list)

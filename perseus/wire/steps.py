@@ -12,10 +12,12 @@ from typing import Annotated, List, Literal, Optional, Sequence, Tuple
 
 from perseus.wire.fields import (
     FORBID_EXTRA,
+    MAX_ENERGIES,
     MAX_INSTRUCTIONS,
     MAX_MICROBATCHES,
     MAX_RANKS,
     MAX_SEQUENCE_CHARS,
+    MAX_UPDATES,
     SEQUENCE_PATTERN,
     Joules,
     Mhz,
@@ -56,7 +58,7 @@ class Schedule:
 
 @dataclass(frozen=True)
 class InstructionReport:
-    """One instruction as the rank measured it (counter readings in mJ)."""
+    """One instruction as the rank stamped it (times on the rank's clock)."""
 
     __pydantic_config__ = FORBID_EXTRA
 
@@ -66,8 +68,27 @@ class InstructionReport:
     start_s: Annotated[float, Bound(allow_inf_nan=False)]
     end_s: Annotated[float, Bound(allow_inf_nan=False)]
     frequency_mhz: Optional[Mhz] = None
-    energy_begin_mj: Optional[Annotated[float, Bound(ge=0.0, allow_inf_nan=False)]] = None
-    energy_end_mj: Optional[Annotated[float, Bound(ge=0.0, allow_inf_nan=False)]] = None
+
+
+@dataclass(frozen=True)
+class CounterUpdate:
+    """One update of the reporting rank's GPU energy counter (time on the rank's clock)."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    time_s: Annotated[float, Bound(allow_inf_nan=False)]
+    energy_mj: Annotated[float, Bound(ge=0.0, le=1e18, allow_inf_nan=False)]
+    time_error_s: Annotated[float, Bound(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.0
+
+
+@dataclass(frozen=True)
+class StepEnergyReport:
+    """The energy of one earlier iteration of the stage, all its ranks together (J)."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    step: StepId
+    energy_j: Joules
 
 
 @dataclass(frozen=True)
@@ -100,13 +121,18 @@ class StepReport:
     """``POST /jobs/{job_id}/steps``: what one rank (or one stage) measured in one iteration.
 
     A stage leader's report combines its stage's ranks (``peers``: the other ranks it speaks
-    for): ``iteration_time_s`` and ``compute_time_s`` are the slowest rank's, ``energy_j`` the
-    sum over the ranks, ``replicas`` each data-parallel replica's compute time, and
-    ``instructions`` the leader's own records (its GPU stands for the stage's). ``scheduled``
-    is false for an iteration that ran without the server's schedule (none had arrived in
-    time): its measurements are not used. ``sequence`` is the reporting rank's
-    ``(instruction, microbatch)`` sequence (:func:`encode_sequence`); peers that ran another
-    one are listed in ``mismatches``.
+    for): ``iteration_time_s`` and ``compute_time_s`` are the slowest rank's, ``replicas`` each
+    data-parallel replica's compute time, and ``instructions`` the leader's own records (its
+    GPU stands for the stage's). ``scheduled`` is false for an iteration that ran without the
+    server's schedule (none had arrived in time): its measurements are not used. ``sequence``
+    is the reporting rank's ``(instruction, microbatch)`` sequence (:func:`encode_sequence`);
+    peers that ran another one are listed in ``mismatches``.
+
+    Energy arrives later than time: a GPU's counter covers an iteration only with its next
+    update (~100 ms on real GPUs). ``energies`` are the stage's energies (the sum over its
+    ranks) of *earlier* iterations that became known since the last report, each sent once;
+    ``energy_updates`` are the leader's own counter updates seen since its last report (the
+    profiler's equations), in time order on the same clock as ``instructions``.
     """
 
     __pydantic_config__ = FORBID_EXTRA
@@ -117,7 +143,12 @@ class StepReport:
     # From the iteration's start to the end of its last instruction: without the final
     # gradient synchronization, so that a straggling replica shows in it.
     compute_time_s: Optional[Seconds] = None
-    energy_j: Optional[Joules] = None
+    energies: Annotated[List[StepEnergyReport], Bound(max_length=MAX_ENERGIES)] = field(
+        default_factory=list
+    )
+    energy_updates: Annotated[List[CounterUpdate], Bound(max_length=MAX_UPDATES)] = field(
+        default_factory=list
+    )
     instructions: Annotated[List[InstructionReport], Bound(max_length=MAX_INSTRUCTIONS)] = field(
         default_factory=list
     )

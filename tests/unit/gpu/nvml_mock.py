@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 from unittest import mock
@@ -90,6 +91,15 @@ def make_pynvml_mock(
     m.nvmlDeviceGetPowerManagementLimitConstraints.return_value = list(LIMIT_CONSTRAINTS_MW)
     m.nvmlDeviceGetPowerManagementDefaultLimit.return_value = DEFAULT_LIMIT_MW
     m.nvmlDeviceGetTotalEnergyConsumption.return_value = 123_456_789
+    # Who reads the energy counter: the device's sampler thread, never the training thread.
+    readers: List[str] = []
+    m.energy_read_threads = readers
+
+    def read_energy(handle: str) -> Any:
+        readers.append(threading.current_thread().name)
+        return mock.DEFAULT
+
+    m.nvmlDeviceGetTotalEnergyConsumption.side_effect = read_energy
     m.nvmlDeviceGetPowerUsage.return_value = 85_000
     m.nvmlDeviceGetFieldValues.side_effect = lambda handle, ids: [field_value(INSTANT_POWER_MW)]
     m.nvmlDeviceGetPersistenceMode.return_value = pynvml.NVML_FEATURE_ENABLED
@@ -107,6 +117,19 @@ def make_pynvml_mock(
         handle, A100_SM_CLOCKS_MHZ[0]
     )
     return m
+
+
+SAMPLER_THREAD_PREFIX = "perseus-energy-"
+
+
+def energy_reads_off_sampler(m: Any) -> List[str]:
+    """Threads other than a device's energy sampler that read the energy counter of ``m``."""
+    return [t for t in m.energy_read_threads if not t.startswith(SAMPLER_THREAD_PREFIX)]
+
+
+def calls_except_energy_reads(m: Any) -> List[Any]:
+    """``m.mock_calls`` without the energy counter reads (a sampler's, at times of its own)."""
+    return [c for c in m.mock_calls if c[0] != "nvmlDeviceGetTotalEnergyConsumption"]
 
 
 def patched_pynvml(m: Optional[Any] = None) -> Any:

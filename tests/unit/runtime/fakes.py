@@ -110,6 +110,7 @@ class RecordingGPU(GPU):
         self.limit_mw = limit_mw
 
     def total_energy_mj(self) -> int:
+        self._record("energy", threading.current_thread().name)
         self.energy_mj += 1000
         return self.energy_mj
 

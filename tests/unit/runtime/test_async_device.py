@@ -5,7 +5,8 @@ the work runs later on a virtual device timeline at the clocks in force while it
 "framework" that only queues work and returns is driven through the hooks on virtual time:
 
 * with the runtime's synchronization, every instruction runs entirely at its planned clock,
-  its recorded time is the device's, and the step's energy is the device's;
+  its recorded time is the device's, and the step's energy (from the counter updates a sampler
+  saw, polling every 0.1 ms of virtual time) is the device's;
 * without it (the GPU's synchronize disabled), clocks land on the wrong work and the records
   measure queueing — the emulator catches a runtime that forgets to synchronize.
 """
@@ -13,7 +14,7 @@ the work runs later on a virtual device timeline at the clocks in force while it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -28,6 +29,7 @@ from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 CLOCKS_MHZ = (1410, 1200, 1005, 900)  # all in the bundled A100 profile
 LAUNCH_S = 0.0002  # host time to queue one instruction's kernels
+POLL_S = 1e-4  # the sampler's reads, in virtual time
 STAGE, NUM_STAGES, NUM_MB = 1, 2, 4
 
 
@@ -40,6 +42,15 @@ def _run(
     tmp_path: Path, profile: Profile, *, synchronize: bool
 ) -> Tuple[EmulatedGPU, Plan, List[StepRecord], List[Tuple[str, List[int]]]]:
     clock = VirtualClock(10.0)
+    polls: List[Any] = []  # the device's sampler, once opened: polled as virtual time passes
+
+    def sleep(seconds: float) -> None:
+        end_s = clock.now_s + max(0.0, seconds)
+        while clock.now_s < end_s:
+            clock.sleep(min(POLL_S, end_s - clock.now_s))
+            for sampler in polls:
+                sampler.poll_once()
+
     gpu = EmulatedGPU(
         profile,
         blocking_power_w=83.64,
@@ -47,7 +58,7 @@ def _run(
         num_pipeline_stages=NUM_STAGES,
         energy_update_period_s=1e-4,  # a fine counter: step energies comparable to the truth
         clock=clock,
-        sleeper=clock.sleep,
+        sleeper=sleep,
     )
     if not synchronize:
         gpu.synchronize = lambda: None  # type: ignore[method-assign]  # a runtime without syncs
@@ -59,8 +70,11 @@ def _run(
         state_dir=tmp_path / "state",
         synchronous_clocks=True,
         trace_dir=tmp_path,
+        sample_energy=False,
     )
+    polls.append(opt.device.sampler)
     order = one_f_one_b(NUM_STAGES, STAGE, NUM_MB)
+    sleep(0.001)  # the sampler has seen the counter move before the first step
     for _ in range(2):
         opt.on_step_begin()
         for name, _mb in order:
@@ -68,6 +82,8 @@ def _run(
             clock.now_s += LAUNCH_S  # the framework queues kernels and returns
             opt.on_instruction_end(name)
         opt.on_step_end()
+    sleep(0.01)  # the counter's next updates cover the last step
+    opt.settle_energy(timeout_s=0.0)
     steps = list(opt.steps)
     clock.now_s += 10.0  # later on, whatever is still queued has run
     ran = [(w.instruction, w.clocks_mhz) for w in gpu.executed]
