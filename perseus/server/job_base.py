@@ -20,7 +20,7 @@ from perseus.schedule import stage_order
 from perseus.server.job_profiling import JobProfiling
 from perseus.server.plan_switching import DriftWatcher, PlanEpochs
 from perseus.server.planning import EventLog, PlanResult
-from perseus.server.ranks import RankRegistry
+from perseus.server.rank_registry import RankRegistry
 from perseus.server.state_store import StateStore
 from perseus.server.steps import JobStep, StepTable
 from perseus.server.workers import EstimatorPool, PlannerPool

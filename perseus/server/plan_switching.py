@@ -127,13 +127,6 @@ class PlanEpochs:
                 return epoch
         return None
 
-    def point_for(self, dp_rank: int, step: int) -> Optional[FrontierPoint]:
-        """The plan replica ``dp_rank`` runs at ``step`` (``None`` before any plan)."""
-        for epoch in reversed(self.epochs):
-            if epoch.start_step <= step:
-                return epoch.overrides.get(dp_rank, epoch.default)
-        return None
-
     def measuring(self, step: int, settle_steps: int) -> Optional[str]:
         """``baseline`` or ``plan`` for the iterations that measure the chosen plan's saving.
 

@@ -166,11 +166,6 @@ class JobRegistry:
             if not job.retired:
                 job.check_liveness()
 
-    def reserved_mb(self) -> float:
-        """Memory the running jobs' states are budgeted (MB)."""
-        with self.lock:
-            return sum(self._reserved.values()) / MB
-
     # -- restart --------------------------------------------------------------------------------
     def restore(self) -> int:
         """Bring back every job of the state file; returns how many."""
