@@ -8,6 +8,9 @@ into the job's estimates) and the solved frontier, a restarted server continues 
 its phase: the sweeps keep every step they assigned, and the steps assigned but not reported
 before the restart are measured again (they are *lost*); nothing else is repeated. A job whose
 plan was not kept (``running`` or ``watching`` without its frontier) plans again.
+
+Documents of version 1 (one flat document, before the phases kept their own data) are read too
+(:func:`upgrade_v1`).
 """
 
 from __future__ import annotations
@@ -63,15 +66,17 @@ def from_state(ctx: JobContext, state: Dict[str, Any], plans: Optional[PlanResul
 
     Args:
         ctx: The restored job's context.
-        state: Its state document.
+        state: Its state document (version 1 or 2).
         plans: Its solved frontier, if kept (with the job's ``profile.csv``).
 
     Raises:
         ValueError: a version this server does not read.
     """
     version = int(state.get("version", 0))
-    if version != VERSION:
-        raise ValueError(f"job state version {version} (this server reads {VERSION})")
+    if version == 1:
+        state = upgrade_v1(state)
+    elif version != VERSION:
+        raise ValueError(f"job state version {version} (this server reads 1 and {VERSION})")
     ctx.notes.message = state["message"]
     ctx.notes.files.update(state["files"])
     record = JobRecord.from_state(state["record"])
@@ -92,3 +97,40 @@ def from_state(ctx: JobContext, state: Dict[str, Any], plans: Optional[PlanResul
         phase = Planning(ctx, record)
     history = [job_step_from_json(s) for s in state["history"]]
     return KeptJob(phase, ctx.notes, bool(state["retired"]), int(state["newest_step"]), history)
+
+
+def upgrade_v1(old: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-1 document (one flat document) as a version-2 one."""
+    phase = Phase(old["phase"])
+    first, last = old["profiling_steps"]
+    profiling = None
+    if phase != Phase.profiling and old["profile_start"] is not None:
+        profiling = {"first_step": first, "last_step": last, "summary": old["profiling_summary"]}
+    pairs = {"reference": old["reference"], "plan": old["plan_samples"]}
+    measured = pairs if phase in (Phase.watching, Phase.failed) and old["plans"] else None
+    plan = {"epochs": old["plans"], "imposed_s": old["imposed_s"]} if old["plans"] else None
+    phase_state: Dict[str, Any] = {}
+    if phase == Phase.baseline:
+        phase_state = {"steps": old["baseline"], "kind_times": old["kind_times"]}
+    elif phase == Phase.profiling:
+        phase_state = {"start_step": old["profile_start"], "sweeps": old["sweeps"]}
+    elif phase == Phase.running:
+        start = old["plans"][0]["start_step"] if old["plans"] else 0
+        samples = {"max_speed": old["reference"], "plan": old["plan_samples"]}
+        phase_state = {"plan": plan, "start_step": start, "samples": samples}
+    elif phase == Phase.watching:
+        phase_state = {"plan": plan, "watcher": old["watcher"], "fallback": old["fallback"]}
+    elif phase == Phase.failed:
+        phase_state = {"reason": old["failure"], "plan": plan, "fallback": old["fallback"]}
+    baseline = [] if phase == Phase.baseline else old["baseline"]
+    return {
+        "version": VERSION,
+        "phase": str(phase),
+        "phase_state": phase_state,
+        "record": {"baseline": baseline, "profiling": profiling, "measured": measured},
+        "message": old["message"],
+        "files": old["files"],
+        "retired": old["retired"],
+        "newest_step": old["max_requested"],
+        "history": old["history"],
+    }
