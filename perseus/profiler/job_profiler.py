@@ -3,7 +3,7 @@
 :class:`JobProfiler` drives the sweeps (:mod:`perseus.profiler.stage_sweep`) with the estimates
 (:mod:`perseus.profiler.job_estimates`) right away, in the caller's thread: the profiler's
 benchmarks and tests use it. The coordination server keeps the sweeps itself and runs the
-estimates in a worker process (:mod:`perseus.server.job_profiling`); both use the same rules
+estimates in a worker process (:mod:`perseus.server.phase_profiling`); both use the same rules
 (:func:`sweep_update`).
 """
 

@@ -37,7 +37,6 @@ from perseus.config import ServerConfig
 from perseus.errors import ServerError
 from perseus.server.limits import MB, BodyLimit
 from perseus.server.registry import JobRegistry
-from perseus.server.summary import job_status, job_summary
 from perseus.wire import (
     JOB_ID_PATTERN,
     MAX_RANKS,
@@ -86,11 +85,11 @@ def create_app(
 
     @app.get(Route.JOB, dependencies=[auth])
     async def get_job_status(job_id: str = JobIdParam) -> Dict[str, Any]:
-        return job_status(registry.get(job_id))
+        return registry.get(job_id).status()
 
     @app.get(Route.SUMMARY, dependencies=[auth])
     async def get_job_summary(job_id: str = JobIdParam) -> Dict[str, Any]:
-        return job_summary(registry.get(job_id))
+        return registry.get(job_id).summary()
 
     @app.post(Route.RANKS, dependencies=[auth])
     async def register_rank(reg: RankRegistration, job_id: str = JobIdParam) -> Ack:

@@ -1,146 +1,93 @@
-"""A job's schedules: the clocks each stage runs at each step, and the switches between plans.
+"""A job's schedules: the clocks each stage runs at each step, decided once and kept.
 
-The part of :class:`~perseus.server.job_phases.Job` that answers ``GET .../schedule``: a
-stage's schedule of a step is decided once, on the first ask, from the phase (the highest clock,
-a profiling sweep, or the plan epoch in force) and kept for the stage's other ranks. An imposed
-iteration time or a change of straggling replicas starts a new plan epoch
-(:func:`~perseus.server.plan_switching.switched_epoch`) from the step after the newest one any
-rank asked for.
+``GET .../schedule`` asks for one rank's step. A stage's schedule of a step is decided on the
+first ask (by the job's phase) and kept for the stage's other ranks and repeated asks, for
+:data:`CACHED_STEPS` steps behind the newest step asked for. That newest step is the job's
+horizon: a change of phase or plan applies from the step after it (:meth:`ScheduleBook.next_step`),
+so that every rank runs one iteration under one schedule.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.errors import ServerError
-from perseus.server.job_base import Decision, JobBase
-from perseus.server.plan_switching import switched_epoch
-from perseus.server.steps import typical_step
+from perseus.server.rank_registry import RankRegistry
 from perseus.wire import Phase, ReplicaSchedule, Schedule
 
 # Schedules kept per stage for this many steps behind the newest one asked for.
 CACHED_STEPS = 32
 
+# What one stage runs at one step: the phase, its clocks and other clocks for some replicas.
+Decision = Tuple[Phase, List[Optional[int]], List[ReplicaSchedule]]
 
-class JobSchedules(JobBase):
-    """Schedules and plan switches of one job (a part of ``Job``)."""
 
-    def schedule(self, rank: int, step: int) -> Schedule:
-        """The schedule of ``step`` for ``rank``'s stage (and its replicas, for a leader)."""
-        self.ranks.heard((rank,))
-        with self.lock:
-            state = self.ranks.get(rank)
-            self._heard([rank])
-            if step > self.max_requested:
-                self.max_requested = step
-                for old in [s for s in self._cache if s < step - CACHED_STEPS]:
-                    del self._cache[old]
-            per_step = self._cache.setdefault(step, {})
-            decision = per_step.get(state.stage)
-            if decision is None:
-                decision = per_step[state.stage] = self._decide(state.stage, step)
-                self._changed()
-            phase, freqs, overrides = decision
-            if self._peers.get(rank):
-                return Schedule(step, phase, freqs, overrides, self.message)
-            for group in overrides:  # a rank on its own gets its replica's clocks
-                if state.dp_rank in group.dp_ranks:
-                    freqs = group.frequencies_mhz
-            return Schedule(step, phase, freqs, [], self.message)
+class ScheduleBook:
+    """The schedules a job handed out (not thread-safe: the job's lock guards it).
 
-    def _allmax_clocks(self, stage: int) -> List[Optional[int]]:
+    Args:
+        orders: Each stage's instruction order.
+        ranks: The job's ranks (each stage's highest clock).
+    """
+
+    def __init__(self, orders: Sequence[Sequence[Tuple[str, int]]], ranks: RankRegistry) -> None:
+        self._orders = orders
+        self._ranks = ranks
+        self.newest_step = -1
+        self._decided: Dict[int, Dict[int, Decision]] = {}
+        self._allmax: Dict[int, List[Optional[int]]] = {}
+
+    def next_step(self) -> int:
+        """The first step no rank has asked for yet."""
+        return self.newest_step + 1
+
+    def asked(self, step: int) -> None:
+        """A rank asked for ``step`` (moves the horizon; old schedules go)."""
+        if step > self.newest_step:
+            self.newest_step = step
+            for old in [s for s in self._decided if s < step - CACHED_STEPS]:
+                del self._decided[old]
+
+    def decided(self, stage: int, step: int) -> Optional[Decision]:
+        """``stage``'s schedule of ``step``, if decided."""
+        return self._decided.get(step, {}).get(stage)
+
+    def keep(self, stage: int, step: int, decision: Decision) -> None:
+        """Keep ``stage``'s schedule of ``step``."""
+        self._decided.setdefault(step, {})[stage] = decision
+
+    def allmax(self, stage: int) -> List[Optional[int]]:
+        """The highest clock the ranks of ``stage`` share, at every position."""
         clocks = self._allmax.get(stage)
         if clocks is None:
-            top = self.ranks.stage_clocks(stage)[0]
-            clocks = self._allmax[stage] = [top] * len(self.orders[stage])
+            top = self._ranks.stage_clocks(stage)[0]
+            clocks = self._allmax[stage] = [top] * len(self._orders[stage])
         return clocks
 
-    def _decide(self, stage: int, step: int) -> Decision:
-        phase = self.phase
-        if phase == Phase.failed:
-            return phase, [None] * len(self.orders[stage]), []
-        allmax = self._allmax_clocks(stage)
-        if phase == Phase.profiling and self.profile_start is not None:
-            if step >= self.profile_start:
-                freqs = self.profiling.frequencies(stage, step, self.spec.profiler.max_iterations)
-                if freqs is not None:
-                    return phase, list(freqs), []
-            return phase, allmax, []
-        if phase == Phase.running and self._measuring(step) == "baseline":
-            return phase, allmax, []
-        if phase in (Phase.running, Phase.watching):
-            epoch = self.plans.epoch_for(step)
-            if epoch is not None:
-                groups: Dict[int, List[int]] = {}
-                points = {}
-                for dp, point in epoch.overrides.items():
-                    if point.plan_id != epoch.default.plan_id:
-                        groups.setdefault(point.plan_id, []).append(dp)
-                        points[point.plan_id] = point
-                overrides = [
-                    ReplicaSchedule(sorted(dps), _clocks(points[plan_id].freqs[stage]))
-                    for plan_id, dps in sorted(groups.items())
-                ]
-                return phase, _clocks(epoch.default.freqs[stage]), overrides
-        return phase, allmax, []
+    def stage_changed(self, stage: int) -> None:
+        """A rank of ``stage`` registered: its clocks may differ."""
+        self._allmax.pop(stage, None)
 
-    def _measuring(self, step: int) -> Optional[str]:
-        return self.plans.measuring(step, self.spec.profiler.settle_steps)
-
-    # -- plan switching -------------------------------------------------------------------------
-    def impose_iteration_time(self, iteration_time_s: Optional[float]) -> None:
-        """Run no faster than ``iteration_time_s`` (measured seconds); ``None`` clears it.
-
-        Raises:
-            ServerError: the job has no plans yet, or fell back to max speed.
-        """
-        with self.lock:
-            if self.result is None:
-                raise ServerError(f"job {self.job_id} has no plans yet (phase {self.phase})")
-            if self.fallback is not None:
-                raise ServerError(
-                    f"job {self.job_id} fell back to max speed (its plan did not hold): "
-                    "no slower plan is trusted"
-                )
-            self.imposed_s = iteration_time_s
-            self.events.write("iteration_time_imposed", iteration_time_s=iteration_time_s)
-            self._switch("imposed" if iteration_time_s is not None else "imposed_cleared")
-            self._changed()
-
-    def _to_predicted_s(self, measured_s: float, compute: bool = False) -> float:
-        """Measured seconds (iteration, or replica compute time) on the planner's scale."""
-        assert self.result is not None
-        if compute:
-            measured_plan = self.watcher.reference_s
-        else:
-            measured_plan = (
-                typical_step(self.plan_samples)["iteration_time_s"] if self.plan_samples else None
-            )
-        if not measured_plan:
-            return measured_s
-        return measured_s * self.result.chosen.iteration_time_s / measured_plan
-
-    def _switch(self, reason: str) -> None:
-        assert self.result is not None
-        target = self.watcher.target_s
-        epoch = switched_epoch(
-            self.result.frontier,
-            self.result.chosen,
-            self.max_requested + 1,
-            reason,
-            imposed_s=None if self.imposed_s is None else self._to_predicted_s(self.imposed_s),
-            stragglers=set(self.watcher.stragglers),
-            straggler_s=None if target is None else self._to_predicted_s(target, compute=True),
-        )
-        self.plans.add(epoch)
-        self.events.write(
-            "plan_switch",
-            reason=reason,
-            start_step=epoch.start_step,
-            plan_id=epoch.default.plan_id,
-            overrides={str(k): v.plan_id for k, v in epoch.overrides.items()},
-        )
+    def clear(self) -> None:
+        """Forget every schedule (the job is retired)."""
+        self._decided.clear()
 
 
-def _clocks(freqs: Any) -> List[Optional[int]]:
-    return [int(f) for f in freqs]
+def schedule_for(
+    decision: Decision, step: int, dp_rank: int, leads: bool, message: Optional[str]
+) -> Schedule:
+    """The answer to one rank: a stage leader gets every replica's clocks, another rank its own.
+
+    Args:
+        decision: The stage's schedule of ``step``.
+        step: The step.
+        dp_rank: The asking rank's data-parallel replica.
+        leads: The rank speaks for peers (it hands each replica its clocks).
+        message: The job's message to its ranks.
+    """
+    phase, freqs, overrides = decision
+    if leads:
+        return Schedule(step, phase, freqs, overrides, message)
+    for group in overrides:  # a rank on its own gets its replica's clocks
+        if dp_rank in group.dp_ranks:
+            freqs = group.frequencies_mhz
+    return Schedule(step, phase, freqs, [], message)

@@ -1,92 +1,136 @@
 """A job's state as data: what :class:`~perseus.server.state_store.StateStore` keeps of it.
 
-:func:`snapshot` turns the phase machine of a :class:`~perseus.server.job_phases.Job` into
-JSON-ready data; :func:`restore` puts it back into a fresh job of the same spec. Together with
-the ranks' registrations, the profiling records (replayed into the job's estimates) and the
-solved frontier, a restarted server continues every job from its phase: the sweeps keep every
-step they assigned, and the steps assigned but not reported before the restart are measured
-again (they are *lost*); nothing else is repeated.
+One JSON document per job: its phase's own data (each phase's ``to_state``), the record of what
+the phases before measured (:class:`~perseus.server.job_record.JobRecord`), and what the job
+keeps beside its phase (its message and files, the newest step asked for, its recent steps,
+whether it is retired). Together with the ranks' registrations, the profiling records (replayed
+into the job's estimates) and the solved frontier, a restarted server continues every job from
+its phase: the sweeps keep every step they assigned, and the steps assigned but not reported
+before the restart are measured again (they are *lost*); nothing else is repeated. A job whose
+plan was not kept (``running`` or ``watching`` without its frontier) plans again.
+
+Documents of version 1 (one flat document, before the phases kept their own data) are read too
+(:func:`upgrade_v1`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
-from perseus.formats.profile_csv import Profile
-from perseus.profiler import StageSweep
-from perseus.server.plan_switching import PlanEpochs
-from perseus.server.planning import result_from_json
-from perseus.server.steps import job_step_from_json, job_step_to_json
+from perseus.server.job_phases import Failed, JobContext, JobNotes, JobPhase
+from perseus.server.job_record import JobRecord
+from perseus.server.phase_baseline import Baseline
+from perseus.server.phase_planning import Planning
+from perseus.server.phase_profiling import Profiling
+from perseus.server.phase_running import Running
+from perseus.server.phase_watching import Watching
+from perseus.server.planning import PlanResult
+from perseus.server.steps import JobStep, job_step_from_json, job_step_to_json
 from perseus.wire import Phase
 
-if TYPE_CHECKING:
-    from perseus.server.job_phases import Job
+VERSION = 2
+# Recent job steps kept in the state (the summary shows the last few).
+KEPT_HISTORY = 8
 
-VERSION = 1
+
+@dataclass
+class KeptJob:
+    """A job as its state document describes it."""
+
+    phase: JobPhase
+    notes: JobNotes
+    retired: bool
+    newest_step: int
+    history: List[JobStep]
 
 
-def snapshot(job: Job) -> Dict[str, Any]:
-    """``job``'s state (call with its lock held)."""
+def to_state(job: KeptJob) -> Dict[str, Any]:
+    """``job``'s state document (call with the job's lock held)."""
+    notes = job.notes
     return {
         "version": VERSION,
-        "phase": str(job.phase),
-        "failure": job.failure,
-        "message": job.message,
-        "fallback": job.fallback,
+        "phase": str(job.phase.name),
+        "phase_state": job.phase.to_state(),
+        "record": job.phase.record.to_state(),
+        "message": notes.message,
+        "files": dict(notes.files),
         "retired": job.retired,
-        "profile_start": job.profile_start,
-        "profiling_steps": list(job.profiling_steps),
-        "profiling_summary": job.profiling_summary,
-        "max_requested": job.max_requested,
-        "baseline": [job_step_to_json(s) for s in job.baseline],
-        "reference": [job_step_to_json(s) for s in job.reference],
-        "plan_samples": [job_step_to_json(s) for s in job.plan_samples],
-        "history": [job_step_to_json(s) for s in list(job.history)[-8:]],
-        "kind_times": [[s, k, v] for (s, k), v in job._kind_times.items()],
-        "sweeps": [s.to_state() for s in job.profiling.sweeps],
-        "plans": job.plans.to_json(),
-        "imposed_s": job.imposed_s,
-        "watcher": job.watcher.to_json(),
-        "files": dict(job.files),
+        "newest_step": job.newest_step,
+        "history": [job_step_to_json(s) for s in job.history[-KEPT_HISTORY:]],
     }
 
 
-def restore(
-    job: Job,
-    state: Dict[str, Any],
-    plan: Optional[Dict[str, Any]],
-    profile: Optional[Profile],
-) -> List[int]:
-    """Put ``state`` back into ``job`` (lock held); returns the profiling steps lost."""
-    if int(state.get("version", 0)) != VERSION:
-        raise ValueError(f"job state version {state.get('version')} (this server reads {VERSION})")
-    job.phase = Phase(state["phase"])
-    job.failure = state["failure"]
-    job.message = state["message"]
-    job.fallback = state["fallback"]
-    job.retired = bool(state["retired"])
-    job.profile_start = state["profile_start"]
-    first, last = state["profiling_steps"]
-    job.profiling_steps = (first, last)
-    job.profiling_summary = state["profiling_summary"]
-    job.max_requested = int(state["max_requested"])
-    job.baseline = [job_step_from_json(s) for s in state["baseline"]]
-    job.reference = [job_step_from_json(s) for s in state["reference"]]
-    job.plan_samples = [job_step_from_json(s) for s in state["plan_samples"]]
-    job.history.extend(job_step_from_json(s) for s in state["history"])
-    job._kind_times = {(int(s), str(k)): [float(x) for x in v] for s, k, v in state["kind_times"]}
-    job.imposed_s = state["imposed_s"]
-    job.watcher.restore(state["watcher"])
-    job.files = dict(state["files"])
-    lost: List[int] = []
-    if state["sweeps"]:
-        sweeps = [StageSweep.from_state(job.orders[s], st) for s, st in enumerate(state["sweeps"])]
-        job.profiling.start(sweeps)
-        lost = job.profiling.lose_pending()
-    if plan is not None and profile is not None:
-        job.result = result_from_json(job.spec, profile, plan)
-        points = {p.plan_id: p for p in job.result.frontier.points}
-        job.plans = PlanEpochs.from_json(state["plans"], points)
-    elif job.phase in (Phase.running, Phase.watching):
-        job.phase = Phase.planning  # the plan was not kept: plan again
-    return lost
+def from_state(ctx: JobContext, state: Dict[str, Any], plans: Optional[PlanResult]) -> KeptJob:
+    """The job ``state`` describes, on ``ctx`` (whose notes it fills).
+
+    Args:
+        ctx: The restored job's context.
+        state: Its state document (version 1 or 2).
+        plans: Its solved frontier, if kept (with the job's ``profile.csv``).
+
+    Raises:
+        ValueError: a version this server does not read.
+    """
+    version = int(state.get("version", 0))
+    if version == 1:
+        state = upgrade_v1(state)
+    elif version != VERSION:
+        raise ValueError(f"job state version {version} (this server reads 1 and {VERSION})")
+    ctx.notes.message = state["message"]
+    ctx.notes.files.update(state["files"])
+    record = JobRecord.from_state(state["record"])
+    phase_state = state["phase_state"]
+    name = Phase(state["phase"])
+    phase: JobPhase
+    if name == Phase.baseline:
+        phase = Baseline.from_state(ctx, record, phase_state)
+    elif name == Phase.profiling:
+        phase = Profiling.from_state(ctx, record, phase_state)
+    elif name == Phase.running and plans is not None:
+        phase = Running.from_state(ctx, record, phase_state, plans)
+    elif name == Phase.watching and plans is not None:
+        phase = Watching.from_state(ctx, record, phase_state, plans)
+    elif name == Phase.failed:
+        phase = Failed.from_state(ctx, record, phase_state, plans)
+    else:  # planning, or a plan that was not kept: plan again
+        phase = Planning(ctx, record)
+    history = [job_step_from_json(s) for s in state["history"]]
+    return KeptJob(phase, ctx.notes, bool(state["retired"]), int(state["newest_step"]), history)
+
+
+def upgrade_v1(old: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-1 document (one flat document) as a version-2 one."""
+    phase = Phase(old["phase"])
+    first, last = old["profiling_steps"]
+    profiling = None
+    if phase != Phase.profiling and old["profile_start"] is not None:
+        profiling = {"first_step": first, "last_step": last, "summary": old["profiling_summary"]}
+    pairs = {"reference": old["reference"], "plan": old["plan_samples"]}
+    measured = pairs if phase in (Phase.watching, Phase.failed) and old["plans"] else None
+    plan = {"epochs": old["plans"], "imposed_s": old["imposed_s"]} if old["plans"] else None
+    phase_state: Dict[str, Any] = {}
+    if phase == Phase.baseline:
+        phase_state = {"steps": old["baseline"], "kind_times": old["kind_times"]}
+    elif phase == Phase.profiling:
+        phase_state = {"start_step": old["profile_start"], "sweeps": old["sweeps"]}
+    elif phase == Phase.running:
+        start = old["plans"][0]["start_step"] if old["plans"] else 0
+        samples = {"max_speed": old["reference"], "plan": old["plan_samples"]}
+        phase_state = {"plan": plan, "start_step": start, "samples": samples}
+    elif phase == Phase.watching:
+        phase_state = {"plan": plan, "watcher": old["watcher"], "fallback": old["fallback"]}
+    elif phase == Phase.failed:
+        phase_state = {"reason": old["failure"], "plan": plan, "fallback": old["fallback"]}
+    baseline = [] if phase == Phase.baseline else old["baseline"]
+    return {
+        "version": VERSION,
+        "phase": str(phase),
+        "phase_state": phase_state,
+        "record": {"baseline": baseline, "profiling": profiling, "measured": measured},
+        "message": old["message"],
+        "files": old["files"],
+        "retired": old["retired"],
+        "newest_step": old["max_requested"],
+        "history": old["history"],
+    }

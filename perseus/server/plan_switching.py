@@ -8,18 +8,23 @@ for several iterations in a row, and clears them when they are back within it fo
 
 :class:`PlanEpochs` records which plan runs from which step on: the chosen plan first, then one
 epoch per switch (a slower plan for the whole job while a time is imposed, or for the replicas
-that do not straggle while some do).
+that do not straggle while some do, or max speed where the measured plan did not hold).
+:class:`PlanInForce` is a solved job's frontier with its epochs: what the ``running`` and
+``watching`` phases schedule and switch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AbstractSet, Any, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, AbstractSet, Any, Dict, List, Optional, Set, Tuple
+
+from perseus.server.planning import EventLog, PlanResult
+from perseus.wire import ReplicaSchedule
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import Frontier, FrontierPoint
 
-# Epochs kept beyond the first (the chosen plan's, which the measurement windows refer to).
+# Epochs kept beyond the first (the chosen plan's, from the step the plan started).
 MAX_EPOCHS = 8
 
 
@@ -110,11 +115,6 @@ class PlanEpochs:
         """The newest epoch (``None`` before the first plan)."""
         return self.epochs[-1] if self.epochs else None
 
-    @property
-    def first_step(self) -> Optional[int]:
-        """The step the chosen plan started at."""
-        return self.epochs[0].start_step if self.epochs else None
-
     def add(self, epoch: PlanEpoch) -> None:
         """Start ``epoch`` (keeps the first and the newest :data:`MAX_EPOCHS`)."""
         self.epochs.append(epoch)
@@ -126,28 +126,6 @@ class PlanEpochs:
             if epoch.start_step <= step:
                 return epoch
         return None
-
-    def point_for(self, dp_rank: int, step: int) -> Optional[FrontierPoint]:
-        """The plan replica ``dp_rank`` runs at ``step`` (``None`` before any plan)."""
-        for epoch in reversed(self.epochs):
-            if epoch.start_step <= step:
-                return epoch.overrides.get(dp_rank, epoch.default)
-        return None
-
-    def measuring(self, step: int, settle_steps: int) -> Optional[str]:
-        """``baseline`` or ``plan`` for the iterations that measure the chosen plan's saving.
-
-        After ``settle_steps`` under the plan, iterations alternate between max speed (even
-        ones) and the plan (odd ones) until the job has measured enough clean pairs (the job
-        stops asking then).
-        """
-        first = self.first_step
-        if first is None:
-            return None
-        offset = step - first - settle_steps
-        if offset < 0:
-            return None
-        return "plan" if offset % 2 else "baseline"
 
     def to_json(self) -> List[Dict[str, object]]:
         """The epochs as JSON-ready data (plans by ``plan_id``)."""
@@ -209,3 +187,138 @@ def switched_epoch(
         default = best_for_iteration_time(frontier, target_s)
         overrides = {dp: chosen for dp in stragglers}
     return PlanEpoch(start_step, default, overrides, reason)
+
+
+class PlanInForce:
+    """A solved job's plans and which of them runs from which step.
+
+    Args:
+        result: The frontier and the plan the job's energy policy chose.
+        epochs: Which plan runs from which step.
+        imposed_s: The iteration time imposed on the job (measured seconds), if any.
+    """
+
+    def __init__(
+        self, result: PlanResult, epochs: PlanEpochs, imposed_s: Optional[float] = None
+    ) -> None:
+        self.result = result
+        self.epochs = epochs
+        self.imposed_s = imposed_s
+
+    @classmethod
+    def chosen(cls, result: PlanResult, start_step: int) -> PlanInForce:
+        """The chosen plan, from ``start_step`` on."""
+        epochs = PlanEpochs()
+        epochs.add(PlanEpoch(start_step, result.chosen))
+        return cls(result, epochs)
+
+    def clocks(
+        self, stage: int, step: int
+    ) -> Optional[Tuple[List[Optional[int]], List[ReplicaSchedule]]]:
+        """``stage``'s clocks at ``step`` and other clocks for some replicas (``None``: no plan).
+
+        Replicas whose plan differs from the epoch's default are grouped by their plan.
+        """
+        epoch = self.epochs.epoch_for(step)
+        if epoch is None:
+            return None
+        groups: Dict[int, List[int]] = {}
+        points = {}
+        for dp, point in epoch.overrides.items():
+            if point.plan_id != epoch.default.plan_id:
+                groups.setdefault(point.plan_id, []).append(dp)
+                points[point.plan_id] = point
+        overrides = [
+            ReplicaSchedule(sorted(dps), _clocks(points[plan_id].freqs[stage]))
+            for plan_id, dps in sorted(groups.items())
+        ]
+        return _clocks(epoch.default.freqs[stage]), overrides
+
+    def fall_back(self, start_step: int) -> PlanEpoch:
+        """Max speed from ``start_step`` on (the measured plan did not hold)."""
+        epoch = PlanEpoch(start_step, self.result.frontier.allmax, reason="fallback")
+        self.epochs.add(epoch)
+        return epoch
+
+    def impose(
+        self,
+        iteration_time_s: Optional[float],
+        start_step: int,
+        events: EventLog,
+        *,
+        plan_time_s: Optional[float],
+        watcher: Optional[DriftWatcher] = None,
+    ) -> None:
+        """Run no faster than ``iteration_time_s`` (measured seconds) from ``start_step`` on.
+
+        ``None`` clears it. See :meth:`switch` for the other arguments.
+        """
+        self.imposed_s = iteration_time_s
+        events.write("iteration_time_imposed", iteration_time_s=iteration_time_s)
+        reason = "imposed" if iteration_time_s is not None else "imposed_cleared"
+        self.switch(reason, start_step, events, plan_time_s=plan_time_s, watcher=watcher)
+
+    def switch(
+        self,
+        reason: str,
+        start_step: int,
+        events: EventLog,
+        *,
+        plan_time_s: Optional[float],
+        watcher: Optional[DriftWatcher] = None,
+    ) -> None:
+        """Start the epoch the imposed time and the straggling replicas call for.
+
+        Args:
+            reason: Why (``imposed``, ``drift``, ...).
+            start_step: The first step of the new epoch.
+            events: The job's event log.
+            plan_time_s: The chosen plan's measured iteration time (``None``: not measured
+                yet); measured times are scaled by it to the planner's scale.
+            watcher: The straggler watch (``None``: stragglers are not watched).
+        """
+        chosen = self.result.chosen
+        imposed_s = self.imposed_s
+        target_s = None if watcher is None else watcher.target_s
+        epoch = switched_epoch(
+            self.result.frontier,
+            chosen,
+            start_step,
+            reason,
+            imposed_s=None if imposed_s is None else _predicted_s(imposed_s, plan_time_s, chosen),
+            stragglers=set() if watcher is None else set(watcher.stragglers),
+            straggler_s=None
+            if watcher is None or target_s is None
+            else _predicted_s(target_s, watcher.reference_s, chosen),
+        )
+        self.epochs.add(epoch)
+        events.write(
+            "plan_switch",
+            reason=reason,
+            start_step=epoch.start_step,
+            plan_id=epoch.default.plan_id,
+            overrides={str(k): v.plan_id for k, v in epoch.overrides.items()},
+        )
+
+    def to_state(self) -> Dict[str, Any]:
+        """The epochs and the imposed time as JSON-ready data (see :meth:`from_state`)."""
+        return {"epochs": self.epochs.to_json(), "imposed_s": self.imposed_s}
+
+    @classmethod
+    def from_state(cls, data: Dict[str, Any], result: PlanResult) -> PlanInForce:
+        """The plans :meth:`to_state` described, on ``result`` (the job's kept frontier)."""
+        points = {p.plan_id: p for p in result.frontier.points}
+        return cls(result, PlanEpochs.from_json(data["epochs"], points), data["imposed_s"])
+
+
+def _predicted_s(
+    measured_s: float, measured_plan_s: Optional[float], chosen: FrontierPoint
+) -> float:
+    """Measured seconds on the planner's scale (the chosen plan's measured time -> predicted)."""
+    if not measured_plan_s:
+        return measured_s
+    return measured_s * chosen.iteration_time_s / measured_plan_s
+
+
+def _clocks(freqs: Any) -> List[Optional[int]]:
+    return [int(f) for f in freqs]

@@ -22,11 +22,11 @@ from perseus.config import ServerConfig
 from perseus.errors import PerseusError
 from perseus.formats import plan_outputs
 from perseus.formats.profile_csv import read_profile_csv
-from perseus.server.job_phases import Job
+from perseus.server.job import Job
+from perseus.server.job_phases import JobSettings
 from perseus.server.limits import MB, RANK_BYTES, job_problems, job_state_bytes
 from perseus.server.planning import safe_job_dir
 from perseus.server.state_store import STATE_FILE, StateStore, StoredJob
-from perseus.server.summary import write_summary
 from perseus.server.workers import EstimatorPool, PlannerPool
 from perseus.wire import JobCreated, JobSpec, RankRegistration, from_json
 
@@ -122,11 +122,7 @@ class JobRegistry:
             planners=self.planners,
             store=self.store,
             rank_timeout_s=self.cfg.rank_timeout_s,
-            drift_threshold=self.cfg.drift_threshold,
-            drift_patience=self.cfg.drift_patience,
-            plan_slowdown_tolerance=self.cfg.plan_slowdown_tolerance,
-            plan_check=self.cfg.plan_check,
-            on_plan_measured=write_summary,
+            settings=JobSettings.of(self.cfg),
         )
 
     def get(self, job_id: str) -> Job:
@@ -166,11 +162,6 @@ class JobRegistry:
             if not job.retired:
                 job.check_liveness()
 
-    def reserved_mb(self) -> float:
-        """Memory the running jobs' states are budgeted (MB)."""
-        with self.lock:
-            return sum(self._reserved.values()) / MB
-
     # -- restart --------------------------------------------------------------------------------
     def restore(self) -> int:
         """Bring back every job of the state file; returns how many."""
@@ -194,18 +185,11 @@ class JobRegistry:
         profile_path = job.job_dir / plan_outputs.PROFILE_CSV
         if stored.plan is not None and profile_path.is_file():
             profile = read_profile_csv(profile_path)
-        lost = job.restore(stored.state, stored.records, stored.plan, profile)
+        job.restore(stored.state, stored.records, stored.plan, profile)
         with self.lock:
             self.jobs[stored.job_id] = job
             if not job.retired:
                 self._reserved[stored.job_id] = job_state_bytes(spec, len(job.ranks))
-        job.events.write(
-            "restored",
-            phase=str(job.phase),
-            ranks=len(job.ranks),
-            profiling_iterations=job.profiling.num_steps,
-            lost_steps=lost,
-        )
 
     def close(self) -> None:
         """Stop the workers and write the state file."""

@@ -96,13 +96,6 @@ class StepTable:
         pending.stages_done.add(stage)
         return True
 
-    def stage_reports(self, step: int, stage: int) -> List[RankStep]:
-        """The reports of ``stage`` for ``step`` so far."""
-        pending = self._pending.get(step)
-        if pending is None:
-            return []
-        return [r for r in pending.reports.values() if r.stage == stage]
-
     def take_complete(self, step: int, live_stages: List[int]) -> Optional[JobStep]:
         """The combined step once every stage with live ranks is complete (returned once).
 

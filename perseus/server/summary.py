@@ -1,18 +1,20 @@
 """The job summary that ``GET /jobs/{job_id}/summary`` answers, and ``summary.json``.
 
 Measured baseline and plan, the plan's prediction, savings, the profiling cost and what runs
-now; ``perseus-train`` builds report.json from it. The job itself does not know this module:
-the server hands :func:`write_summary` to the job as its ``on_plan_measured`` callback.
+now; ``perseus-train`` builds report.json from it. It is made from a :class:`JobView`, the
+small picture a job gives of itself (:meth:`perseus.server.job.Job.view`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
-from perseus.formats import plan_outputs
-from perseus.server.job_phases import Job
+from perseus.server.job_record import JobRecord
+from perseus.server.plan_switching import PlanEpoch
 from perseus.server.planning import PlanResult
-from perseus.server.steps import typical_step
+from perseus.server.steps import JobStep, typical_step
+from perseus.wire import Phase
 
 # Keys of the summary that ``GET /jobs/{job_id}`` answers (the job's status).
 STATUS_KEYS = (
@@ -28,41 +30,64 @@ STATUS_KEYS = (
 )
 
 
-def job_summary(job: Job) -> Dict[str, Any]:
-    """Everything known about ``job``."""
-    with job.lock:
-        return _summary(job)
+@dataclass(frozen=True)
+class JobView:
+    """What a job shows of itself, taken under its lock.
+
+    Attributes:
+        job_id: The job.
+        phase: Its phase.
+        profiler_mode: ``profiler.mode`` of its spec.
+        failure: Why it failed (``failed`` only).
+        message: What it says to its ranks.
+        fallback: The plan check's verdict where the plan fell back to max speed.
+        degraded: Some rank died.
+        ranks: ``rank -> alive | dead | finished``.
+        record: What it measured (with the current phase's measurements so far).
+        result: Its frontier and chosen plan (once planned).
+        epoch: The plan in force now (once planned).
+        imposed_s: The iteration time imposed on it.
+        stragglers: The data-parallel replicas that straggle.
+        recent: Its last few job steps.
+        files: The files it wrote.
+    """
+
+    job_id: str
+    phase: Phase
+    profiler_mode: str
+    failure: Optional[str]
+    message: Optional[str]
+    fallback: Optional[Dict[str, Any]]
+    degraded: bool
+    ranks: Dict[str, str]
+    record: JobRecord
+    result: Optional[PlanResult]
+    epoch: Optional[PlanEpoch]
+    imposed_s: Optional[float]
+    stragglers: Tuple[int, ...]
+    recent: List[JobStep]
+    files: Dict[str, str]
 
 
-def job_status(job: Job) -> Dict[str, Any]:
-    """The job's phase, ranks and what runs now (a part of :func:`job_summary`)."""
-    summary = job_summary(job)
-    return {key: summary[key] for key in STATUS_KEYS}
-
-
-def write_summary(job: Job) -> None:
-    """Write ``summary.json`` into the job directory (and list it in the job's files)."""
-    with job.lock:
-        job.files["summary"] = str(job.job_dir / plan_outputs.SUMMARY_JSON)
-        plan_outputs.write_summary(job.job_dir, _summary(job))
-
-
-def _summary(job: Job) -> Dict[str, Any]:
+def job_summary(view: JobView) -> Dict[str, Any]:
+    """Everything known about the job."""
+    record = view.record
     out: Dict[str, Any] = {
-        "job_id": job.job_id,
-        "phase": str(job.phase),
-        "failure": job.failure,
-        "message": job.message,
-        "fallback": job.fallback,
-        "degraded": job.degraded,
-        "ranks": job.ranks.statuses(),
-        "baseline": _baseline(job),
-        "plan": typical_step(job.plan_samples) if job.plan_samples else None,
-        "predicted": None if job.result is None else _prediction(job.result),
+        "job_id": view.job_id,
+        "phase": str(view.phase),
+        "failure": view.failure,
+        "message": view.message,
+        "fallback": view.fallback,
+        "degraded": view.degraded,
+        "ranks": view.ranks,
+        # Max speed measured right beside the plan; before that, at the start of the job.
+        "baseline": typical_step(record.max_speed) if record.max_speed else None,
+        "plan": typical_step(record.plan) if record.plan else None,
+        "predicted": None if view.result is None else _prediction(view.result),
         "savings": None,
-        "profiling": _profiling(job),
-        "current": _current(job),
-        "files": dict(job.files),
+        "profiling": _profiling(view),
+        "current": _current(view),
+        "files": dict(view.files),
     }
     base, plan = out["baseline"], out["plan"]
     if base and plan and base.get("energy_j") and plan.get("energy_j") is not None:
@@ -73,34 +98,32 @@ def _summary(job: Job) -> Dict[str, Any]:
     return out
 
 
-def _baseline(job: Job) -> Any:
-    """Max speed measured right before the plan; before that, at the start of the job."""
-    steps = job.reference or job.baseline
-    return typical_step(steps) if steps else None
+def job_status(view: JobView) -> Dict[str, Any]:
+    """The job's phase, ranks and what runs now (a part of :func:`job_summary`)."""
+    summary = job_summary(view)
+    return {key: summary[key] for key in STATUS_KEYS}
 
 
-def _profiling(job: Job) -> Dict[str, Any]:
-    first, last = job.profiling_steps
+def _profiling(view: JobView) -> Dict[str, Any]:
+    profiled = view.record.profiling
+    first = None if profiled is None else profiled.first_step
     out: Dict[str, Any] = {
-        "mode": job.spec.profiler.mode,
-        "baseline_iterations": job.profile_start,
+        "mode": view.profiler_mode,
+        "baseline_iterations": first,
         "iterations": None,
         "first_step": first,
-        "last_step": last,
+        "last_step": None if profiled is None else profiled.last_step,
     }
-    done = job.profiling_summary
-    if job.profiling.started:
-        out.update(job.profiling.summary())
-    elif done is not None:
-        out.update(done)
+    if profiled is not None and profiled.summary is not None:
+        out.update(profiled.summary)
     return out
 
 
-def _current(job: Job) -> Dict[str, Any]:
-    epoch = job.plans.current
+def _current(view: JobView) -> Dict[str, Any]:
+    epoch = view.epoch
     return {
-        "imposed_iteration_time_s": job.imposed_s,
-        "straggler_dp_ranks": sorted(job.watcher.stragglers),
+        "imposed_iteration_time_s": view.imposed_s,
+        "straggler_dp_ranks": list(view.stragglers),
         "plan_id": None if epoch is None else epoch.default.plan_id,
         "overrides": {}
         if epoch is None
@@ -109,7 +132,7 @@ def _current(job: Job) -> Dict[str, Any]:
         "reason": None if epoch is None else epoch.reason,
         "recent_steps": [
             {"step": js.step, "iteration_time_s": js.iteration_time_s, "energy_j": js.energy_j}
-            for js in list(job.history)[-5:]
+            for js in view.recent
         ],
     }
 

@@ -36,7 +36,7 @@ def _kept_profiling_steps(dump: Path, job_id: str) -> int:
         conn.close()
     if row is None:
         return 0
-    sweeps = json.loads(row[0])["sweeps"]
+    sweeps = json.loads(row[0])["phase_state"].get("sweeps", [])
     return max((len(s["assigned"]) for s in sweeps), default=0)
 
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from perseus.config import ServerConfig
-from perseus.server import job_planning, workers
+from perseus.server import phase_planning, workers
 from perseus.server.app import create_app
 from tests.unit.server.flow import VirtualRanks
 
@@ -23,14 +23,14 @@ def test_a_job_stuck_in_planning_blocks_nothing(
 ) -> None:
     release = threading.Event()
     entered = threading.Event()
-    real = job_planning.plan_and_write
+    real = phase_planning.plan_and_write
 
     def stuck(*args: Any) -> Any:
         entered.set()
         release.wait(300)
         return real(*args)
 
-    monkeypatch.setattr(job_planning, "plan_and_write", stuck)
+    monkeypatch.setattr(phase_planning, "plan_and_write", stuck)
     with TestClient(create_app(CFG, tmp_path)) as client:
         busy = VirtualRanks(client, "busy", pp=2, profiler={"max_iterations": 10})
         busy.run_until("planning")

@@ -10,10 +10,11 @@ from fastapi.testclient import TestClient
 
 from perseus.config import ServerConfig
 from perseus.server.app import create_app
-from perseus.server.state_store import STATE_FILE
+from perseus.server.state_store import STATE_FILE, StateStore
 from tests.unit.server.flow import VirtualRanks
 
 CFG = ServerConfig(profiler_workers=0, planner_workers=0)
+PROFILER = {"max_iterations": 8}
 
 
 def _events(path: Path) -> List[Dict[str, Any]]:
@@ -74,3 +75,41 @@ def test_a_planned_job_keeps_its_plans_across_a_restart(tmp_path: Path) -> None:
         put = second.put("/jobs/planned/iteration_time", json={"iteration_time_s": slow_s})
         assert put.status_code == 200
         assert ranks.summary()["current"]["reason"] == "imposed"
+
+
+def _kept_by_previous_server(dump: Path) -> Dict[str, Any]:
+    """Write the version-1 state of ``data/state_v1.json`` into ``dump`` (see data/README.md)."""
+    jobs = json.loads((Path(__file__).parent / "data" / "state_v1.json").read_text())
+    store = StateStore(dump / STATE_FILE)
+    for job_id, kept in jobs.items():
+        assert kept["state"]["version"] == 1
+        store.put_job(job_id, kept["spec"])
+        for reg in kept["ranks"]:
+            store.put_rank(job_id, reg["rank"], reg)
+        for args in kept["records"]:
+            store.add_records(job_id, tuple(args))
+        if kept["plan"] is not None:
+            store.put_plan(job_id, kept["plan"])
+        if kept["profile_csv"] is not None:
+            (dump / job_id).mkdir(parents=True)
+            (dump / job_id / "profile.csv").write_text(kept["profile_csv"])
+        store.state_changed(job_id, lambda state=kept["state"]: state)
+    store.close()
+    return jobs
+
+
+def test_state_written_by_the_previous_server_is_restored(tmp_path: Path) -> None:
+    jobs = _kept_by_previous_server(tmp_path)
+    with TestClient(create_app(CFG, tmp_path)) as client:
+        for job_id, kept in jobs.items():
+            ranks = VirtualRanks(client, job_id, pp=2, num_microbatches=2, profiler=PROFILER)
+            ranks.step = kept["next_step"]
+            restored, before = ranks.summary(), kept["summary"]
+            for key in ("phase", "baseline", "plan", "predicted", "savings", "profiling"):
+                assert restored[key] == before[key], key
+            ranks.run_until("watching")
+        # The plan came back with its frontier: an imposed time switches plans.
+        slow_s = jobs["v1-watching"]["summary"]["plan"]["iteration_time_s"] * 1.3
+        put = client.put("/jobs/v1-watching/iteration_time", json={"iteration_time_s": slow_s})
+        assert put.status_code == 200
+        assert client.get("/jobs/v1-watching/summary").json()["current"]["reason"] == "imposed"
