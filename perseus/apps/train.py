@@ -19,6 +19,7 @@ from typing import Optional
 
 from perseus.apps.common import hydra_app
 from perseus.config import PerseusConfig
+from perseus.runtime.announce import saving_words
 
 logger = logging.getLogger("perseus.train")
 
@@ -41,15 +42,32 @@ def main(cfg: PerseusConfig, out_dir: Path) -> Optional[int]:
 
 
 def summary_line(report: dict, out_dir: Path) -> str:
-    """A short human summary of ``report.json``."""
+    """A short human summary of ``report.json``: every saving with its 95 % interval.
+
+    A saving whose interval contains 0 reads "no measurable energy saving", never a number. A
+    power-limit run measures each limit in one window: its saving has no interval and says so.
+    """
+    where = f"report: {out_dir / 'report.json'}"
+    predicted = report.get("predicted_energy_saving")
+    said = "" if predicted is None else f" (predicted saving {100 * predicted:.1f} %)"
+    if report.get("energy_saving_ci95") is not None:
+        words = saving_words(
+            {
+                "energy_fraction": report.get("energy_saving"),
+                "energy_saving_ci95": report.get("energy_saving_ci95"),
+                "energy_saving_measurable": report.get("energy_saving_measurable"),
+                "slowdown_fraction": report.get("slowdown"),
+                "slowdown_ci95": report.get("slowdown_ci95"),
+            }
+        )
+        return f"perseus-train: {words}{said}; {where}"
     saving, slowdown = report.get("energy_saving"), report.get("slowdown")
     if saving is None or slowdown is None:
         figures = json.dumps({k: report.get(k) for k in ("baseline", "plan")})
-        return f"perseus-train: done; {figures}; report: {out_dir / 'report.json'}"
+        return f"perseus-train: done; {figures}; {where}"
     return (
         f"perseus-train: energy saving {100 * saving:.1f} %, slowdown {100 * slowdown:+.2f} % "
-        f"(predicted saving {100 * report.get('predicted_energy_saving', float('nan')):.1f} %); "
-        f"report: {out_dir / 'report.json'}"
+        f"(one measurement window each: no interval){said}; {where}"
     )
 
 

@@ -12,7 +12,7 @@ import csv
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple, Union
 
 from hydra.experimental.callback import Callback
 
@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 SUMMARY_CSV = "sweep_summary.csv"
 COMPARISON_PNG = "sweep_comparison.png"
-FIGURES = (
+# Column -> where in report.json (keys, and indexes into lists).
+FIGURES: Tuple[Tuple[str, Tuple[Union[str, int], ...]], ...] = (
     ("baseline_iteration_time_s", ("baseline", "iteration_time_s")),
     ("baseline_energy_j", ("baseline", "energy_j")),
     ("plan_iteration_time_s", ("plan", "iteration_time_s")),
@@ -28,16 +29,24 @@ FIGURES = (
     ("predicted_iteration_time_s", ("plan", "predicted_iteration_time_s")),
     ("predicted_energy_j", ("plan", "predicted_energy_j")),
     ("energy_saving", ("energy_saving",)),
+    ("energy_saving_ci95_low", ("energy_saving_ci95", 0)),
+    ("energy_saving_ci95_high", ("energy_saving_ci95", 1)),
+    ("energy_saving_measurable", ("energy_saving_measurable",)),
     ("slowdown", ("slowdown",)),
+    ("slowdown_ci95_low", ("slowdown_ci95", 0)),
+    ("slowdown_ci95_high", ("slowdown_ci95", 1)),
 )
 
 
 def _dig(report: Dict[str, Any], path: tuple) -> Any:
     value: Any = report
     for key in path:
-        if not isinstance(value, dict):
+        if isinstance(key, int):
+            value = value[key] if isinstance(value, list) and key < len(value) else None
+        elif isinstance(value, dict):
+            value = value.get(key)
+        else:
             return None
-        value = value.get(key)
     return value
 
 
@@ -68,13 +77,19 @@ def write_summary(sweep_dir: Path) -> Path:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    if any(row["energy_saving"] is not None for row in rows):
+    if any(
+        row["energy_saving"] is not None or row["energy_saving_ci95_low"] is not None
+        for row in rows
+    ):
         plot_comparison(rows, sweep_dir / COMPARISON_PNG)
     return path
 
 
 def plot_comparison(rows: List[Dict[str, Any]], path: Path) -> Path:
-    """Grouped bars: energy saving and slowdown (percent) per run."""
+    """Grouped bars: energy saving and slowdown (percent) per run, with their 95 % intervals.
+
+    A saving that is not measurable (its interval contains 0) is drawn as its interval alone.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,8 +100,18 @@ def plot_comparison(rows: List[Dict[str, Any]], path: Path) -> Path:
     slowdown = [100 * (row["slowdown"] or 0.0) for row in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows)), 3.6))
-    ax.bar([x - 0.2 for x in xs], saving, width=0.4, label="energy saving (%)")
-    ax.bar([x + 0.2 for x in xs], slowdown, width=0.4, label="slowdown (%)")
+    for offset, values, name, label in (
+        (-0.2, saving, "energy_saving", "energy saving (%)"),
+        (0.2, slowdown, "slowdown", "slowdown (%)"),
+    ):
+        low = [row[f"{name}_ci95_low"] for row in rows]
+        high = [row[f"{name}_ci95_high"] for row in rows]
+        errors = [
+            [max(0.0, v - 100 * lo) if lo is not None else 0.0 for v, lo in zip(values, low)],
+            [max(0.0, 100 * hi - v) if hi is not None else 0.0 for v, hi in zip(values, high)],
+        ]
+        ax.bar([x + offset for x in xs], values, width=0.4, label=label)
+        ax.errorbar([x + offset for x in xs], values, yerr=errors, fmt="none", ecolor="black")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.axhline(0, color="black", linewidth=0.6)

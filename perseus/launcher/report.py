@@ -1,8 +1,11 @@
 """Build ``report.json`` of a ``perseus-train`` run.
 
 With the coordination server (``runtime.mode=online``) the figures come from the job's summary:
-baseline measured at max speed in the same run, the chosen plan measured, and the plan's
-prediction (re-simulated with the measured profile). Without it they come from what every rank
+max speed and the chosen plan measured beside each other in the same run (in blocks), the
+saving and the slowdown with their 95 % intervals (``energy_saving_ci95``, ``slowdown_ci95``,
+``energy_saving_measurable``: false when the saving's interval contains 0, and then
+``energy_saving`` is ``null``: no measurable saving, never a number), and the plan's prediction
+(re-simulated with the measured profile). Without it they come from what every rank
 measured (``steps-rank*.json``): the iteration time of a step is the slowest rank's, its energy
 the sum over ranks, averaged over the measured steps (after ``train.warmup_steps``).
 
@@ -10,7 +13,8 @@ Schema::
 
     {"baseline": {"iteration_time_s", "energy_j"},
      "plan": {"iteration_time_s", "energy_j", "predicted_iteration_time_s", "predicted_energy_j"},
-     "energy_saving": <fraction>, "slowdown": <fraction>, ...}
+     "energy_saving": <fraction or null>, "energy_saving_ci95": [low, high],
+     "energy_saving_measurable": <bool>, "slowdown": <fraction>, "slowdown_ci95": [low, high], ...}
 """
 
 from __future__ import annotations
@@ -45,9 +49,15 @@ def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
         plan["predicted_iteration_time_s"] = predicted.get("iteration_time_s")
         plan["predicted_energy_j"] = predicted.get("energy_j")
     report: Dict[str, Any] = {"baseline": baseline, "plan": plan}
-    if baseline and plan and baseline["energy_j"]:
-        report["energy_saving"] = 1.0 - plan["energy_j"] / baseline["energy_j"]
-        report["slowdown"] = plan["iteration_time_s"] / baseline["iteration_time_s"] - 1.0
+    savings = summary.get("savings")
+    if isinstance(savings, dict):
+        report["energy_saving"] = savings.get("energy_fraction")
+        report["energy_saving_ci95"] = savings.get("energy_saving_ci95")
+        report["energy_saving_measurable"] = bool(savings.get("energy_saving_measurable"))
+        report["slowdown"] = savings.get("slowdown_fraction")
+        report["slowdown_ci95"] = savings.get("slowdown_ci95")
+        report["block_steps"] = savings.get("block_steps")
+        report["num_block_pairs"] = savings.get("num_block_pairs")
     if predicted:
         report["predicted"] = {
             "plan_id": predicted.get("plan_id"),

@@ -83,6 +83,29 @@ def start_line(mode: str, gpu: GPU, server: Optional[str] = None) -> str:
     return "; ".join(parts)
 
 
+def _interval(ci: Any, sign: str = "") -> str:
+    low, high = (100 * float(v) for v in ci)
+    return f"95 % interval {low:{sign}.1f} to {high:{sign}.1f} %"
+
+
+def saving_words(savings: Dict[str, Any]) -> str:
+    """The measured saving and slowdown with their intervals, in words.
+
+    A saving whose interval contains 0 is "no measurable saving", never a number.
+    """
+    energy, energy_ci = savings.get("energy_fraction"), savings.get("energy_saving_ci95")
+    if energy is not None and savings.get("energy_saving_measurable") and energy_ci:
+        words = f"measured energy saving {100 * float(energy):.1f} % ({_interval(energy_ci)})"
+    elif energy_ci:
+        words = f"no measurable energy saving ({_interval(energy_ci)})"
+    else:
+        words = "no measured energy saving (the energy counter did not cover the measurement)"
+    slowdown, slowdown_ci = savings.get("slowdown_fraction"), savings.get("slowdown_ci95")
+    if slowdown is not None and slowdown_ci:
+        words += f", iteration time {100 * float(slowdown):+.1f} % ({_interval(slowdown_ci, '+')})"
+    return words
+
+
 def summary_line(summary: Dict[str, Any]) -> str:
     """Rank 0's last line: the measured saving and slowdown against this run's baseline."""
     phase = summary.get("phase")
@@ -90,12 +113,7 @@ def summary_line(summary: Dict[str, Any]) -> str:
     if summary.get("failure"):
         return f"Perseus summary: job stopped ({summary['failure']}); default GPU clocks"
     if savings:
-        energy, slowdown = savings.get("energy_fraction"), savings.get("slowdown_fraction")
-        line = (
-            f"Perseus summary: measured energy saving {100 * float(energy):.1f} % at "
-            f"{100 * float(slowdown):+.1f} % iteration time against this run's max-speed "
-            "baseline"
-        )
+        line = f"Perseus summary: {saving_words(savings)} against this run's max speed"
         if summary.get("fallback"):
             line += "; the plan did not hold and the job fell back to max speed"
         return line

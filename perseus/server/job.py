@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional
 
@@ -109,6 +109,7 @@ class Job:
             settings or JobSettings(),
             self._notes,
             self._schedules.next_step,
+            self._reports.update_period_s,
             self._reply,
         )
         self._phase: JobPhase = Baseline(self._ctx, JobRecord())
@@ -204,11 +205,12 @@ class Job:
             if problem is not None:
                 self._fail(problem)
                 return
-            if rep.instructions:
-                num_gpus = 1 + len(rep.peers)
-                self._phase.records(rep, state.stage, state.update_period_s, num_gpus)
+            if rep.instructions or rep.energy_updates:
+                self._phase.records(rep, state.stage, 1 + len(rep.peers))
             if self._reports.add(rep, state):
                 self._complete(rep.step, [state.stage])
+            for step, energy_j in self._reports.energies(rep):
+                self._energy(step, energy_j)
             self._settle()
             self._changed()
 
@@ -231,6 +233,13 @@ class Job:
             self._history.append(js)
             self._phase.job_step(js)
             self._settle()
+
+    def _energy(self, step: int, energy_j: float) -> None:
+        """Job step ``step``'s energy arrived: the recent steps and the phase take it."""
+        for i, js in enumerate(self._history):
+            if js.step == step:
+                self._history[i] = replace(js, energy_j=energy_j)
+        self._phase.step_energy(step, energy_j)
 
     def _recheck(self) -> None:
         """Ranks died or finished: steps may be complete now."""

@@ -131,6 +131,8 @@ class JobContext:
         settings: How the job's plan is judged and watched.
         notes: The job's message and files (phases set them).
         next_step: The first step a change made now applies to.
+        update_period_s: The ranks' energy counter update period, as measured from their
+            reports (``None``: not known yet).
         reply: ``reply(phase, handler)``: a worker's answer for ``phase``, handled under the
             job's lock while ``phase`` is the job's (the job then moves on as its phase says).
     """
@@ -147,6 +149,7 @@ class JobContext:
     settings: JobSettings
     notes: JobNotes
     next_step: Callable[[], int]
+    update_period_s: Callable[[], Optional[float]]
     reply: Callable[[JobPhase, Handler], Reply]
 
 
@@ -191,15 +194,12 @@ class JobPhase:
         """``stage``'s clocks at ``step`` (``allmax``: the highest clock everywhere)."""
         return allmax, []
 
-    def records(
-        self, report: StepReport, stage: int, update_period_s: Optional[float], num_gpus: int
-    ) -> None:
-        """The instruction records of one report.
+    def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
+        """The instruction records and counter updates of one report.
 
         Args:
-            report: The report (its records are not empty).
+            report: The report (with records, or counter updates, or both).
             stage: The reporting rank's stage.
-            update_period_s: How often the rank's energy counter updates (if known).
             num_gpus: The GPUs the report speaks for.
         """
 
@@ -207,7 +207,14 @@ class JobPhase:
         """Every live rank of ``stage`` reported ``step``."""
 
     def job_step(self, js: JobStep) -> None:
-        """Every live stage reported ``js.step``: the job's iteration."""
+        """Every live stage reported ``js.step``: the job's iteration (its energy may follow)."""
+
+    def step_energy(self, step: int, energy_j: float) -> None:
+        """The energy of job step ``step`` arrived (after the step itself).
+
+        By default the job's record takes it (a measured step of an earlier phase).
+        """
+        self.record = self.record.with_energy(step, energy_j)
 
     def next_phase(self) -> Optional[JobPhase]:
         """The phase the job goes to now, or ``None`` to stay (asked after every change)."""

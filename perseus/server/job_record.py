@@ -10,10 +10,18 @@ phase adds its part by making a new one (:func:`dataclasses.replace`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
+from perseus.profiler.comparison import Block, Comparison, compare
 from perseus.server.steps import JobStep, job_step_from_json, job_step_to_json
+
+
+def fill_energy(steps: List[JobStep], step: int, energy_j: float) -> List[JobStep]:
+    """``steps`` with ``step``'s energy filled in (the same list when it holds no such step)."""
+    if not any(js.step == step for js in steps):
+        return steps
+    return [replace(js, energy_j=energy_j) if js.step == step else js for js in steps]
 
 
 @dataclass(frozen=True)
@@ -44,24 +52,44 @@ class ProfilingRecord:
 
 @dataclass(frozen=True)
 class PlanMeasurement:
-    """The chosen plan's clean iterations and the max-speed ones interleaved with them."""
+    """The chosen plan's clean iterations and the max-speed ones in blocks beside them.
+
+    Attributes:
+        reference: The max-speed iterations of the complete blocks.
+        plan: The plan's iterations of the complete blocks.
+        blocks: The complete blocks, in order (:mod:`perseus.profiler.comparison`).
+        block_steps: Iterations per block.
+    """
 
     reference: List[JobStep]
     plan: List[JobStep]
+    blocks: List[Block] = field(default_factory=list)
+    block_steps: int = 1
+
+    def comparison(self) -> Comparison:
+        """The plan against max speed, with 95 % intervals."""
+        return compare(self.blocks)
 
     def to_state(self) -> Dict[str, Any]:
         """As JSON-ready data (see :meth:`from_state`)."""
         return {
             "reference": [job_step_to_json(s) for s in self.reference],
             "plan": [job_step_to_json(s) for s in self.plan],
+            "blocks": [[b.arm, b.num_steps, b.time_s, b.energy_j] for b in self.blocks],
+            "block_steps": self.block_steps,
         }
 
     @classmethod
     def from_state(cls, data: Dict[str, Any]) -> PlanMeasurement:
-        """The measurement :meth:`to_state` described."""
+        """The measurement :meth:`to_state` described (older states have no blocks)."""
         return cls(
             [job_step_from_json(s) for s in data["reference"]],
             [job_step_from_json(s) for s in data["plan"]],
+            [
+                Block(str(arm), int(n), float(t), None if e is None else float(e))
+                for arm, n, t, e in data.get("blocks", [])
+            ],
+            int(data.get("block_steps", 1)),
         )
 
 
@@ -78,6 +106,22 @@ class JobRecord:
     baseline: List[JobStep] = field(default_factory=list)
     profiling: Optional[ProfilingRecord] = None
     measured: Optional[PlanMeasurement] = None
+
+    def with_energy(self, step: int, energy_j: float) -> JobRecord:
+        """The record with ``step``'s energy filled in where it holds that step."""
+        baseline = fill_energy(self.baseline, step, energy_j)
+        measured = self.measured
+        if measured is not None:
+            measured = replace(
+                measured,
+                reference=fill_energy(measured.reference, step, energy_j),
+                plan=fill_energy(measured.plan, step, energy_j),
+            )
+        if baseline is self.baseline and (
+            measured is None or measured == self.measured  # nothing of it changed
+        ):
+            return self
+        return JobRecord(baseline, self.profiling, measured)
 
     @property
     def max_speed(self) -> List[JobStep]:

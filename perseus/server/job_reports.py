@@ -5,14 +5,20 @@ rank ran, and a stage leader's the positions where its peers ran another: a sequ
 the job's schedule fails the job (:meth:`ReportIntake.problem` says where). A report covers its
 rank and the peers it speaks for; once every live rank of a stage reported a step, the stage's
 step is complete, and once every live stage is, the job's step (:mod:`perseus.server.steps`).
+The energies of earlier steps that reports carry are joined into those steps' energies
+(:meth:`ReportIntake.energies`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+import statistics
+from collections import deque
+from dataclasses import astuple, replace
+from typing import Deque, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
+from perseus.records.energy import EnergyUpdate, estimate_update_period
 from perseus.server.rank_registry import RankRegistry, RankState
-from perseus.server.steps import JobStep, RankStep, StepTable
+from perseus.server.steps import JobStep, RankStep, StepEnergies, StepTable
 from perseus.wire import (
     JobSpec,
     RankRegistration,
@@ -24,6 +30,8 @@ from perseus.wire import (
 
 # Incomplete steps kept behind the newest one reported.
 KEEP_STEPS = 16
+# Recent counter updates kept per reporter (the update period is estimated from them).
+UPDATES_KEPT = 64
 
 
 class ReportIntake:
@@ -44,6 +52,8 @@ class ReportIntake:
         self._sequences: Dict[int, str] = {}
         self._peers: Dict[int, FrozenSet[int]] = {}
         self._steps = StepTable(keep_steps=KEEP_STEPS)
+        self._energies = StepEnergies()
+        self._updates: Dict[int, Deque[EnergyUpdate]] = {}
 
     def registered(self, reg: RankRegistration) -> None:
         """A rank registered with the peers it speaks for."""
@@ -89,7 +99,6 @@ class ReportIntake:
                 state.stage,
                 state.dp_rank,
                 report.iteration_time_s,
-                report.energy_j,
                 report.compute_time_s,
                 peers if peers is not None and peers == given else given,
                 tuple((r.dp_rank, r.compute_time_s) for r in report.replicas),
@@ -98,15 +107,45 @@ class ReportIntake:
         )
 
     def complete(self, step: int, stages: Iterable[int]) -> Tuple[List[int], Optional[JobStep]]:
-        """Which of ``stages`` completed ``step`` now, and the job's step once every one did."""
+        """Which of ``stages`` completed ``step`` now, and the job's step once every one did.
+
+        The job's step comes with its energy where every report's had already arrived.
+        """
         live = self._ranks.live
         done = [s for s in stages if self._steps.stage_complete(step, s, live(s))]
-        return done, self._steps.take_complete(step, self._ranks.live_stages())
+        taken = self._steps.take_complete(step, self._ranks.live_stages())
+        if taken is None:
+            return done, None
+        js, reporters = taken
+        energy_j = self._energies.expect(step, reporters)
+        return done, js if energy_j is None else replace(js, energy_j=energy_j)
+
+    def update_period_s(self) -> Optional[float]:
+        """The reporters' counter update period: the median of theirs (``None``: not known)."""
+        periods = [estimate_update_period(list(kept)) for kept in self._updates.values()]
+        known = [p.median_s for p in periods if p is not None]
+        return statistics.median(known) if known else None
+
+    def energies(self, report: StepReport) -> List[Tuple[int, float]]:
+        """The job steps whose energy ``report``'s late energies complete: ``(step, J)``.
+
+        Also keeps the reporter's recent counter updates (for :meth:`update_period_s`).
+        """
+        if report.energy_updates:
+            kept = self._updates.setdefault(report.rank, deque(maxlen=UPDATES_KEPT))
+            kept.extend(EnergyUpdate(*astuple(u)) for u in report.energy_updates)
+        out: List[Tuple[int, float]] = []
+        for part in report.energies:
+            total = self._energies.add(part.step, report.rank, part.energy_j)
+            if total is not None:
+                out.append((part.step, total))
+        return out
 
     def pending_steps(self) -> List[int]:
         """Steps with a report that are not complete yet."""
         return self._steps.pending_steps()
 
     def release(self) -> None:
-        """Forget the incomplete steps (the job is retired)."""
+        """Forget the incomplete steps and energies (the job is retired)."""
         self._steps = StepTable(keep_steps=KEEP_STEPS)
+        self._energies = StepEnergies()

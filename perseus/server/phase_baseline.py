@@ -51,22 +51,19 @@ class Baseline(JobPhase):
         self.steps: List[JobStep] = steps or []
         self.kind_times_s: Dict[Tuple[int, str], List[float]] = kind_times_s or {}
 
-    def records(
-        self, report: StepReport, stage: int, update_period_s: Optional[float], num_gpus: int
-    ) -> None:
-        """Instruction durations of a settled, scheduled iteration; the records to the estimates."""
+    def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
+        """Durations of a settled, scheduled iteration; its records and updates to the estimates."""
         prof = self.ctx.spec.profiler
-        if not report.scheduled or report.step < prof.settle_steps:
+        if not report.scheduled or report.step < prof.settle_steps or not report.instructions:
+            feed_estimates(self.ctx, stage, report, [], [], num_gpus)
             return
         records = instruction_records(report)
         for rec in records:
             times = self.kind_times_s.setdefault((stage, rec.instruction), [])
             if len(times) < MAX_KIND_TIMES:
                 times.append(rec.end_s - rec.start_s)
-        if all(r.frequency_mhz is None for r in records):
-            return  # default clocks: nothing the estimates can use
         warmup = warmup_after_changes(records, prof.warmup_instructions)
-        feed_estimates(self.ctx, stage, report.rank, records, warmup, update_period_s, num_gpus)
+        feed_estimates(self.ctx, stage, report, records, warmup, num_gpus)
 
     def job_step(self, js: JobStep) -> None:
         """A clean, settled iteration is a baseline measurement."""

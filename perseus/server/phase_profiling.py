@@ -85,16 +85,7 @@ def warmup_after_changes(
 def records_to_tuples(records: Sequence[InstructionRecord]) -> List[Tuple[Any, ...]]:
     """Records as plain tuples (what travels to the worker and into the state file)."""
     return [
-        (
-            r.position,
-            r.instruction,
-            r.microbatch,
-            r.frequency_mhz,
-            r.start_s,
-            r.end_s,
-            r.energy_begin_mj,
-            r.energy_end_mj,
-        )
+        (r.position, r.instruction, r.microbatch, r.frequency_mhz, r.start_s, r.end_s)
         for r in records
     ]
 
@@ -102,24 +93,34 @@ def records_to_tuples(records: Sequence[InstructionRecord]) -> List[Tuple[Any, .
 def feed_estimates(
     ctx: JobContext,
     stage: int,
-    rank_key: int,
+    report: StepReport,
     records: Sequence[InstructionRecord],
     warmup: Sequence[int],
-    update_period_s: Optional[float],
     num_gpus: int,
 ) -> None:
-    """Send one report's records to the job's estimates, and keep them in the state file.
+    """Send one report's records and counter updates to the job's estimates (and keep them).
 
     Args:
         ctx: The job.
         stage: The reporting rank's stage.
-        rank_key: The reporting rank.
-        records: Its records (not empty).
+        report: The report (its rank's GPU: the counter updates, the power limit).
+        records: Its instruction records (empty: only the counter updates count).
         warmup: Positions left out of the time averages.
-        update_period_s: How often the rank's energy counter updates (if known).
         num_gpus: The GPUs the report speaks for.
     """
-    args = (stage, rank_key, records_to_tuples(records), list(warmup), update_period_s, num_gpus)
+    updates = [(u.time_s, u.energy_mj, u.time_error_s) for u in report.energy_updates]
+    if not records and not updates:
+        return
+    power_limit_w = ctx.ranks.get(report.rank).power_limit_w
+    args = (
+        stage,
+        report.rank,
+        records_to_tuples(records),
+        list(warmup),
+        updates,
+        num_gpus,
+        power_limit_w,
+    )
     ctx.estimators.call(ctx.job_id, "add", *args)
     if ctx.store is not None:
         ctx.store.add_records(ctx.job_id, args)
@@ -177,17 +178,17 @@ class Profiling(JobPhase):
         return allmax, []
 
     # -- measurements ---------------------------------------------------------------------------
-    def records(
-        self, report: StepReport, stage: int, update_period_s: Optional[float], num_gpus: int
-    ) -> None:
-        """Route one report's records to the estimates.
+    def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
+        """Route one report's records and counter updates to the estimates.
 
         Records of a step the sweep assigned count with the assignment's warm-up positions if
         they ran its clocks; otherwise the step is lost (retried later) and the records count
         with warm-up positions of the clocks they did run at.
         """
-        if report.step < self.start_step or not self.sweeps:
-            return  # max-speed iterations between the baseline and the sweeps
+        if report.step < self.start_step or not self.sweeps or not report.instructions:
+            # Max-speed iterations between the baseline and the sweeps: the counter only.
+            feed_estimates(self.ctx, stage, report, [], [], num_gpus)
+            return
         records = instruction_records(report)
         freqs = [r.frequency_mhz for r in records]
         warmup: Sequence[int]
@@ -198,10 +199,8 @@ class Profiling(JobPhase):
         else:
             if assigned is not None:
                 sweep.lost(report.step)
-            if all(f is None for f in freqs):
-                return  # default clocks: nothing the estimates can use
             warmup = warmup_after_changes(records, self.ctx.spec.profiler.warmup_instructions)
-        feed_estimates(self.ctx, stage, report.rank, records, warmup, update_period_s, num_gpus)
+        feed_estimates(self.ctx, stage, report, records, warmup, num_gpus)
 
     def stage_step_done(self, stage: int, step: int) -> None:
         """Every live rank of ``stage`` reported ``step``: update the sweep (in the worker)."""

@@ -1,12 +1,13 @@
 """Does the measured plan keep its promise? If not, the job falls back to max speed.
 
-The chosen plan is measured against max speed on interleaved iterations (same host load, same
-moment). The plan is rejected when it runs slower than the energy policy allows (the policy's
-allowance, or the plan's own predicted slowdown where the policy accepted one) by more than the
-tolerance (``server.plan_slowdown_tolerance``, or the measured noise where that is larger: the
-runtime's own costs and the host's delays are not the plan's fault), or when it saves far less
-than predicted (less than half the predicted saving, beyond the noise). Noise: three standard
-errors of the paired differences (robust), at least :data:`MIN_TOLERANCE`.
+The chosen plan is measured against max speed in blocks beside it (same host load, same moment;
+:mod:`perseus.profiler.comparison`), which gives its saving and slowdown with 95 % intervals.
+The plan is rejected when it runs slower than the energy policy allows (the policy's allowance,
+or the plan's own predicted slowdown where the policy accepted one) by more than the tolerance
+(``server.plan_slowdown_tolerance``: the runtime's own costs and the host's delays are not the
+plan's fault) with the whole interval beyond it, or when even the interval's top of its saving
+falls short of half the predicted saving. An interval, not a point, decides: noise never fails a
+plan, and a plan that saves nothing measurable is not kept on faith.
 
 Before it is measured, a plan predicted faster than all-max clocks beyond the tolerance
 (:func:`faster_than_allmax`) is announced as suspect: lower clocks cannot make a pipeline
@@ -15,45 +16,52 @@ faster, so the profile was distorted (see :mod:`perseus.profiler.inversions`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from perseus.config_enums import EnergyPolicy
-from perseus.server.steps import JobStep, robust_sigma, typical_step
+from perseus.profiler.comparison import Comparison, Interval
 from perseus.wire import EnergySettings
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import FrontierPoint
 
 MIN_TOLERANCE = 0.01
-SIGMAS = 3.0
 # "Far less than predicted": below this fraction of the predicted saving.
 SAVING_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
 class PlanVerdict:
-    """How the measured plan compares with what was allowed and predicted."""
+    """How the measured plan compares with what was allowed and predicted.
+
+    Attributes:
+        ok: The plan keeps its promise.
+        measured_slowdown: Its slowdown against max speed (``None``: too few blocks).
+        slowdown_ci95: Its 95 % interval ``[low, high]``.
+        allowed_slowdown: What the policy allows.
+        slowdown_tolerance: The tolerance beyond it.
+        measured_saving: Its energy saving (``None``: not measurable).
+        saving_ci95: Its 95 % interval ``[low, high]`` (``None``: energies unknown).
+        saving_measurable: The interval excludes 0.
+        predicted_saving: What the plan predicted.
+        reason: Why it does not keep its promise (``None`` when it does).
+    """
 
     ok: bool
-    measured_slowdown: float
+    measured_slowdown: Optional[float]
+    slowdown_ci95: Optional[List[float]]
     allowed_slowdown: float
     slowdown_tolerance: float
     measured_saving: Optional[float]
+    saving_ci95: Optional[List[float]]
+    saving_measurable: bool
     predicted_saving: float
-    saving_tolerance: float
     reason: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         """As JSON-ready data (summary, event log)."""
         return dict(self.__dict__)
-
-
-def _tolerance(pairs: List[float]) -> float:
-    if len(pairs) < 2:
-        return MIN_TOLERANCE
-    return max(MIN_TOLERANCE, SIGMAS * robust_sigma(pairs) / math.sqrt(len(pairs)))
 
 
 def allowed_slowdown(
@@ -68,58 +76,48 @@ def allowed_slowdown(
     return max(allowed, predicted_slowdown, 0.0)
 
 
+def _shown(interval: Interval) -> str:
+    return f"{interval.value:.1%} (95 % interval {interval.low:.1%} to {interval.high:.1%})"
+
+
 def judge_plan(
-    reference: List[JobStep],
-    plan: List[JobStep],
+    comparison: Comparison,
     *,
     energy: EnergySettings,
+    reference_time_s: float,
     predicted_slowdown: float,
     predicted_saving: float,
     slowdown_tolerance: float = 0.03,
 ) -> PlanVerdict:
-    """Compare the plan's measured iterations with the interleaved max-speed ones."""
-    ref, got = typical_step(reference), typical_step(plan)
-    slowdown = got["iteration_time_s"] / ref["iteration_time_s"] - 1.0
-    time_pairs = [p.iteration_time_s / r.iteration_time_s - 1.0 for r, p in zip(reference, plan)]
-    time_tol = max(slowdown_tolerance, _tolerance(time_pairs))
-    allowed = allowed_slowdown(energy, predicted_slowdown, ref["iteration_time_s"])
-    saving: Optional[float] = None
-    saving_tol = MIN_TOLERANCE
-    if ref["energy_j"] and got["energy_j"] is not None:
-        saving = 1.0 - got["energy_j"] / ref["energy_j"]
-        energy_pairs = [
-            1.0 - p.energy_j / r.energy_j
-            for r, p in zip(reference, plan)
-            if r.energy_j and p.energy_j is not None
-        ]
-        saving_tol = _tolerance(energy_pairs)
+    """Judge the plan on the intervals of its measured saving and slowdown (module docstring)."""
+    tolerance = max(slowdown_tolerance, MIN_TOLERANCE)
+    allowed = allowed_slowdown(energy, predicted_slowdown, reference_time_s)
+    slowdown, saving = comparison.slowdown, comparison.energy_saving
     problems = []
-    if slowdown > allowed + time_tol:
+    if slowdown is not None and slowdown.low > allowed + tolerance:
         problems.append(
-            f"ran {slowdown:.1%} slower than max speed where the policy "
-            f"({energy.policy}) allows {allowed:.1%} (tolerance {time_tol:.1%})"
+            f"ran {_shown(slowdown)} slower than max speed where the policy ({energy.policy}) "
+            f"allows {allowed:.1%} (tolerance {tolerance:.1%})"
         )
     if (
         saving is not None
         and predicted_saving > 0
-        and saving < SAVING_FRACTION * predicted_saving - saving_tol
+        and (saving.high < SAVING_FRACTION * predicted_saving)
     ):
         problems.append(
-            f"saved {saving:.1%} of the energy where {predicted_saving:.1%} was predicted "
-            f"(measured noise {saving_tol:.1%})"
+            f"saved {_shown(saving)} of the energy where {predicted_saving:.1%} was predicted"
         )
-    reason = None
-    if problems:
-        reason = " and ".join(problems)
     return PlanVerdict(
         ok=not problems,
-        measured_slowdown=slowdown,
+        measured_slowdown=None if slowdown is None else slowdown.value,
+        slowdown_ci95=None if slowdown is None else slowdown.to_list(),
         allowed_slowdown=allowed,
-        slowdown_tolerance=time_tol,
-        measured_saving=saving,
+        slowdown_tolerance=tolerance,
+        measured_saving=saving.value if comparison.energy_saving_measurable and saving else None,
+        saving_ci95=None if saving is None else saving.to_list(),
+        saving_measurable=comparison.energy_saving_measurable,
         predicted_saving=predicted_saving,
-        saving_tolerance=saving_tol,
-        reason=reason,
+        reason=" and ".join(problems) if problems else None,
     )
 
 

@@ -36,7 +36,7 @@ class RankState:
     stage: int
     dp_rank: int
     tp_rank: int
-    update_period_s: Optional[float]
+    power_limit_w: Optional[float]
     leader: int
     status: RankStatus = RankStatus.alive
 
@@ -88,9 +88,7 @@ class RankRegistry:
             if old is not None and old.stage != reg.stage:
                 self._live.get(old.stage, set()).discard(rank)
                 self._clocks.get(old.stage, {}).pop(rank, None)
-            state = RankState(
-                rank, reg.stage, dp_rank, tp_rank, reg.energy_update_period_s, reg.rank
-            )
+            state = RankState(rank, reg.stage, dp_rank, tp_rank, reg.power_limit_w, reg.rank)
             self._ranks[rank] = state
             self._last_seen[rank] = now
             self._live.setdefault(reg.stage, set()).add(rank)

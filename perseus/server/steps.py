@@ -1,10 +1,14 @@
 """Per-iteration reports, combined once every live rank of every stage is covered.
 
 A report covers the rank that sent it and the peers it speaks for (a stage leader's report
-combines its stage). A job's iteration time is the slowest report's, its energy the sum over
-all reports (every GPU of the job), and each data-parallel replica's time the slowest of its
-ranks' compute times. An iteration is *clean* when every report ran the server's schedule;
-only clean iterations are measurements.
+combines its stage). A job's iteration time is the slowest report's and each data-parallel
+replica's time the slowest of its ranks' compute times. An iteration is *clean* when every
+report ran the server's schedule; only clean iterations are measurements.
+
+Energy arrives later than time (a GPU's counter covers an iteration only with its next update):
+each reporter sends the energy of its earlier iterations in later reports. A job step's energy is
+the sum over the reports it was combined from, known once every one of those reporters sent its
+part (:class:`StepEnergies`); until then the step's ``energy_j`` is ``None``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ class RankStep:
     stage: int
     dp_rank: int
     iteration_time_s: float
-    energy_j: Optional[float]
     compute_time_s: Optional[float] = None
     covers: FrozenSet[int] = frozenset()
     replica_time_s: Tuple[Tuple[int, float], ...] = ()
@@ -96,9 +99,12 @@ class StepTable:
         pending.stages_done.add(stage)
         return True
 
-    def take_complete(self, step: int, live_stages: List[int]) -> Optional[JobStep]:
+    def take_complete(
+        self, step: int, live_stages: List[int]
+    ) -> Optional[Tuple[JobStep, FrozenSet[int]]]:
         """The combined step once every stage with live ranks is complete (returned once).
 
+        Returned with the ranks whose reports it combines (their energies make its energy).
         Call :meth:`stage_complete` for the stages first.
         """
         pending = self._pending.get(step)
@@ -109,7 +115,6 @@ class StepTable:
         del self._pending[step]
         self._complete.add(step)
         reports = list(pending.reports.values())
-        energies = [r.energy_j for r in reports]
         replicas: Dict[int, float] = {}
         for r in reports:
             times = r.replica_time_s or (
@@ -117,13 +122,58 @@ class StepTable:
             )
             for dp, busy_s in times:
                 replicas[dp] = max(replicas.get(dp, 0.0), busy_s)
-        return JobStep(
+        js = JobStep(
             step=step,
             iteration_time_s=max(r.iteration_time_s for r in reports),
-            energy_j=None if any(e is None for e in energies) else sum(e or 0.0 for e in energies),
+            energy_j=None,
             replica_time_s=replicas,
             clean=all(r.scheduled for r in reports),
         )
+        return js, frozenset(pending.reports)
+
+
+class StepEnergies:
+    """Joins the reporters' late energies into job steps' energies.
+
+    Args:
+        keep_steps: Steps older than this many behind the newest one seen are forgotten.
+    """
+
+    def __init__(self, keep_steps: int = 4096) -> None:
+        self.keep_steps = keep_steps
+        self._parts: Dict[int, Dict[int, float]] = {}
+        self._expected: Dict[int, FrozenSet[int]] = {}
+        self._newest = -1
+
+    def expect(self, step: int, reporters: FrozenSet[int]) -> Optional[float]:
+        """Job step ``step`` was combined from ``reporters``; its energy if already all in."""
+        self._expected[step] = reporters
+        self._seen(step)
+        return self._done(step)
+
+    def add(self, step: int, reporter: int, energy_j: float) -> Optional[float]:
+        """``reporter``'s energy of ``step``; the job step's energy once it is complete."""
+        if step < self._newest - self.keep_steps:
+            return None
+        self._parts.setdefault(step, {})[reporter] = energy_j
+        self._seen(step)
+        return self._done(step)
+
+    def _done(self, step: int) -> Optional[float]:
+        expected, parts = self._expected.get(step), self._parts.get(step)
+        if expected is None or parts is None or not expected <= set(parts):
+            return None
+        del self._expected[step], self._parts[step]
+        return sum(parts[r] for r in expected)
+
+    def _seen(self, step: int) -> None:
+        if step <= self._newest:
+            return
+        self._newest = step
+        horizon = step - self.keep_steps
+        for table in (self._parts, self._expected):
+            for old in [s for s in table if s < horizon]:
+                del table[old]
 
 
 def typical_step(steps: List[JobStep]) -> Dict[str, Any]:

@@ -3,6 +3,11 @@
 Measured baseline and plan, the plan's prediction, savings, the profiling cost and what runs
 now; ``perseus-train`` builds report.json from it. It is made from a :class:`JobView`, the
 small picture a job gives of itself (:meth:`perseus.server.job.Job.view`).
+
+Once the plan is measured against max speed (in blocks, :mod:`perseus.profiler.comparison`),
+``baseline`` and ``plan`` are each arm's mean iteration, and ``savings`` gives the energy saving
+and the slowdown with their 95 % intervals; a saving whose interval contains 0 is not measurable
+and has no value (``energy_fraction`` is ``null``), only its interval.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from perseus.profiler.comparison import Comparison
 from perseus.server.job_record import JobRecord
 from perseus.server.plan_switching import PlanEpoch
 from perseus.server.planning import PlanResult
@@ -72,6 +78,8 @@ class JobView:
 def job_summary(view: JobView) -> Dict[str, Any]:
     """Everything known about the job."""
     record = view.record
+    measured = record.measured
+    comparison = None if measured is None or not measured.blocks else measured.comparison()
     out: Dict[str, Any] = {
         "job_id": view.job_id,
         "phase": str(view.phase),
@@ -89,13 +97,36 @@ def job_summary(view: JobView) -> Dict[str, Any]:
         "current": _current(view),
         "files": dict(view.files),
     }
-    base, plan = out["baseline"], out["plan"]
-    if base and plan and base.get("energy_j") and plan.get("energy_j") is not None:
-        out["savings"] = {
-            "energy_fraction": 1.0 - plan["energy_j"] / base["energy_j"],
-            "slowdown_fraction": plan["iteration_time_s"] / base["iteration_time_s"] - 1,
-        }
+    if comparison is not None and measured is not None:
+        out["baseline"] = _arm(comparison.reference, measured.reference)
+        out["plan"] = _arm(comparison.plan, measured.plan)
+        out["savings"] = _savings(comparison, measured.block_steps)
     return out
+
+
+def _arm(means: Dict[str, Optional[float]], steps: List[JobStep]) -> Dict[str, Any]:
+    """One arm of the measurement: its mean iteration over the paired blocks."""
+    return {
+        "iteration_time_s": means["iteration_time_s"],
+        "energy_j": means["energy_j"],
+        "num_steps": int(means["num_steps"] or 0),
+        "first_step": steps[0].step if steps else None,
+    }
+
+
+def _savings(comparison: Comparison, block_steps: int) -> Dict[str, Any]:
+    """The plan against max speed: the saving (a value only when measurable), the slowdown."""
+    saving, slowdown = comparison.energy_saving, comparison.slowdown
+    measurable = comparison.energy_saving_measurable
+    return {
+        "energy_fraction": saving.value if saving is not None and measurable else None,
+        "energy_saving_ci95": None if saving is None else saving.to_list(),
+        "energy_saving_measurable": measurable,
+        "slowdown_fraction": None if slowdown is None else slowdown.value,
+        "slowdown_ci95": None if slowdown is None else slowdown.to_list(),
+        "num_block_pairs": comparison.num_pairs,
+        "block_steps": block_steps,
+    }
 
 
 def job_status(view: JobView) -> Dict[str, Any]:

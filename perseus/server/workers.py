@@ -63,7 +63,7 @@ def _init_worker(threads: int, nice: int, server_pid: int) -> None:
 def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ...]) -> Any:
     """Run one estimator command on the worker's jobs."""
     from perseus.profiler.job_estimates import JobEstimates
-    from perseus.records import InstructionRecord
+    from perseus.records import EnergyUpdate, InstructionRecord
 
     if command == "open":
         jobs[job_id] = JobEstimates(int(args[0]))
@@ -74,9 +74,15 @@ def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ..
             return None
         raise KeyError(f"no estimates for job {job_id}")
     if command == "add":
-        stage, key, records, warmup, period, gpus = args
+        stage, key, records, warmup, updates, gpus, power_limit_w = args
         estimates.add_step(
-            stage, key, [InstructionRecord(*r) for r in records], warmup, period, gpus
+            stage,
+            key,
+            [InstructionRecord(*r) for r in records],
+            warmup,
+            [EnergyUpdate(*u) for u in updates],
+            gpus,
+            power_limit_w,
         )
         return None
     if command == "update":

@@ -3,7 +3,8 @@
 Each rank runs the real :class:`~perseus.runtime.online.OnlineSource` on its stage's
 :class:`~perseus.runtime.stage_exchange.ThreadStage`; only stage leaders have a server client.
 Iterations are paced by the test (a leader waits until its link fetched the next schedule
-before ending an iteration), so what happens does not depend on the machine's speed.
+before ending an iteration), so what happens does not depend on the machine's speed. Each
+iteration's energy becomes known one iteration later (as a real counter's update after it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.records import InstructionRecord, RankInfo, StepRecord
+from perseus.records import InstructionRecord, RankInfo, StepEnergy, StepRecord
 from perseus.runtime.client import ServerClient
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.stage_exchange import Member, ThreadStage
@@ -51,7 +52,7 @@ def stage_sources(
     """One source per rank of ``spec`` (rank = dp * stages + stage), built like a real job."""
     pp, dp = spec.num_stages, spec.dp
     stages = [
-        ThreadStage([Member(d * pp + s, d, 0, CLOCKS, 0.02) for d in range(dp)]) for s in range(pp)
+        ThreadStage([Member(d * pp + s, d, 0, CLOCKS, 400.0) for d in range(dp)]) for s in range(pp)
     ]
     sources, infos = [], []
     for rank in range(pp * dp):
@@ -62,7 +63,7 @@ def stage_sources(
         if exchange.index == 0:
             client = (clients or {}).get(rank) or ServerClient(url, max_retries=1)
         sources.append(
-            OnlineSource(client, spec, info, CLOCKS, energy_update_period_s=0.02, exchange=exchange)
+            OnlineSource(client, spec, info, CLOCKS, power_limit_w=400.0, exchange=exchange)
         )
         infos.append(info)
     return sources, infos
@@ -75,27 +76,32 @@ def run_ranks(
     *,
     energy_j: float = 1.0,
     orders: Optional[Dict[int, List[Tuple[str, int]]]] = None,
+    first_step: int = 0,
 ) -> List[RankRun]:
-    """Run ``num_steps`` iterations on every rank (one thread each); what each saw."""
+    """Run ``num_steps`` iterations (from ``first_step``) on every rank, one thread each; what
+    each saw."""
     runs = [RankRun(info.rank) for info in infos]
 
     def one(source: OnlineSource, info: RankInfo, run: RankRun) -> None:
         order = (orders or {}).get(info.rank) or source.order
-        t = 1000.0 + info.rank
+        t = 1000.0 + info.rank + 10.0 * first_step
         try:
-            for step in range(num_steps):
+            for step in range(first_step, first_step + num_steps):
                 source.begin_step(step)
                 run.phases.append(None if source.phase is None else str(source.phase))
                 records, clocks, start = [], [], t
                 for pos, (name, mb) in enumerate(order):
                     mhz = source.frequency_mhz(step, pos, name, mb)
                     clocks.append(mhz)
-                    records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01, None, None))
+                    records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01))
                     t += 0.011
                 run.clocks.append(clocks)
                 if source.link is not None and not source.stopped:
                     wait_prefetched(source, step + 1)
-                source.end_step(StepRecord(step, info.stage, start, t, energy_j, records))
+                earlier = [StepEnergy(step - 1, energy_j)] if step > 0 else []
+                record = StepRecord(step, info.stage, start, t, None, records)
+                record.earlier_energies = earlier
+                source.end_step(record)
         except BaseException as exc:  # reported by the test
             run.errors.append(exc)
 

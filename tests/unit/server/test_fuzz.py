@@ -50,7 +50,8 @@ FIELDS = [
     "tp",
     "supported_clocks_mhz",
     "iteration_time_s",
-    "energy_j",
+    "energies",
+    "energy_updates",
     "instructions",
     "energy",
     "profiler",
@@ -107,12 +108,20 @@ def test_no_server_errors_on_raw_bytes_and_odd_job_ids(raw: bytes, job: str) -> 
                     "frequency_mhz": 1410,
                     "start_s": 5.0,
                     "end_s": 4.0,
-                    "energy_begin_mj": 10,
-                    "energy_end_mj": 5,
                 }
             ],
+            # Updates out of order and going back: the estimates leave out what makes no sense.
+            "energy_updates": [
+                {"time_s": 9.0, "energy_mj": 10.0},
+                {"time_s": 8.0, "energy_mj": 5.0, "time_error_s": 0.0},
+            ],
         },
-        {"rank": 0, "step": 0, "iteration_time_s": 0.0, "energy_j": 0.0},
+        {
+            "rank": 0,
+            "step": 0,
+            "iteration_time_s": 0.0,
+            "energies": [{"step": 12, "energy_j": 0.0}],  # a step never reported
+        },
     ],
 )
 def test_inconsistent_but_valid_reports_are_accepted(report) -> None:

@@ -18,7 +18,7 @@ from typing import Any, List
 import pytest
 
 from perseus.config import ServerConfig
-from perseus.records import InstructionRecord, StepRecord
+from perseus.records import EnergyUpdate, InstructionRecord, StepEnergy, StepRecord
 from perseus.runtime.client import ServerClient
 from perseus.runtime.server_link import ServerLink
 from perseus.server.process import start_local_server
@@ -46,26 +46,35 @@ def test_nan_time_and_energy_are_sent_as_unmeasured(tmp_path: Path) -> None:
         client = RecordingClient(handle.url)
         spec = spec_of("nonfinite", pp=1, dp=1)
         (source,), (info,) = stage_sources(handle.url, spec, clients={0: client})
-        bad = {1: (math.nan, math.inf), 2: (math.inf, math.nan)}
+        # Step 1 ends at NaN, step 2 at infinity; the energies of steps 0 and 1 (reported one
+        # iteration later) are NaN and infinity, so is a counter update.
+        bad_end = {1: math.nan, 2: math.inf}
+        earlier = {1: (0, math.nan), 2: (1, math.inf), 3: (2, 1.0)}
         t = 100.0
         for step in range(4):
             source.begin_step(step)
             start, records = t, []
             for pos, (name, mb) in enumerate(source.order):
                 mhz = source.frequency_mhz(step, pos, name, mb)
-                records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01, None, None))
+                records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01))
                 t += 0.011
-            end, energy = bad.get(step, (t, 1.0))
             wait_prefetched(source, step + 1)
-            source.end_step(StepRecord(step, info.stage, start, end, energy, records))
+            record = StepRecord(step, info.stage, start, bad_end.get(step, t), None, records)
+            if step in earlier:
+                record.earlier_energies = [StepEnergy(*earlier[step])]
+            record.energy_updates = [EnergyUpdate(t, math.nan if step == 2 else 1000.0 * step)]
+            source.end_step(record)
         source.close()
         by_step = {r["step"]: r for r in client.reports}
         assert set(by_step) == {0, 1, 2, 3}
         for report in client.reports:
             json.dumps(report, allow_nan=False)  # every number sent is finite
-        assert by_step[1]["scheduled"] is False and by_step[1]["energy_j"] is None
-        assert by_step[2]["scheduled"] is False and by_step[2]["energy_j"] is None
-        assert by_step[3]["scheduled"] is True and by_step[3]["energy_j"] == 1.0
+        assert by_step[1]["scheduled"] is False and by_step[2]["scheduled"] is False
+        assert by_step[3]["scheduled"] is True
+        sent = [e for r in client.reports for e in r["energies"]]
+        assert sent == [{"step": 2, "energy_j": 1.0}]  # the others are unknown, never numbers
+        updates = [u["energy_mj"] for r in client.reports for u in r["energy_updates"]]
+        assert updates == [0.0, 1000.0, 3000.0]
     finally:
         handle.stop()
 

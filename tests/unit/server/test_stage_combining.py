@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
 from perseus.config import ServerConfig
+from perseus.records import StepEnergy
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
 from perseus.server.process import ServerHandle, start_server_process
@@ -62,9 +64,11 @@ def test_only_leaders_talk_and_every_rank_runs_its_stages_schedule(server: Serve
     assert summary["ranks"] == {str(r): "finished" for r in range(6)}
     registered = [e for e in _events(server, "combined") if e["event"] == "rank_registered"]
     assert sorted((e["rank"], e["peers"]) for e in registered) == [(0, 2), (1, 2)]
-    # Energy: the sum over the six ranks (2 J each); measured steps are the scheduled ones.
+    # Energy: the sum over the six ranks (2 J each), known one iteration later (the last
+    # iteration's never arrives); measured steps are the scheduled ones.
     recent = summary["current"]["recent_steps"]
-    assert recent and all(s["energy_j"] == pytest.approx(12.0) for s in recent)
+    assert recent and all(s["energy_j"] == pytest.approx(12.0) for s in recent[:-1])
+    assert recent[-1]["step"] == num_steps - 1 and recent[-1]["energy_j"] is None
     assert summary["baseline"]["num_steps"] == 3 and summary["baseline"]["first_step"] >= 1
 
 
@@ -75,12 +79,21 @@ def test_a_rank_running_another_schedule_fails_the_job_and_training_goes_on(
     sources, infos = stage_sources(server.url, spec)
     # Rank 3 (stage 1, replica 1) runs its forwards and backwards in another order.
     wrong = sorted(order_of(spec, 1), key=lambda item: (item[0] != "forward", item[1]))
+    client = ServerClient(server.url)
     with caplog.at_level(logging.INFO, logger="perseus"):
         runs = run_ranks(sources, infos, 8, orders={3: wrong})
+        # Stage 0 does not wait for stage 1 here (no pipeline couples them): it may have run
+        # its steps before the server heard of the mismatch. Once the job failed, every rank
+        # learns it at its next iterations.
+        deadline = time.monotonic() + 60.0
+        while client.get("/jobs/mismatch")["phase"] != "failed":
+            assert time.monotonic() < deadline, "the job never failed"
+            time.sleep(0.05)
+        runs = run_ranks(sources, infos, 3, orders={3: wrong}, first_step=8)
         for source in sources:
             source.close()
     assert all(not r.errors for r in runs), [r.errors for r in runs]
-    summary = ServerClient(server.url).get("/jobs/mismatch/summary")
+    summary = client.get("/jobs/mismatch/summary")
     assert summary["phase"] == "failed"
     # Stage 1 of 2 runs F0 B0 F1 B1 ...; rank 3 ran F0 F1 ...: position 1 differs.
     failure = summary["failure"]
@@ -109,14 +122,15 @@ def test_payload_carries_each_replicas_clocks() -> None:
         step=6,
         iteration_time_s=1.5,
         compute_time_s=1.2,
-        energy_j=None,
+        energies=[StepEnergy(2, 310.5), StepEnergy(3, 305.25)],
         mismatch=(2, "B3"),
         num_positions=4,
         next_schedule=schedule,
     )
     assert len(leader) == size
     mine = payloads.measured(leader)
-    assert (mine.step, mine.energy_j, mine.mismatch) == (6, None, (2, "B3"))
+    assert (mine.step, mine.mismatch) == (6, (2, "B3"))
+    assert mine.energies == [StepEnergy(2, 310.5), StepEnergy(3, 305.25)]
     for dp, expected in ((0, [1000, 1100, None, 1200]), (64, [1400, 1400, 1400, None])):
         nxt: Optional[payloads.NextSchedule] = payloads.next_schedule(leader, 4, dp)
         assert nxt is not None and nxt.step == 7 and nxt.phase is Phase.watching

@@ -7,71 +7,76 @@ import statistics
 import pytest
 
 from perseus.profiler import JobProfiler, StageSweep
-from perseus.records import InstructionRecord
+from perseus.records import EnergyUpdate, InstructionRecord
 from perseus.server.plan_switching import DriftWatcher
-from perseus.server.steps import JobStep, RankStep, StepTable, inliers, typical_step
+from perseus.server.steps import (
+    JobStep,
+    RankStep,
+    StepEnergies,
+    StepTable,
+    inliers,
+    typical_step,
+)
 
 
 def test_step_completes_when_every_live_rank_reported() -> None:
     table = StepTable()
-    table.add(5, RankStep(0, 0, 0, 1.0, 10.0, 0.8))
-    table.add(5, RankStep(1, 1, 0, 1.2, 12.0, 1.1))
+    table.add(5, RankStep(0, 0, 0, 1.0, 0.8))
+    table.add(5, RankStep(1, 1, 0, 1.2, 1.1))
     assert table.stage_complete(5, 0, {0, 2}) is False  # rank 2 of stage 0 is missing
     assert table.stage_complete(5, 1, {1}) is True
     assert table.take_complete(5, [0, 1]) is None
-    table.add(5, RankStep(2, 0, 1, 1.1, 11.0, None))
+    table.add(5, RankStep(2, 0, 1, 1.1, None))
     assert table.stage_complete(5, 0, {0, 2}) is True
     assert table.stage_complete(5, 0, {0, 2}) is False  # reported once
-    step = table.take_complete(5, [0, 1])
-    assert step is not None
+    taken = table.take_complete(5, [0, 1])
+    assert taken is not None
+    step, reporters = taken
     assert step.iteration_time_s == 1.2  # slowest rank
-    assert step.energy_j == pytest.approx(33.0)  # every GPU
+    assert step.energy_j is None and reporters == {0, 1, 2}  # energies come later
     assert step.replica_time_s == {0: 1.1, 1: 1.1}  # compute time, else iteration time
     assert table.take_complete(5, [0, 1]) is None
-    table.add(5, RankStep(0, 0, 0, 9.0, 9.0))  # late duplicate of a finished step: ignored
+    table.add(5, RankStep(0, 0, 0, 9.0))  # late duplicate of a finished step: ignored
     assert table.pending_steps() == []
 
 
 def test_a_leaders_report_covers_its_stage_and_replicas() -> None:
     table = StepTable()
     # Stage 0's leader (rank 0) speaks for ranks 2 and 4 (replicas 1 and 2 of stage 0).
-    leader = RankStep(
-        0, 0, 0, 1.3, 30.0, 1.2, frozenset({2, 4}), ((0, 1.0), (1, 1.2), (2, 0.9)), True
-    )
+    leader = RankStep(0, 0, 0, 1.3, 1.2, frozenset({2, 4}), ((0, 1.0), (1, 1.2), (2, 0.9)), True)
     table.add(7, leader)
     assert table.stage_complete(7, 0, {0, 2, 4}) is True
-    table.add(7, RankStep(1, 1, 0, 1.1, 12.0, 1.0, frozenset({3, 5}), ((0, 1.0), (1, 0.8))))
+    table.add(7, RankStep(1, 1, 0, 1.1, 1.0, frozenset({3, 5}), ((0, 1.0), (1, 0.8))))
     assert table.stage_complete(7, 1, {1, 3, 5}) is True
-    step = table.take_complete(7, [0, 1])
-    assert step is not None and step.clean
-    assert step.energy_j == pytest.approx(42.0)
-    assert step.replica_time_s == {0: 1.0, 1: 1.2, 2: 0.9}
+    taken = table.take_complete(7, [0, 1])
+    assert taken is not None and taken[0].clean
+    assert taken[1] == {0, 1}  # the two leaders' energies make the step's
+    assert taken[0].replica_time_s == {0: 1.0, 1: 1.2, 2: 0.9}
 
 
 def test_an_unscheduled_report_makes_the_step_unclean() -> None:
     table = StepTable()
-    table.add(3, RankStep(0, 0, 0, 1.0, 10.0, scheduled=False))
+    table.add(3, RankStep(0, 0, 0, 1.0, scheduled=False))
     assert table.stage_complete(3, 0, {0})
-    step = table.take_complete(3, [0])
-    assert step is not None and not step.clean
+    taken = table.take_complete(3, [0])
+    assert taken is not None and not taken[0].clean
 
 
-def test_missing_energy_makes_the_step_energy_unknown() -> None:
-    table = StepTable()
-    table.add(0, RankStep(0, 0, 0, 1.0, None))
-    table.stage_complete(0, 0, {0})
-    step = table.take_complete(0, [0])
-    assert step is not None and step.energy_j is None
-    assert typical_step([step])["energy_j"] is None
+def test_late_energies_join_into_the_steps_energy() -> None:
+    energies = StepEnergies(keep_steps=10)
+    assert energies.add(4, 0, 30.0) is None  # before the step itself is complete
+    assert energies.expect(4, frozenset({0, 1})) is None  # rank 1's part still missing
+    assert energies.add(4, 1, 12.0) == pytest.approx(42.0)
+    assert energies.add(4, 1, 12.0) is None  # once
+    assert energies.expect(5, frozenset({0})) is None
+    assert energies.add(5, 0, 7.0) == pytest.approx(7.0)
+    assert energies.add(30, 0, 1.0) is None
+    assert energies.add(5, 1, 1.0) is None  # too old now: forgotten
+    assert typical_step([JobStep(0, 1.0, None, {0: 1.0})])["energy_j"] is None
 
 
 def test_typical_step_time_is_the_median_energy_the_mean_without_outliers() -> None:
-    table = StepTable()
-    steps = []
-    for i, t in enumerate([1.0, 1.1, 5.0]):
-        table.add(i, RankStep(0, 0, 0, t, 10 * t))
-        table.stage_complete(i, 0, {0})
-        steps.append(table.take_complete(i, [0]))
+    steps = [JobStep(i, t, 10 * t, {0: t}) for i, t in enumerate([1.0, 1.1, 5.0])]
     typ = typical_step(steps)
     # The delayed iteration (5 s, 50 J) moves neither.
     assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == pytest.approx(10.5)
@@ -122,15 +127,15 @@ def test_ranks_of_a_stage_combine_time_max_and_energy_sum() -> None:
     for rank, (scale, power_w) in enumerate([(1.0, 100.0), (1.5, 200.0)]):
         t, e, recs = 0.0, 0.0, []
         for _step in range(40):
-            recs = []
+            recs, updates = [], []
             for pos, (name, mb) in enumerate(order):
                 dur = 0.01 * scale * (2 if name == "backward" else 1)
-                begin_mj = e * 1000
                 t_begin = t
                 t += dur
                 e += dur * power_w
-                recs.append(InstructionRecord(pos, name, mb, 1000, t_begin, t, begin_mj, e * 1000))
-            job.add_reference_step(0, rank, recs, update_period_s=None)
+                recs.append(InstructionRecord(pos, name, mb, 1000, t_begin, t))
+                updates.append(EnergyUpdate(t, e * 1000))  # a counter that moves at every end
+            job.add_reference_step(0, rank, recs, updates)
     estimates, _ = job.stage_estimates(0)
     fwd = estimates[("forward", 1000)]
     assert fwd.time_s == pytest.approx(0.015)  # the slower rank
