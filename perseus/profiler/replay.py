@@ -134,6 +134,21 @@ def fit_recording(
             stalled for the excess.
     """
     floor_w, ceiling_w = physics_bounds_w(recording.updates, power_limit_w, idle_power_w)
+    timeline, fitted_keys = recording_timeline(recording, holdout, stall_factor)
+    keys = [(g, k) for g in recording.groups() for k in KINDS if (g, k) in fitted_keys]
+    keys += [GAP, STALL]
+    lower = {k: floor_w for k in keys}
+    upper = {k: ceiling_w for k in keys}
+    # A GPU that waits draws about its idle power: where the data cannot tell (a short wait
+    # always next to the same instructions), that is the guess, not the middle of the range.
+    waits = [Prior({k: 1.0}, floor_w, 0.5 * (ceiling_w - floor_w)) for k in keys if k[1] == "idle"]
+    return attribute(recording.updates, timeline, lower, upper, waits, keys=keys)
+
+
+def recording_timeline(
+    recording: Recording, holdout: bool = False, stall_factor: float = STALL_FACTOR
+) -> Tuple[Timeline, set]:
+    """What ran, typed for the fit (see the module docstring), and the (group, kind) fitted."""
     fitted = [s for s in recording.segments if s.kind in KINDS]
     if holdout:
         fitted = [s for s in fitted if s.step is None or s.step % 2 == 0]
@@ -152,14 +167,7 @@ def fit_recording(
         else:
             spans.append(Span(seg.start_s, seg.end_s, key))
     timeline = Timeline(spans, gap_key=GAP, max_gap_s=MAX_GAP_S, bridge_s=BRIDGE_S)
-    keys = [(g, k) for g in recording.groups() for k in KINDS if (g, k) in typical]
-    keys += [GAP, STALL]
-    lower = {k: floor_w for k in keys}
-    upper = {k: ceiling_w for k in keys}
-    # A GPU that waits draws about its idle power: where the data cannot tell (a short wait
-    # always next to the same instructions), that is the guess, not the middle of the range.
-    waits = [Prior({k: 1.0}, floor_w, 0.5 * (ceiling_w - floor_w)) for k in keys if k[1] == "idle"]
-    return attribute(recording.updates, timeline, lower, upper, waits, keys=keys)
+    return timeline, set(typical)
 
 
 def physics_bounds_w(
@@ -208,8 +216,9 @@ class GroupCheck:
         measured_j: The counter's energy between the first and the last update inside each
             step (a stepless group: each segment), summed.
         predicted_j: The printed powers times the seconds of each kind in the same windows.
-        interpolated_j: The counter interpolated at each step's start and end, summed.
-        predicted_full_j: The printed powers times each step's segments' full durations.
+        interpolated_j: The counter interpolated at each step's start and end, summed (steps
+            with an update on both sides of them).
+        predicted_full_j: The printed powers times those steps' segments' full durations.
         num_units: Steps (or segments) measured.
     """
 
@@ -234,7 +243,10 @@ class GroupCheck:
 
 
 def check_groups(
-    recording: Recording, power_w: Dict[Tuple[str, str], float], odd_steps_only: bool = False
+    recording: Recording,
+    power_w: Dict[Tuple[str, str], float],
+    odd_steps_only: bool = False,
+    skip_stalled: bool = False,
 ) -> List[GroupCheck]:
     """Per group made of forward/backward/idle segments only: counter vs prediction.
 
@@ -242,7 +254,9 @@ def check_groups(
         recording: The recording.
         power_w: ``(group, kind) -> W`` (e.g. the replay's printed powers).
         odd_steps_only: Check only the odd-numbered steps (the held-out ones).
+        skip_stalled: Leave out steps with a host stall (see :func:`stalled_steps`).
     """
+    stalled = stalled_steps(recording) if skip_stalled else set()
     series = EnergySeries()
     for update in recording.updates:
         series.add(update)
@@ -251,6 +265,8 @@ def check_groups(
     bad_groups = {s.group for s in recording.segments if s.kind not in KINDS}
     for seg in recording.segments:
         if seg.group in bad_groups or (odd_steps_only and (seg.step is None or seg.step % 2 == 0)):
+            continue
+        if (seg.group, seg.step) in stalled:
             continue
         if seg.step is None:
             units.setdefault(seg.group, []).append([seg])
@@ -266,23 +282,42 @@ def check_groups(
         for unit in group_units:
             start, end = min(s.start_s for s in unit), max(s.end_s for s in unit)
             inside = covering_updates(recording.updates, start, end)
-            e_start, e_end = series.energy_mj_at(start), series.energy_mj_at(end)
-            if inside is None or e_start is None or e_end is None:
+            if inside is None:
                 continue
             u0, u1 = recording.updates[inside[0]], recording.updates[inside[1]]
             counted += 1
             measured += (u1.energy_mj - u0.energy_mj) / 1000.0
-            interpolated += (e_end - e_start) / 1000.0
             for seg in unit:
                 power = power_w.get((group, seg.kind), math.nan)
                 overlap = min(seg.end_s, u1.time_s) - max(seg.start_s, u0.time_s)
                 predicted += power * max(0.0, overlap)
-                predicted_full += power * (seg.end_s - seg.start_s)
+            e_start, e_end = series.energy_mj_at(start), series.energy_mj_at(end)
+            if e_start is None or e_end is None:
+                continue  # an edge of the recording: no update on one side to interpolate
+            interpolated += (e_end - e_start) / 1000.0
+            predicted_full += sum(
+                power_w.get((group, seg.kind), math.nan) * (seg.end_s - seg.start_s) for seg in unit
+            )
         if counted:
             out.append(
                 GroupCheck(group, measured, predicted, interpolated, predicted_full, counted)
             )
     return out
+
+
+def stalled_steps(recording: Recording) -> set:
+    """``(group, step)`` of every step in which the host stalled.
+
+    A step with a forward or backward that lasted more than :data:`STALL_FACTOR` times its
+    (group, kind)'s median: its energy is not power x duration of its kinds.
+    """
+    work = [s for s in recording.segments if s.kind in ("forward", "backward")]
+    median = {key: statistics.median(d) for key, d in _durations(work).items()}
+    return {
+        (s.group, s.step)
+        for s in work
+        if s.step is not None and s.end_s - s.start_s > STALL_FACTOR * median[(s.group, s.kind)]
+    }
 
 
 def _durations(segments: Sequence[Segment]) -> Dict[Tuple[str, str], List[float]]:
