@@ -55,19 +55,12 @@ class JobProfiler:
         """Frequencies of every position of ``step`` on ``stage``."""
         return self.sweeps[stage].frequencies_for_step(step)
 
-    def set_gpu(
-        self,
-        stage: int,
-        rank_key: Hashable,
-        *,
-        num_gpus: int = 1,
-        power_limit_w: Optional[float] = None,
-    ) -> None:
-        """Describe one measured GPU (see :meth:`JobEstimates.set_gpu`)."""
-        self.estimates.set_gpu(stage, rank_key, num_gpus=num_gpus, power_limit_w=power_limit_w)
-
     def add_updates(self, stage: int, rank_key: Hashable, updates: Sequence[EnergyUpdate]) -> None:
-        """Counter updates of one GPU, oldest first (its sampler's series, in any batches)."""
+        """Counter updates of one GPU, oldest first (its sampler's series, in any batches).
+
+        Describe the GPU (its power limit, the GPUs it stands for) with
+        ``estimates.set_gpu``.
+        """
         self.estimates.add_updates(stage, rank_key, updates)
 
     def add_report(
