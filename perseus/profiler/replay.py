@@ -134,8 +134,10 @@ def fit_recording(
             stalled for the excess.
     """
     floor_w, ceiling_w = physics_bounds_w(recording.updates, power_limit_w, idle_power_w)
-    timeline, fitted_keys = recording_timeline(recording, holdout, stall_factor)
-    keys = [(g, k) for g in recording.groups() for k in KINDS if (g, k) in fitted_keys]
+    timeline, _ = recording_timeline(recording, holdout, stall_factor)
+    present = {(s.group, s.kind) for s in recording.segments if s.kind in KINDS}
+    # A kind seen only in held-out steps is estimated too: from its prior alone.
+    keys = [(g, k) for g in recording.groups() for k in KINDS if (g, k) in present]
     keys += [GAP, STALL]
     lower = {k: floor_w for k in keys}
     upper = {k: ceiling_w for k in keys}

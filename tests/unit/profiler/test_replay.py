@@ -168,3 +168,23 @@ def test_a_bad_recording_is_refused_with_the_fix(tmp_path: Path) -> None:
         text=True,
     )
     assert out.returncode == 2 and "cannot read" in out.stderr
+
+
+def test_a_kind_seen_only_in_held_out_steps_still_gets_a_power(tmp_path: Path) -> None:
+    """Held out, it has no equation: its power is the prior's (a wait: the idle power), with
+    a standard error that says so."""
+    probe = DATA / "probe2"
+    lines = (probe / "segments.csv").read_text().splitlines()
+    # Keep the idle waits of the pipe group in its odd steps only.
+    kept = [
+        line
+        for line in lines
+        if not (line.startswith("mlp4096:pipe:step") and ",idle," in line)
+        or int(line.split(",")[0].rsplit("step", 1)[1]) % 2 == 1
+    ]
+    segments = tmp_path / "segments.csv"
+    segments.write_text("\n".join(kept) + "\n")
+    recording = read_recording(probe / "polls.csv", segments)
+    fit = fit_recording(recording, holdout=True)
+    power, se = fit.power_w[("mlp4096:pipe", "idle")], fit.se_w[("mlp4096:pipe", "idle")]
+    assert 0.97 * IDLE_W <= power <= 1.03 * LIMIT_W and se > 100
