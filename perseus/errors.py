@@ -97,3 +97,7 @@ class RendezvousError(ServerError):
 
 class BatchSizeError(PerseusError, RuntimeError):
     """The batch-size optimizer cannot go on (no batch size reaches the target, bad state)."""
+
+
+class RecordingError(PerseusError, ValueError):
+    """A recording of a GPU's energy counter cannot be replayed (missing, malformed, too short)."""

@@ -1,12 +1,17 @@
-"""Print the online profiler's cost (iterations) and error against the emulated device's truth.
+"""Print the online profiler's cost (iterations), error and standard errors on the emulated device.
 
 Runs the real profiler logic (perseus.profiler) on the real EmulatedGPU, driven on a virtual clock
-(no sleeping, no host jitter), for every bundled published profile:
+(no sleeping, no host jitter), for every bundled published profile. Energy is measured as the
+product measures it: each GPU's energy sampler polls its counter (on the virtual clock) and the
+estimator attributes the counter's updates to the stamped instructions; the sweep's windows are
+sized from the update period the baseline iterations measured:
 
     .venv/bin/python scripts/online_profiling_accuracy.py [--noise 0.01] [--mode fast]
 
-The end-to-end figure with real processes, real HTTP and real sleeping is printed by
-``pytest -s tests/integration/test_server_e2e.py``.
+Per profile: the energy error of the rows against the device's truth, their standard errors
+(how many rows reached the 2 % target, how many are marked uncertain), and how often the truth
+lies within 2 standard errors. The end-to-end figure with real processes, real HTTP and real
+sleeping is printed by ``pytest -s tests/integration/test_server_e2e.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ import argparse
 import random
 import statistics
 import time
+from typing import Optional
 
 from perseus.formats.profile_csv import read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, bundled_profile_names, bundled_profile_path
-from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
-from perseus.profiler.virtual_run import VirtualClock, profile_errors, run_step
+from perseus.profiler import StageSweep, sweep_clocks_mhz
+from perseus.profiler.virtual_run import VirtualClock, profile_errors, profile_virtually
 from perseus.schedule import stage_order
 
 
@@ -54,33 +60,41 @@ def profile_once(
         )
     orders = stage_order("1f1b", pp, num_microbatches)
     times = {"forward": 0.05 * time_scale, "backward": 0.095 * time_scale}
-    sweeps = [
-        StageSweep(
-            orders[s],
-            sweep_clocks_mhz(gpus[s][0].supported_sm_clocks_mhz()),
+    periods = []
+
+    def make_sweep(stage: int, period_s: Optional[float], eq_noise: Optional[float]) -> StageSweep:
+        periods.append(period_s)
+        return StageSweep(
+            orders[stage],
+            sweep_clocks_mhz(gpus[stage][0].supported_sm_clocks_mhz()),
             mode=mode,
-            min_window_s=0.1,
             instruction_time_s=times,
             max_steps=max_iterations,
+            update_period_s=period_s,
+            equation_noise=eq_noise,
         )
-        for s in range(pp)
-    ]
-    job = JobProfiler(sweeps)
-    rng = random.Random(seed)
-    step, t0 = 0, time.perf_counter()
-    while not job.done and step < max_iterations:
-        for s in range(pp):
-            gpu, clock = gpus[s]
-            recs = run_step(gpu, clock, s, orders[s], job.schedule(s, step), rng, 0.02 * time_scale)
-            job.add_report(s, s, step, recs, gpu.energy_update_period_s)
-            job.complete_step(s, step)
-        step += 1
-        if step >= max_iterations:
-            job.finish()
-    cpu_s = time.perf_counter() - t0
-    t_err, e_err = profile_errors(
-        job.profile(), lambda s, i, f: gpus[s][0].true_measurement(s, i, f)
+
+    t0 = time.perf_counter()
+    job = profile_virtually(
+        gpus,
+        orders,
+        make_sweep,
+        max_steps=max_iterations,
+        rng=random.Random(seed),
+        mean_gap_s=0.02 * time_scale,
     )
+    cpu_s = time.perf_counter() - t0
+    profile = job.profile()
+    t_err, e_err = profile_errors(profile, lambda s, i, f: gpus[s][0].true_measurement(s, i, f))
+    # Standard errors: the truth within two of them?
+    within, rel_se, unflagged = 0, [], 0
+    for stage, instruction, freq, _, energy_j in profile.rows():
+        se = profile.energy_se_j.get((stage, instruction, freq), float("inf"))
+        truth = gpus[stage][0].true_measurement(stage, instruction, freq).energy_j
+        within += abs(energy_j - truth) <= 2 * se
+        rel_se.append(se / energy_j)
+        off = abs(energy_j / truth - 1) > 0.02
+        unflagged += off and not profile.is_uncertain(stage, instruction, freq)
     blocking = job.blocking_power_w(0.0)
     return {
         "iterations": job.num_steps,
@@ -92,7 +106,13 @@ def profile_once(
         "energy_p95": sorted(e_err)[int(0.95 * (len(e_err) - 1))],
         "energy_max": max(e_err),
         "within_2pct": sum(e <= 0.02 for e in e_err) / len(e_err),
+        "se_median": statistics.median(rel_se),
+        "se_ok": sum(r <= 0.02 for r in rel_se) / len(rel_se),
+        "uncertain": len(profile.uncertain),
+        "within_2se": within / len(rel_se),
+        "unflagged": unflagged,
         "blocking_err_max": max(abs(b / 83.64 - 1) for b in blocking),
+        "period_ms": 1000 * max(p or 0.0 for p in periods),
     }
 
 
@@ -108,10 +128,11 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"mode={args.mode} pp={args.pp} microbatches={args.microbatches} "
-        f"noise={args.noise} time_scale={args.time_scale} (20 ms counter) "
-        f"budget={args.max_iterations} iterations"
+        f"noise={args.noise} time_scale={args.time_scale} (emulated counter, its default period; "
+        f"measured by the energy sampler) budget={args.max_iterations} iterations"
     )
-    worst, worst_iterations, rows_total, rows_ok = 0.0, 0, 0, 0
+    worst, worst_iterations, rows_total, rows_ok, uncertain, within = 0.0, 0, 0, 0, 0, 0.0
+    unflagged = 0
     for name in bundled_profile_names():
         for seed in range(args.seeds):
             r = profile_once(
@@ -128,16 +149,24 @@ def main() -> None:
             worst_iterations = max(worst_iterations, r["iterations"])
             rows_total += r["rows"]
             rows_ok += round(r["within_2pct"] * r["rows"])
+            uncertain += r["uncertain"]
+            within += r["within_2se"] * r["rows"]
+            unflagged += r["unflagged"]
             print(
                 f"{name:26s} seed {seed} iterations {r['iterations']:3d}  rows {r['rows']:3d}  "
                 f"time max {r['time_max']:.2%}  energy median {r['energy_median']:.2%} "
                 f"p95 {r['energy_p95']:.2%} max {r['energy_max']:.2%}  within 2 % "
-                f"{r['within_2pct']:.0%}  blocking max err {r['blocking_err_max']:.1%}  "
-                f"cpu {r['cpu_s']:.1f} s"
+                f"{r['within_2pct']:.0%}  SE median {r['se_median']:.2%} (<= 2 %: "
+                f"{r['se_ok']:.0%}, uncertain {r['uncertain']}, off by > 2 % but not marked "
+                f"{r['unflagged']})  truth within 2 SE "
+                f"{r['within_2se']:.0%}  blocking max err {r['blocking_err_max']:.1%}  "
+                f"period {r['period_ms']:.0f} ms  cpu {r['cpu_s']:.1f} s"
             )
     print(
         f"SUMMARY: max row error (time or energy) {worst:.2%} over {rows_total} rows "
-        f"({rows_ok / max(1, rows_total):.1%} within 2 %); at most {worst_iterations} "
+        f"({rows_ok / max(1, rows_total):.1%} within 2 %); {uncertain} rows marked uncertain, "
+        f"{unflagged} rows off by > 2 % not marked; "
+        f"truth within 2 SE for {within / max(1, rows_total):.1%}; at most {worst_iterations} "
         f"profiling iterations (budget {args.max_iterations})"
     )
 

@@ -2,11 +2,14 @@
 
 CSV contract (``docs/design.md``, "Profile CSV")::
 
-    stage,instruction,frequency,time,energy
+    stage,instruction,frequency,time,energy[,energy_se,uncertain]
 
 ``time`` in seconds and ``energy`` in joules of ONE microbatch's forward or backward on that
-stage at that SM frequency (MHz). Extra columns are ignored. Read and written with the standard
-``csv`` module (the emulated GPU loads profiles inside training processes).
+stage at that SM frequency (MHz). A measured profile adds ``energy_se`` (the standard error of
+``energy``, J; empty where unknown) and ``uncertain`` (``1``: known to worse than the
+profiler's target, or clamped to the GPU's power range, or borrowed; ``0`` otherwise); both are
+optional and read when present. Other extra columns are ignored. Read and written with the
+standard ``csv`` module (the emulated GPU loads profiles inside training processes).
 """
 
 from __future__ import annotations
@@ -15,17 +18,27 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from perseus.errors import ProfileError
+from perseus.formats.profile_fields import (
+    as_float,
+    as_int,
+    checked,
+    column_index,
+    short,
+    width_problem,
+)
 from perseus.formats.text_file import read_text_file
 from perseus.numbers import Range
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+UNCERTAINTY_COLUMNS = ("energy_se", "uncertain")
 INSTRUCTIONS = ("forward", "backward")
+RowKey = Tuple[int, str, int]
 
 
 @dataclass(frozen=True)
@@ -43,29 +56,57 @@ class Profile:
     Attributes:
         num_stages: Number of pipeline stages (stages are ``0..num_stages-1``).
         source: Where the profile came from (a path or a description), for messages.
+        energy_se_j: Standard error of a row's energy, by ``(stage, instruction, frequency)``
+            (measured profiles; rows without one are absent).
+        uncertain: Rows whose energy is not known well enough to plan on with confidence.
     """
 
     def __init__(
-        self, table: Dict[Tuple[int, str], List[Measurement]], source: str = "<profile>"
+        self,
+        table: Dict[Tuple[int, str], List[Measurement]],
+        source: str = "<profile>",
+        *,
+        energy_se_j: Optional[Mapping[RowKey, float]] = None,
+        uncertain: Iterable[RowKey] = (),
     ) -> None:
         """Wrap an already-validated table; use :func:`read_profile_csv` or :meth:`from_rows`."""
         self._table = {k: sorted(v, key=lambda m: -m.frequency_mhz) for k, v in table.items()}
         self.source = source
         self.num_stages = 1 + max(stage for stage, _ in self._table)
         self._index = {k: {m.frequency_mhz: m for m in v} for k, v in self._table.items()}
+        rows = {(s, i, m.frequency_mhz) for (s, i), ms in self._table.items() for m in ms}
+        self.energy_se_j: Dict[RowKey, float] = {
+            k: float(v) for k, v in (energy_se_j or {}).items() if k in rows
+        }
+        self.uncertain: Set[RowKey] = {k for k in uncertain if k in rows}
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def from_rows(cls, rows: Iterable[Sequence[Any]], source: str = "<profile>") -> Profile:
+    def from_rows(
+        cls,
+        rows: Iterable[Sequence[Any]],
+        source: str = "<profile>",
+        *,
+        energy_se_j: Optional[Mapping[RowKey, float]] = None,
+        uncertain: Iterable[RowKey] = (),
+    ) -> Profile:
         """Build from ``(stage, instruction, frequency, time, energy)`` tuples, validating.
 
         Rows are numbered as in a spreadsheet under a header (the first is row 2).
+        ``energy_se_j`` and ``uncertain``: see the class attributes.
         """
-        return cls.from_numbered_rows(enumerate(rows, start=2), source)
+        return cls.from_numbered_rows(
+            enumerate(rows, start=2), source, energy_se_j=energy_se_j, uncertain=uncertain
+        )
 
     @classmethod
     def from_numbered_rows(
-        cls, rows: Iterable[Tuple[int, Sequence[Any]]], source: str = "<profile>"
+        cls,
+        rows: Iterable[Tuple[int, Sequence[Any]]],
+        source: str = "<profile>",
+        *,
+        energy_se_j: Optional[Mapping[RowKey, float]] = None,
+        uncertain: Iterable[RowKey] = (),
     ) -> Profile:
         """Like :meth:`from_rows`, each row with the number messages name it by."""
         table: Dict[Tuple[int, str], List[Measurement]] = {}
@@ -90,7 +131,7 @@ class Profile:
                         f"{source}: stage {stage} has no {instruction} rows; every stage "
                         f"0..{num_stages - 1} needs forward and backward measurements"
                     )
-        return cls(table, source)
+        return cls(table, source, energy_se_j=energy_se_j, uncertain=uncertain)
 
     # -- queries ----------------------------------------------------------------------------
     def stages(self) -> range:
@@ -140,13 +181,22 @@ class Profile:
                 out.append(m)
         return out
 
+    def is_uncertain(self, stage: int, instruction: str, frequency_mhz: int) -> bool:
+        """Whether that row's energy is marked uncertain."""
+        return (stage, instruction, frequency_mhz) in self.uncertain
+
     def restrict(self, min_frequency_mhz: int) -> Profile:
         """A copy keeping frequencies >= ``min_frequency_mhz`` (at least the highest one)."""
         table = {}
         for key, ms in self._table.items():
             kept = [m for m in ms if m.frequency_mhz >= min_frequency_mhz]
             table[key] = kept or ms[:1]
-        return Profile(table, f"{self.source} (>= {min_frequency_mhz} MHz)")
+        return Profile(
+            table,
+            f"{self.source} (>= {min_frequency_mhz} MHz)",
+            energy_se_j=self.energy_se_j,
+            uncertain=self.uncertain,
+        )
 
     def scaled(self, time_scale: float, energy_scale: float) -> Profile:
         """A copy with every time and energy multiplied by the given factors."""
@@ -157,7 +207,8 @@ class Profile:
             ]
             for key, ms in self._table.items()
         }
-        return Profile(table, self.source)
+        se = {k: v * energy_scale for k, v in self.energy_se_j.items()}
+        return Profile(table, self.source, energy_se_j=se, uncertain=self.uncertain)
 
     def rows(self) -> List[Tuple[int, str, int, float, float]]:
         """All rows as ``(stage, instruction, frequency, time, energy)``, sorted."""
@@ -168,13 +219,24 @@ class Profile:
         ]
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
-        """Write the profile CSV; returns the path."""
+        """Write the profile CSV; returns the path.
+
+        The uncertainty columns are written when any row has a standard error or is marked.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        extra = bool(self.energy_se_j or self.uncertain)
         with path.open("w", newline="") as fh:
             writer = csv.writer(fh)
-            writer.writerow(COLUMNS)
-            writer.writerows(self.rows())
+            writer.writerow(COLUMNS + UNCERTAINTY_COLUMNS if extra else COLUMNS)
+            for row in self.rows():
+                if not extra:
+                    writer.writerow(row)
+                    continue
+                key = (row[0], row[1], row[2])
+                se = self.energy_se_j.get(key)
+                shown = repr(se) if se is not None and math.isfinite(se) else ""
+                writer.writerow((*row, shown, int(key in self.uncertain)))
         return path
 
 
@@ -196,26 +258,61 @@ def parse_profile_csv(text: str, source: str = "<profile>") -> Profile:
     """Validate the text of a profile CSV (see :func:`read_profile_csv`)."""
     reader = csv.reader(io.StringIO(text, newline=""))
     rows: List[Tuple[int, Tuple[str, ...]]] = []
+    se: Dict[RowKey, float] = {}
+    uncertain: List[RowKey] = []
     try:
         header = next((row for row in reader if row), None)
         if header is None:
             raise ProfileError(f"{source}: no header; {_FIX}")
-        index = _column_index(header, f"{source}, row {reader.line_num}")
+        index = column_index(header, f"{source}, row {reader.line_num}", COLUMNS, _FIX_FIRST_ROW)
         for fields in reader:
             if not fields:
                 continue
             if len(fields) != len(header):
-                raise ProfileError(_width_problem(source, reader.line_num, fields, header))
-            rows.append((reader.line_num, tuple(fields[index[c]] for c in COLUMNS)))
+                raise ProfileError(width_problem(source, reader.line_num, fields, header))
+            row = tuple(fields[index[c]] for c in COLUMNS)
+            rows.append((reader.line_num, row))
+            _read_uncertainty(row, fields, index, f"{source}, row {reader.line_num}", se, uncertain)
     except csv.Error as exc:
         raise ProfileError(
             f"{source}, row {reader.line_num}: cannot parse as CSV ({exc}); {_FIX}"
         ) from None
-    return Profile.from_numbered_rows(rows, source=source)
+    return Profile.from_numbered_rows(rows, source=source, energy_se_j=se, uncertain=uncertain)
+
+
+def _read_uncertainty(
+    row: Tuple[str, ...],
+    fields: List[str],
+    index: Dict[str, int],
+    where: str,
+    se: Dict[RowKey, float],
+    uncertain: List[RowKey],
+) -> None:
+    """The optional ``energy_se`` and ``uncertain`` columns of one row, where present."""
+    if "energy_se" not in index and "uncertain" not in index:
+        return
+    try:
+        key = (int(float(row[0])), row[1], int(float(row[2])))
+    except ValueError:
+        return  # the row itself is reported by the validation of the required columns
+    if "energy_se" in index and fields[index["energy_se"]].strip():
+        value = checked(
+            as_float(fields[index["energy_se"]], where, "energy_se"), ENERGY, where, "energy_se"
+        )
+        se[key] = value
+    if "uncertain" in index:
+        flag = fields[index["uncertain"]].strip().lower()
+        if flag not in ("", "0", "1", "true", "false"):
+            raise ProfileError(
+                f"{where}: uncertain {short(repr(flag))} must be 0 or 1 (or true/false)"
+            )
+        if flag in ("1", "true"):
+            uncertain.append(key)
 
 
 _HEADER = ",".join(COLUMNS)
 _FIX = f"a profile is a CSV with the header {_HEADER} (written by the profiler)"
+_FIX_FIRST_ROW = f"the first row must be the header {_HEADER}"
 STAGE = Range(ge=0, lt=1_000_000, integer=True)
 FREQUENCY = Range(gt=0, le=100_000, integer=True, unit="MHz")
 TIME = Range(gt=0.0, le=1e6, unit="s")
@@ -223,104 +320,18 @@ ENERGY = Range(ge=0.0, le=1e12, unit="J")
 FINITE_POWER_W = Range(ge=0.0, unit="W")
 
 
-def _column_index(header: List[str], where: str) -> Dict[str, int]:
-    """Where each column is; the header found and the one expected when it does not fit."""
-    found = _short(",".join(header))
-    twice = sorted({name for name in header if name in COLUMNS and header.count(name) > 1})
-    if twice:
-        raise ProfileError(f"{where}: column(s) {twice} appear more than once in {found!r}")
-    index = {name: i for i, name in enumerate(header)}
-    missing = [c for c in COLUMNS if c not in index]
-    if not missing:
-        return index
-    cleaned = {name.strip().lower() for name in header}
-    if all(c in cleaned for c in COLUMNS):
-        fixes = []
-        if any(name != name.strip() for name in header):
-            fixes.append("remove the spaces around the column names (after the commas)")
-        if any(name.strip() != name.strip().lower() for name in header):
-            fixes.append("write the column names in lower case")
-        fix = " and ".join(fixes)
-    elif len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
-        sep = next(sep for sep in ";\t|" if sep in header[0])
-        fix = f"separate the columns with commas, not {sep!r}"
-    elif header and _number(header[0]):
-        fix = f"the first row must be the header {_HEADER}"
-    else:
-        fix = f"missing column(s) {missing}"
-    raise ProfileError(
-        f"{where}: the header is {found!r}, expected the columns {_HEADER} (in any order; "
-        f"extra columns are ignored): {fix}"
-    )
-
-
-def _width_problem(source: str, line: int, fields: List[str], header: List[str]) -> str:
-    found = _short(",".join(fields))
-    expected = f"the header {_short(','.join(header))!r} has {len(header)}"
-    hint = "fill in every column"
-    if len(fields) > len(header):
-        extra = fields[len(header) :]
-        hint = (
-            "remove the trailing comma(s)"
-            if not any(f.strip() for f in extra)
-            else "name the extra column(s) in the header"
-        )
-    return f"{source}, row {line}: {len(fields)} fields ({found!r}) but {expected}: {hint}"
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _check_row(row: Sequence[Any], source: str, row_no: int) -> Tuple[int, str, int, float, float]:
     where = f"{source}, row {row_no}"
     stage, instruction, freq, time_s, energy_j = row
-    stage_i = _checked(_as_int(stage, where, "stage"), STAGE, where, "stage")
+    stage_i = checked(as_int(stage, where, "stage"), STAGE, where, "stage")
     if instruction not in INSTRUCTIONS:
         raise ProfileError(
-            f"{where}: instruction {_short(repr(instruction))} must be 'forward' or 'backward'"
+            f"{where}: instruction {short(repr(instruction))} must be 'forward' or 'backward'"
         )
-    freq_i = _checked(_as_int(freq, where, "frequency"), FREQUENCY, where, "frequency")
-    t = _checked(_as_float(time_s, where, "time"), TIME, where, "time")
-    e = _checked(_as_float(energy_j, where, "energy"), ENERGY, where, "energy")
+    freq_i = checked(as_int(freq, where, "frequency"), FREQUENCY, where, "frequency")
+    t = checked(as_float(time_s, where, "time"), TIME, where, "time")
+    e = checked(as_float(energy_j, where, "energy"), ENERGY, where, "energy")
     return stage_i, str(instruction), freq_i, t, e
-
-
-def _checked(value: Any, allowed: Range, where: str, column: str) -> Any:
-    problem = allowed.problem(value)
-    if problem:
-        raise ProfileError(f"{where}: {column} {value!r} {problem}")
-    return value
-
-
-def _as_float(value: Any, where: str, column: str) -> float:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise ProfileError(f"{where}: {column} is empty; fill in a finite number")
-    if isinstance(value, bool):
-        raise ProfileError(f"{where}: {column} {value!r} is not a number")
-    try:
-        out = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ProfileError(f"{where}: {column} {_short(repr(value))} is not a number") from None
-    if math.isnan(out) or math.isinf(out):
-        shown = _short(value.strip()) if isinstance(value, str) else repr(value)
-        raise ProfileError(f"{where}: {column} is {shown}; fill in a finite number")
-    return out
-
-
-def _as_int(value: Any, where: str, column: str) -> int:
-    out = _as_float(value, where, column)
-    if out != int(out):
-        raise ProfileError(f"{where}: {column} {out!r} must be an integer")
-    return int(out)
 
 
 def blocking_power_per_stage_w(p2p_power_w: Any, num_stages: int) -> List[float]:

@@ -1,7 +1,9 @@
-"""Online profiling logic: frequency sweeps, the stop rule, energy estimation, aggregation.
+"""Online profiling logic: frequency sweeps, the stop rule, energy attribution, aggregation.
 
-Pure logic with no I/O: the coordination server drives it with the step records ranks report,
-and turns the result into a :class:`perseus.formats.profile_csv.Profile`.
+Pure logic with no I/O: the coordination server drives it with the step records ranks report
+and their GPUs' energy-counter updates (:mod:`perseus.profiler.attribution`), and turns the
+result into a :class:`perseus.formats.profile_csv.Profile` whose rows carry their standard
+errors.
 """
 
 from perseus.profiler.estimate import StageEstimator, TypeEstimate

@@ -92,13 +92,17 @@ def repair(profile: Profile, inversions: Sequence[Inversion]) -> Profile:
         return profile
     fixed = {(i.stage, i.instruction, i.low_mhz): i.high_time_s for i in inversions}
     rows = []
+    se = dict(profile.energy_se_j)
     for stage, instruction, freq, time_s, energy_j in (_row(r) for r in profile.rows()):
-        new_time = fixed.get((stage, instruction, freq))
+        key = (stage, instruction, freq)
+        new_time = fixed.get(key)
         if new_time is not None and new_time > time_s:
             energy_j *= new_time / time_s
+            if key in se:
+                se[key] *= new_time / time_s
             time_s = new_time
         rows.append((stage, instruction, freq, time_s, energy_j))
-    return Profile.from_rows(rows, profile.source)
+    return Profile.from_rows(rows, profile.source, energy_se_j=se, uncertain=profile.uncertain)
 
 
 def describe(inversions: Sequence[Inversion], limit: int = 3) -> str:

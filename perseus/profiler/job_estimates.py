@@ -1,27 +1,31 @@
 """The estimation half of profiling a job: one estimator per GPU, combined per stage.
 
-Ranks of one stage (data- and tensor-parallel peers) run the same schedule. Their measurements
-combine as in the planner's model of a stage: the time of an instruction is the slowest GPU's,
-its energy the sum over the GPUs, and so is the blocking power. An estimator may stand for
-several GPUs (``num_gpus``): a stage leader's records represent every GPU of its stage when the
-stage's ranks combine their measurements before reporting, and its energy counts that many
-times.
+Each GPU's estimator (:class:`~perseus.profiler.estimate.StageEstimator`) gets that GPU's
+iterations (instruction stamps, iteration start and end) and its energy counter's updates (a
+stage leader's updates arrive with its reports). Ranks of one stage (data- and tensor-parallel
+peers) run the same schedule. Their measurements combine as in the planner's model of a stage:
+the time of an instruction is the slowest GPU's, its energy the sum over the GPUs, and so is the
+blocking power. An estimator may stand for several GPUs (``num_gpus``): a stage leader's
+measurements represent every GPU of its stage, and its energy counts that many times.
 
-This is the heavy part (least squares over every stored step): the coordination server runs it
-in a worker process (:mod:`perseus.server.workers`), fed incrementally with each new step.
+This is the heavy part (least squares over every stored iteration): the coordination server runs
+it in a worker process (:mod:`perseus.server.workers`), fed incrementally.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Profile
 from perseus.profiler import inversions
-from perseus.profiler.estimate import StageEstimator, TypeEstimate
+from perseus.profiler.estimate import MAX_RELATIVE_SE, StageEstimator, TypeEstimate
 from perseus.records import InstructionRecord
+from perseus.records.energy import EnergyUpdate
 
 Key = Tuple[str, int]
+RowKey = Tuple[int, str, int]
 
 
 class JobEstimates:
@@ -37,6 +41,39 @@ class JobEstimates:
             s: {} for s in range(num_stages)
         }
         self._gpus: Dict[Tuple[int, Hashable], int] = {}
+        self._limits: Dict[Tuple[int, Hashable], Optional[float]] = {}
+
+    # -- input ----------------------------------------------------------------------------------
+    def set_gpu(
+        self,
+        stage: int,
+        rank_key: Hashable,
+        *,
+        num_gpus: int = 1,
+        power_limit_w: Optional[float] = None,
+    ) -> None:
+        """Describe one measured GPU (before or after its first data).
+
+        Args:
+            stage: Its stage.
+            rank_key: Identifies it within the stage.
+            num_gpus: GPUs its measurements stand for (a stage leader's: the stage's ranks).
+            power_limit_w: Its power limit (from the rank's registration): no power above it
+                is ever returned.
+        """
+        self._gpus[(stage, rank_key)] = max(1, int(num_gpus))
+        self._limits[(stage, rank_key)] = power_limit_w
+        est = self._estimators[stage].get(rank_key)
+        if est is not None:
+            est.set_power_limit(power_limit_w)
+
+    def _estimator(self, stage: int, rank_key: Hashable) -> StageEstimator:
+        est = self._estimators[stage].get(rank_key)
+        if est is None:
+            limit = self._limits.get((stage, rank_key))
+            est = self._estimators[stage][rank_key] = StageEstimator(limit)
+            self._gpus.setdefault((stage, rank_key), 1)
+        return est
 
     def add_step(
         self,
@@ -44,36 +81,52 @@ class JobEstimates:
         rank_key: Hashable,
         instructions: Sequence[InstructionRecord],
         warmup_positions: Sequence[int] = (),
-        update_period_s: Optional[float] = 0.02,
-        num_gpus: int = 1,
+        *,
+        step: Optional[int] = None,
+        step_start_s: Optional[float] = None,
+        step_end_s: Optional[float] = None,
     ) -> None:
-        """One GPU's records of one iteration.
+        """One GPU's records of one iteration (see :meth:`StageEstimator.add_step`)."""
+        self._estimator(stage, rank_key).add_step(
+            instructions, warmup_positions, step_start_s, step_end_s, step
+        )
 
-        Args:
-            stage: The GPU's stage.
-            rank_key: Identifies the GPU within the stage.
-            instructions: Its instruction records of that iteration.
-            warmup_positions: Positions whose durations are not averaged.
-            update_period_s: The GPU's energy counter update period, if known.
-            num_gpus: GPUs these records stand for (the stage's ranks a leader speaks for).
-        """
-        est = self._estimators[stage].get(rank_key)
-        if est is None:
-            est = self._estimators[stage][rank_key] = StageEstimator(update_period_s)
-        self._gpus[(stage, rank_key)] = max(1, int(num_gpus))
-        est.add_step(instructions, warmup_positions)
+    def add_updates(self, stage: int, rank_key: Hashable, updates: Sequence[EnergyUpdate]) -> int:
+        """Counter updates of one GPU, oldest first; returns how many were new."""
+        return self._estimator(stage, rank_key).add_updates(updates)
 
     def forget_rank(self, stage: int, rank_key: Hashable) -> None:
         """Drop a dead rank's data."""
         self._estimators[stage].pop(rank_key, None)
         self._gpus.pop((stage, rank_key), None)
+        self._limits.pop((stage, rank_key), None)
 
+    # -- the counters ---------------------------------------------------------------------------
     def energy_models(self) -> List[Dict[str, str]]:
-        """Per stage, which counter model each rank's estimator uses (``exact`` or ``lag``)."""
-        return [{str(k): e.model for k, e in ests.items()} for ests in self._estimators.values()]
+        """Per stage, what each rank's estimator fitted (equations, lag, misfit, period)."""
+        return [
+            {str(k): e.describe() for k, e in ests.items()} for ests in self._estimators.values()
+        ]
 
+    def update_period_s(self, stage: int) -> Optional[float]:
+        """The slowest measured counter update period among the stage's GPUs (``None``: none)."""
+        periods = [e.update_period for e in self._estimators[stage].values()]
+        known = [p.median_s for p in periods if p is not None]
+        return max(known) if known else None
+
+    def equation_noise(self, stage: int) -> Optional[float]:
+        """The largest relative residual of one counter equation among the stage's GPUs."""
+        noise = [e.equation_noise() for e in self._estimators[stage].values()]
+        known = [n for n in noise if n is not None]
+        return max(known) if known else None
+
+    # -- results --------------------------------------------------------------------------------
     def stage_estimates(self, stage: int) -> Tuple[Dict[Key, TypeEstimate], Optional[float]]:
-        """Combined estimates of one stage: time max over GPUs, energy and power summed."""
+        """Combined estimates of one stage: time max over GPUs, energy and power summed.
+
+        Standard errors: a GPU standing for ``n`` counts ``n`` times (its error too); different
+        GPUs' errors are independent.
+        """
         per_rank = [
             (est.estimate(), self._gpus.get((stage, key), 1))
             for key, est in self._estimators[stage].items()
@@ -83,10 +136,20 @@ class JobEstimates:
         keys = set.intersection(*(set(types) for (types, _), _ in per_rank))
         out: Dict[Key, TypeEstimate] = {}
         for key in keys:
-            time_s = max(types[key].time_s for (types, _), _ in per_rank)
+            slowest = max((types[key] for (types, _), _ in per_rank), key=lambda e: e.time_s)
             energy_j = sum(n * types[key].energy_j for (types, _), n in per_rank)
+            energy_se = math.sqrt(
+                sum((n * types[key].energy_se_j) ** 2 for (types, _), n in per_rank)
+            )
             samples = min(types[key].num_samples for (types, _), _ in per_rank)
-            out[key] = TypeEstimate(time_s, energy_j / time_s, samples)
+            clamped = any(types[key].clamped for (types, _), _ in per_rank)
+            time_s = slowest.time_s
+            power_w = energy_j / time_s
+            time_part = power_w * slowest.time_se_s
+            power_se = math.sqrt(max(0.0, energy_se**2 - time_part**2)) / time_s
+            if math.isinf(energy_se):
+                power_se = math.inf
+            out[key] = TypeEstimate(time_s, power_w, samples, power_se, slowest.time_se_s, clamped)
         blocking = [(b, n) for (_, b), n in per_rank]
         total_w = None
         if not any(b is None for b, _ in blocking):
@@ -100,29 +163,52 @@ class JobEstimates:
 
     def least_certain_clocks(self, stage: int, swept_mhz: Sequence[int]) -> List[int]:
         """``swept_mhz``, the clock with the least certain energy estimate first."""
+        score = self._clock_uncertainty(stage)
+        return sorted(swept_mhz, key=lambda f: -score.get(f, math.inf))
+
+    def uncertain_clocks(
+        self, stage: int, swept_mhz: Sequence[int], max_relative_se: float = MAX_RELATIVE_SE
+    ) -> List[int]:
+        """The swept clocks with a row known to worse than ``max_relative_se``.
+
+        Least certain first; clocks not estimated yet count as uncertain.
+        """
+        score = self._clock_uncertainty(stage)
+        bad = [f for f in swept_mhz if not score.get(f, math.inf) <= max_relative_se]
+        return sorted(bad, key=lambda f: -score.get(f, math.inf))
+
+    def _clock_uncertainty(self, stage: int) -> Dict[int, float]:
+        estimates, _ = self.stage_estimates(stage)
         score: Dict[int, float] = {}
-        for est in self._estimators[stage].values():
-            est.estimate()
-            for (_, freq), rel in est.relative_uncertainty().items():
-                score[freq] = max(score.get(freq, 0.0), rel)
-        return sorted(swept_mhz, key=lambda f: -score.get(f, 0.0))
+        for (_, freq), est in estimates.items():
+            rel = math.inf if est.clamped else est.relative_se
+            score[freq] = max(score.get(freq, 0.0), rel)
+        return score
 
     def profile(self, source: str = "online profiler") -> Profile:
         """The measured profile (profile CSV rows): one for every timed (instruction, clock).
 
-        A row whose power no counter reading of its own stage determines (a dead or stuck
-        counter) borrows the median power of the other stages at that clock (see
-        :meth:`complete_estimates`); clocks whose power is unknown everywhere are left out.
+        Every row carries its energy's standard error; rows known to worse than
+        :data:`~perseus.profiler.estimate.MAX_RELATIVE_SE`, clamped to the GPU's power range
+        or borrowed are marked uncertain. A row whose power no counter update of its own stage
+        determines (a dead or stuck counter) borrows the median power of the other stages at
+        that clock (see :meth:`complete_estimates`); clocks whose power is unknown everywhere
+        are left out.
 
         Raises:
             ProfileError: when a stage has no usable forward or backward measurement at all.
         """
         rows = []
+        se: Dict[RowKey, float] = {}
+        uncertain: List[RowKey] = []
         for stage, estimates in enumerate(self.complete_estimates()):
             for (instruction, freq), est in sorted(estimates.items()):
                 if est.time_s > 0 and est.energy_j > 0 and est.num_samples > 0:
                     rows.append((stage, instruction, freq, est.time_s, est.energy_j))
-        return Profile.from_rows(rows, source)
+                    se[(stage, instruction, freq)] = est.energy_se_j
+                    if est.uncertain:
+                        uncertain.append((stage, instruction, freq))
+        return Profile.from_rows(rows, source, energy_se_j=se, uncertain=uncertain)
 
     def honest_profile(self, source: str = "online profiler") -> Tuple[Profile, Optional[str]]:
         """:meth:`profile` with inverted points repaired, and what was found (or ``None``).
@@ -131,7 +217,7 @@ class JobEstimates:
         (:mod:`perseus.profiler.inversions`) is planned as no faster than that higher clock.
         """
         profile = self.profile(source)
-        noise: Dict[Tuple[int, str, int], float] = {}
+        noise: Dict[RowKey, float] = {}
         for stage in range(self.num_stages):
             for est in self._estimators[stage].values():
                 for (instruction, freq), value in est.time_noise_s().items():
@@ -143,7 +229,10 @@ class JobEstimates:
         return inversions.repair(profile, found), inversions.describe(found)
 
     def complete_estimates(self) -> List[Dict[Key, TypeEstimate]]:
-        """Per stage, :meth:`stage_estimates` plus borrowed powers for timed keys without one."""
+        """Per stage, :meth:`stage_estimates` plus borrowed powers for timed keys without one.
+
+        A borrowed power has no standard error of its own (``inf``: the row is uncertain).
+        """
         per_stage = [self.stage_estimates(s)[0] for s in range(self.num_stages)]
         out = []
         for stage, estimates in enumerate(per_stage):
@@ -159,7 +248,8 @@ class JobEstimates:
                     if s != stage and key in e
                 ]
                 if others and time_s > 0:
-                    estimates[key] = TypeEstimate(time_s, gpus * statistics.median(others), n)
+                    power = gpus * statistics.median(others)
+                    estimates[key] = TypeEstimate(time_s, power, n, math.inf)
             out.append(estimates)
         return out
 

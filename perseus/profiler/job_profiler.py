@@ -16,14 +16,19 @@ from perseus.profiler.estimate import TypeEstimate
 from perseus.profiler.job_estimates import JobEstimates, Key
 from perseus.profiler.stage_sweep import StageSweep
 from perseus.records import InstructionRecord
+from perseus.records.energy import EnergyUpdate
 
 
 def sweep_update(sweep: StageSweep, estimates: JobEstimates, stage: int) -> None:
-    """After a reported step: feed the stop rule, or order the re-measurements."""
+    """After a reported step: feed the stop rule, or order the re-measurements.
+
+    Once the first pass is over, the clocks whose rows are still uncertain are re-measured,
+    the least certain first; when none is left the sweep ends.
+    """
     if sweep.observing:
         sweep.observe(estimates.stage_energies(stage))
-    elif sweep.refine_priority is None:
-        sweep.prioritize(estimates.least_certain_clocks(stage, sweep.swept_mhz))
+    if sweep.refining:
+        sweep.prioritize(estimates.uncertain_clocks(stage, sweep.swept_mhz))
 
 
 class JobProfiler:
@@ -31,11 +36,15 @@ class JobProfiler:
 
     Args:
         sweeps: One :class:`StageSweep` per stage.
+        estimates: The job's estimates so far (e.g. with the baseline iterations); default:
+            new ones.
     """
 
-    def __init__(self, sweeps: Sequence[StageSweep]) -> None:
+    def __init__(
+        self, sweeps: Sequence[StageSweep], estimates: Optional[JobEstimates] = None
+    ) -> None:
         self.sweeps = list(sweeps)
-        self.estimates = JobEstimates(len(self.sweeps))
+        self.estimates = estimates if estimates is not None else JobEstimates(len(self.sweeps))
 
     @property
     def num_stages(self) -> int:
@@ -46,21 +55,37 @@ class JobProfiler:
         """Frequencies of every position of ``step`` on ``stage``."""
         return self.sweeps[stage].frequencies_for_step(step)
 
+    def add_updates(self, stage: int, rank_key: Hashable, updates: Sequence[EnergyUpdate]) -> None:
+        """Counter updates of one GPU, oldest first (its sampler's series, in any batches).
+
+        Describe the GPU (its power limit, the GPUs it stands for) with
+        ``estimates.set_gpu``.
+        """
+        self.estimates.add_updates(stage, rank_key, updates)
+
     def add_report(
         self,
         stage: int,
         rank_key: Hashable,
         step: int,
         instructions: Sequence[InstructionRecord],
-        update_period_s: Optional[float] = 0.02,
-        num_gpus: int = 1,
+        step_start_s: Optional[float] = None,
+        step_end_s: Optional[float] = None,
     ) -> None:
-        """One rank's records of a profiling step of its stage (ignored unless assigned)."""
+        """One rank's records of a profiling step of its stage.
+
+        Steps the sweep did not assign count as reference steps (their clocks, no warm-up).
+        """
         sweep = self.sweeps[stage]
-        if step not in sweep.assigned:
-            return
+        warmup = sweep.warmup.get(step, ()) if step in sweep.assigned else ()
         self.estimates.add_step(
-            stage, rank_key, instructions, sweep.warmup.get(step, ()), update_period_s, num_gpus
+            stage,
+            rank_key,
+            instructions,
+            warmup,
+            step=step,
+            step_start_s=step_start_s,
+            step_end_s=step_end_s,
         )
 
     def add_reference_step(
@@ -68,14 +93,23 @@ class JobProfiler:
         stage: int,
         rank_key: Hashable,
         instructions: Sequence[InstructionRecord],
-        update_period_s: Optional[float] = 0.02,
-        num_gpus: int = 1,
+        step: Optional[int] = None,
+        step_start_s: Optional[float] = None,
+        step_end_s: Optional[float] = None,
     ) -> None:
         """Records of an iteration outside the sweep (e.g. the baseline at the highest clock).
 
         They add samples (and counter equations) for whatever clocks they ran at.
         """
-        self.estimates.add_step(stage, rank_key, instructions, (), update_period_s, num_gpus)
+        self.estimates.add_step(
+            stage,
+            rank_key,
+            instructions,
+            (),
+            step=step,
+            step_start_s=step_start_s,
+            step_end_s=step_end_s,
+        )
 
     def complete_step(self, stage: int, step: int) -> None:
         """Every live rank of ``stage`` reported ``step``: update the stop rule."""
@@ -86,7 +120,7 @@ class JobProfiler:
         sweep_update(sweep, self.estimates, stage)
 
     def energy_models(self) -> List[Dict[str, str]]:
-        """Per stage, which counter model each rank's estimator uses (``exact`` or ``lag``)."""
+        """Per stage, what each rank's estimator fitted (equations, lag, misfit, period)."""
         return self.estimates.energy_models()
 
     def finish(self) -> None:

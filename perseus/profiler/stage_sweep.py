@@ -20,11 +20,19 @@ instruction).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from perseus.profiler.stop import EnergyRiseStop
+from perseus.profiler.sweep_windows import (
+    KINDS,
+    blocks,
+    refine_order,
+    warmup_positions,
+    window_s,
+)
 
-KINDS = ("forward", "backward")
+__all__ = ["StageSweep", "refine_order", "sweep_clocks_mhz", "warmup_positions"]
 # Share of the iteration budget the first pass over all clocks is sized to (fast mode).
 SWEEP_SHARE = 0.75
 
@@ -61,8 +69,14 @@ class StageSweep:
             In ``fast`` mode it sizes the windows (blocks last at least the time that spreads
             :data:`SWEEP_SHARE` of the budget over the clocks, so short instructions are
             aggregated into longer windows) and, once every kind stopped, the iterations left
-            re-measure the swept clocks (each extra window adds counter readings; order:
-            spread over the swept range, see :func:`refine_order`).
+            re-measure the swept clocks whose rows are still uncertain (each extra window adds
+            counter equations; order: :meth:`prioritize`, else spread over the swept range,
+            see :func:`refine_order`).
+        update_period_s: The energy counter's measured update period: a window spans at least
+            the counter intervals its rows need (:func:`~perseus.profiler.sweep_windows.
+            window_s`), over several iterations where one is shorter.
+        equation_noise: Relative noise of one counter equation, as measured (default: an
+            assumption, see :data:`~perseus.profiler.sweep_windows.DEFAULT_EQUATION_NOISE`).
     """
 
     def __init__(
@@ -77,6 +91,8 @@ class StageSweep:
         instruction_time_s: Optional[Dict[str, float]] = None,
         min_per_kind: int = 2,
         max_steps: Optional[int] = None,
+        update_period_s: Optional[float] = None,
+        equation_noise: Optional[float] = None,
     ) -> None:
         if mode not in ("fast", "sweep"):
             raise ValueError(f"profiler.mode={mode!r}: choose 'fast' or 'sweep'")
@@ -93,11 +109,22 @@ class StageSweep:
         times = instruction_time_s or {}
         self.max_steps = max_steps
         step_s = sum(times.get(i, 0.0) for i, _ in self.order)
+        counter_s = window_s(update_period_s, equation_noise)
         if max_steps and step_s > 0:
             budget_s = step_s * SWEEP_SHARE * max_steps / len(self.clocks_mhz)
             min_window_s = max(min_window_s, min(budget_s, step_s))
+        # Iterations one window lasts: as many as the counter needs, as the budget allows.
+        self.steps_per_window = 1
+        if step_s > 0 and counter_s > step_s:
+            self.steps_per_window = math.ceil(counter_s / step_s)
+            if max_steps:
+                affordable = int(SWEEP_SHARE * max_steps / len(self.clocks_mhz))
+                self.steps_per_window = max(1, min(self.steps_per_window, affordable))
+        min_window_s = max(min_window_s, min(counter_s, step_s))
         self.min_window_s = min_window_s
-        self._blocks = _blocks(
+        self._window_left = 0  # iterations the current window still runs
+        self._window_freqs: List[int] = []
+        self._blocks = blocks(
             self.order, self.warmup_instructions, min_per_kind, min_window_s, times
         )
         self._refine: List[int] = []  # clocks queued for re-measurement
@@ -123,7 +150,7 @@ class StageSweep:
         if not all(self._kind_finished(kind) for kind in KINDS):
             return False
         if self.mode != "fast" or self.max_steps is None or self._finished:
-            return True
+            return self._window_left == 0 or self._finished
         return len(self.assigned) >= self.max_steps
 
     @property
@@ -135,12 +162,21 @@ class StageSweep:
         return self.stopped_at[kind] is not None or self._cursor[kind] >= len(self.clocks_mhz)
 
     def frequencies_for_step(self, step: int) -> List[int]:
-        """Frequencies of every position of ``step`` (computed once, then repeated)."""
+        """Frequencies of every position of ``step`` (computed once, then repeated).
+
+        A window longer than one iteration runs the same clocks for :attr:`steps_per_window`
+        consecutive iterations.
+        """
         if step not in self.assigned:
             if self._retry:
                 freqs = self._retry.pop(0)
+            elif self._window_left > 0 and not self._finished:
+                self._window_left -= 1
+                freqs = list(self._window_freqs)
             else:
                 freqs = self._assign_fast() if self.mode == "fast" else self._assign_sweep()
+                self._window_freqs = list(freqs)
+                self._window_left = self.steps_per_window - 1
             self.assigned[step] = freqs
             self.warmup[step] = self._warmup_positions(freqs)
             self._pending.add(step)
@@ -200,9 +236,24 @@ class StageSweep:
         return self._refine.pop(0)
 
     def prioritize(self, clocks_mhz: Sequence[int]) -> None:
-        """Re-measure these clocks first, in this order (e.g. the least certain first)."""
+        """Re-measure these clocks first, in this order (e.g. the least certain first).
+
+        Called again whenever the estimates change; an empty list once the first pass is over
+        (:attr:`refining`) means every row is certain enough: nothing is re-measured any more.
+        """
         self.refine_priority = [int(c) for c in clocks_mhz]
         self._refine = list(self.refine_priority)
+        if not self.refine_priority and self.refining:
+            self._finished = True
+            self._retry = []
+
+    @property
+    def refining(self) -> bool:
+        """Every kind finished its first pass (stopped, or reached the lowest clock).
+
+        The windows left re-measure swept clocks.
+        """
+        return all(self._kind_finished(kind) for kind in KINDS) and not self._finished
 
     def _assign_sweep(self) -> List[int]:
         clock = {}
@@ -268,6 +319,9 @@ class StageSweep:
             "patience": self._stop["forward"].patience,
             "max_steps": self.max_steps,
             "min_window_s": self.min_window_s,
+            "steps_per_window": self.steps_per_window,
+            "window_left": self._window_left,
+            "window_freqs": list(self._window_freqs),
             "blocks": [list(b) for b in self._blocks],
             "stopped_at": dict(self.stopped_at),
             "cursor": dict(self._cursor),
@@ -292,6 +346,9 @@ class StageSweep:
             max_steps=state["max_steps"],
         )
         sweep.min_window_s = float(state["min_window_s"])
+        sweep.steps_per_window = int(state.get("steps_per_window", 1))
+        sweep._window_left = int(state.get("window_left", 0))
+        sweep._window_freqs = [int(f) for f in state.get("window_freqs", [])]
         sweep._blocks = [(int(a), int(b)) for a, b in state["blocks"]]
         sweep.stopped_at = {
             k: (None if v is None else int(v)) for k, v in state["stopped_at"].items()
@@ -312,59 +369,3 @@ class StageSweep:
     def num_steps(self) -> int:
         """Steps this stage has been given a profiling schedule for."""
         return len(self.assigned)
-
-
-def warmup_positions(
-    order: Sequence[Tuple[str, int]], freqs: Sequence[Optional[int]], warmup_instructions: int
-) -> List[int]:
-    """Per kind, the first ``warmup_instructions`` of the step and after each clock change."""
-    out: List[int] = []
-    seen: Dict[str, int] = {}
-    last: Dict[str, Optional[int]] = {}
-    for pos, ((instruction, _), freq) in enumerate(zip(order, freqs)):
-        if instruction not in last or last[instruction] != freq:
-            seen[instruction] = 0
-            last[instruction] = freq
-        if seen[instruction] < warmup_instructions:
-            out.append(pos)
-        seen[instruction] += 1
-    return out
-
-
-def refine_order(clocks_mhz: Sequence[int], stride: int = 3) -> List[int]:
-    """The order swept clocks are re-measured in: every ``stride``-th first, then the rest.
-
-    Spreading the extra windows over the whole range lets the smoothness prior carry their
-    information to the neighbours that wait for a second window.
-    """
-    clocks = list(clocks_mhz)
-    return [c for offset in range(stride) for c in clocks[offset::stride]]
-
-
-def _blocks(
-    order: List[Tuple[str, int]],
-    warmup: int,
-    min_per_kind: int,
-    min_window_s: float,
-    time_s: Dict[str, float],
-) -> List[Tuple[int, int]]:
-    """Contiguous ``[begin, end)`` position ranges for ``fast`` mode."""
-    blocks: List[Tuple[int, int]] = []
-    begin = 0
-    counts = {kind: 0 for kind in KINDS}
-    duration_s = 0.0
-    for pos, (instruction, _) in enumerate(order):
-        if pos - begin >= warmup:
-            counts[instruction] = counts.get(instruction, 0) + 1
-        duration_s += time_s.get(instruction, 0.0)
-        if all(counts[k] >= min_per_kind for k in KINDS) and duration_s >= min_window_s:
-            blocks.append((begin, pos + 1))
-            begin = pos + 1
-            counts = {kind: 0 for kind in KINDS}
-            duration_s = 0.0
-    if begin < len(order):
-        if blocks:
-            blocks[-1] = (blocks[-1][0], len(order))
-        else:
-            blocks.append((0, len(order)))
-    return blocks

@@ -1,8 +1,11 @@
-"""The real emulated GPU on a virtual clock, read the way the optimizer reads it.
+"""The real emulated GPU on a virtual clock, measured the way the product measures it.
 
 No sleeping and no host jitter: iterations run as fast as the machine computes them, and the
-outcome does not depend on how busy it is. The profiler's accuracy benchmark
-(``scripts/online_profiling_accuracy.py``) and its tests drive profiles through this.
+outcome does not depend on how busy it is. The GPU's energy is measured by the product's own
+sampler (:class:`perseus.gpu.energy_sampler.EnergySampler`) polling the emulated counter on the
+virtual clock as its thread would (:func:`attach_sampler`); the hooks only stamp times. The
+profiler's accuracy benchmark (``scripts/online_profiling_accuracy.py``) and its tests drive
+profiles through this.
 """
 
 from __future__ import annotations
@@ -12,11 +15,22 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.records import InstructionRecord
+from perseus.gpu.energy_sampler import EnergySampler
+from perseus.profiler.job_estimates import JobEstimates
+from perseus.profiler.job_profiler import JobProfiler
+from perseus.profiler.stage_sweep import StageSweep
+from perseus.records import InstructionRecord, StepRecord
+
+# A poller: called at a virtual instant, returns the seconds until it wants to run again.
+Poller = Callable[[], float]
 
 
 class VirtualClock:
     """A clock that only moves when someone sleeps on it.
+
+    Pollers (:meth:`add_poller`) run at their instants while the clock sleeps through them,
+    as a background thread would have run then (a poller that sleeps itself does not run
+    pollers meanwhile).
 
     Args:
         start_s: The first reading (seconds).
@@ -24,14 +38,46 @@ class VirtualClock:
 
     def __init__(self, start_s: float = 1000.0) -> None:
         self.now_s = start_s
+        self._pollers: List[List] = []  # [next instant, poller]
+        self._polling = False
 
     def __call__(self) -> float:
         """The current time (seconds)."""
         return self.now_s
 
+    def add_poller(self, poller: Poller, first_in_s: float = 0.0) -> None:
+        """Run ``poller`` ``first_in_s`` from now, then whenever it asks to."""
+        self._pollers.append([self.now_s + max(0.0, first_in_s), poller])
+
     def sleep(self, seconds: float) -> None:
-        """Advance the clock by ``seconds`` (negative: not at all)."""
-        self.now_s += max(0.0, seconds)
+        """Advance the clock by ``seconds`` (negative: not at all), running due pollers."""
+        end_s = self.now_s + max(0.0, seconds)
+        if self._polling or not self._pollers:
+            self.now_s = end_s
+            return
+        self._polling = True
+        try:
+            while True:
+                entry = min(self._pollers, key=lambda e: e[0])
+                if entry[0] > end_s:
+                    break
+                self.now_s = max(self.now_s, entry[0])
+                entry[0] = self.now_s + max(1e-6, entry[1]())
+        finally:
+            self._polling = False
+        self.now_s = max(self.now_s, end_s)
+
+
+def attach_sampler(gpu: EmulatedGPU, clock: VirtualClock) -> EnergySampler:
+    """The product's energy sampler of ``gpu``, polling on ``clock`` as its thread would."""
+    sampler = EnergySampler(gpu.total_energy_mj, clock, name=f"virtual-{gpu.index}")
+
+    def poll() -> float:
+        sampler.poll_once()
+        return sampler.next_read_in_s(clock())
+
+    clock.add_poller(poll)
+    return sampler
 
 
 def virtual_gpu(
@@ -68,18 +114,38 @@ def run_step(
     mean_gap_s: float,
     overrun_p: float = 0.0,
 ) -> List[InstructionRecord]:
+    """The instruction records of :func:`run_step_record`."""
+    return run_step_record(
+        gpu, clock, stage, 0, order, freqs, rng, mean_gap_s, overrun_p
+    ).instructions
+
+
+def run_step_record(
+    gpu: EmulatedGPU,
+    clock: VirtualClock,
+    stage: int,
+    step: int,
+    order: Sequence[Tuple[str, int]],
+    freqs: Sequence[Optional[int]],
+    rng: random.Random,
+    mean_gap_s: float,
+    overrun_p: float = 0.0,
+) -> StepRecord:
     """One iteration of one stage alone: random blocking gaps, then each instruction.
 
-    The stage never waits for its neighbours (profiling accuracy, load generation); use
+    The time between iterations (optimizer step etc.) comes before the iteration's start. The
+    stage never waits for its neighbours (profiling accuracy, load generation); use
     :func:`run_pipeline_step` where the pipeline's dependencies matter. With ``overrun_p``, that
     fraction of instructions overrun: the host ran 2-10 ms late and the GPU waited (host jitter).
     """
     clock.sleep(mean_gap_s * 3)  # between iterations (optimizer step etc.)
+    start_s = clock()
     out = []
     for pos, ((instruction, mb), freq) in enumerate(zip(order, freqs)):
         clock.sleep(mean_gap_s * 2 * rng.random())
         out.append(_run_instruction(gpu, clock, stage, pos, instruction, mb, freq, rng, overrun_p))
-    return out
+    clock.sleep(mean_gap_s * rng.random())
+    return StepRecord(step, stage, start_s, clock(), None, out)
 
 
 def run_pipeline_step(
@@ -154,13 +220,12 @@ def _run_instruction(
         gpu.reset_sm_clocks()
     else:
         gpu.lock_sm_clocks_mhz(freq, freq)
-    e0 = gpu.total_energy_mj()
     gpu.instruction_begin(stage, instruction)
     t0 = clock()
     if overrun_p and rng.random() < overrun_p:
         clock.sleep(0.002 + 0.008 * rng.random())
     gpu.instruction_end(instruction)
-    return InstructionRecord(pos, instruction, mb, freq, t0, clock(), e0, gpu.total_energy_mj())
+    return InstructionRecord(pos, instruction, mb, freq, t0, clock())
 
 
 def profile_errors(
@@ -181,3 +246,69 @@ def profile_errors(
                 time_err.append(abs(m.time_s / true.time_s - 1))
                 energy_err.append(abs(m.energy_j / true.energy_j - 1))
     return time_err, energy_err
+
+
+def profile_virtually(
+    gpus: Sequence[Tuple[EmulatedGPU, VirtualClock]],
+    orders: Sequence[Sequence[Tuple[str, int]]],
+    make_sweep: Callable[[int, Optional[float], Optional[float]], StageSweep],
+    *,
+    max_steps: int,
+    rng: random.Random,
+    mean_gap_s: float,
+    overrun_p: float = 0.0,
+    reference_steps: int = 3,
+    power_limits_w: Optional[Sequence[float]] = None,
+) -> JobProfiler:
+    """Profile a job on emulated GPUs the way the coordination server does.
+
+    Each GPU's energy is measured by its own sampler (:func:`attach_sampler`); its updates
+    reach the estimator with each iteration's stamps. ``reference_steps`` iterations at the
+    highest clock come first (the server's baseline), then every stage's sweep is made by
+    ``make_sweep(stage, update_period_s, equation_noise)`` from what the baseline measured,
+    and the sweeps run until done or ``max_steps`` profiling iterations. ``power_limits_w``:
+    each GPU's power limit as the server passes it (default: none; the bundled emulated
+    profiles hold rows above the emulated device's nominal 400 W limit).
+    """
+    samplers = [attach_sampler(gpu, clock) for gpu, clock in gpus]
+    cursors = [0] * len(gpus)
+    estimates = JobEstimates(len(gpus))
+    for stage, limit_w in enumerate(power_limits_w or [None] * len(gpus)):
+        estimates.set_gpu(stage, stage, power_limit_w=limit_w)
+
+    def run(stage: int, step: int, freqs: Sequence[Optional[int]]) -> StepRecord:
+        gpu, clock = gpus[stage]
+        rec = run_step_record(
+            gpu, clock, stage, step, orders[stage], freqs, rng, mean_gap_s, overrun_p
+        )
+        updates, cursors[stage] = samplers[stage].series.since(cursors[stage])
+        estimates.add_updates(stage, stage, updates)
+        return rec
+
+    for step in range(reference_steps):
+        for stage, (gpu, _) in enumerate(gpus):
+            top = max(gpu.supported_sm_clocks_mhz())
+            rec = run(stage, step - reference_steps, [top] * len(orders[stage]))
+            estimates.add_step(
+                stage,
+                stage,
+                rec.instructions,
+                step=rec.step,
+                step_start_s=rec.start_s,
+                step_end_s=rec.end_s,
+            )
+    sweeps = [
+        make_sweep(s, estimates.update_period_s(s), estimates.equation_noise(s))
+        for s in range(len(gpus))
+    ]
+    job = JobProfiler(sweeps, estimates)
+    step = 0
+    while not job.done and step < max_steps:
+        for stage in range(len(gpus)):
+            rec = run(stage, step, job.schedule(stage, step))
+            job.add_report(stage, stage, step, rec.instructions, rec.start_s, rec.end_s)
+            job.complete_step(stage, step)
+        step += 1
+        if step >= max_steps:
+            job.finish()
+    return job

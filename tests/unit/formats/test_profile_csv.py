@@ -147,3 +147,47 @@ def test_published_profile_loads() -> None:
     profile = read_profile_csv(path)
     assert profile.num_stages == 8
     assert len(profile.pareto(7, "backward")) >= 3
+
+
+def test_uncertainty_columns_round_trip_and_other_readers_ignore_them(tmp_path) -> None:
+    """A measured profile writes energy_se and uncertain; reading it back keeps both, and a
+    reader that knows only the five columns gets the same rows."""
+    rows = [
+        (0, "forward", 1410, 0.01, 4.0),
+        (0, "forward", 1200, 0.012, 3.0),
+        (0, "backward", 1410, 0.02, 8.0),
+    ]
+    se = {(0, "forward", 1410): 0.05, (0, "backward", 1410): float("inf")}
+    profile = Profile.from_rows(rows, "t", energy_se_j=se, uncertain=[(0, "backward", 1410)])
+    path = profile.write(tmp_path / "p.csv")
+    text = path.read_text().splitlines()
+    assert text[0] == "stage,instruction,frequency,time,energy,energy_se,uncertain"
+    assert text[1].endswith(",,1") and text[2].endswith(",0")  # no finite SE: empty
+    back = read_profile_csv(path)
+    assert back.rows() == profile.rows()
+    assert back.energy_se_j == {(0, "forward", 1410): 0.05}
+    assert back.uncertain == {(0, "backward", 1410)}
+    assert back.is_uncertain(0, "backward", 1410) and not back.is_uncertain(0, "forward", 1200)
+    scaled = back.scaled(2.0, 3.0)
+    assert scaled.energy_se_j == {(0, "forward", 1410): pytest.approx(0.15)}
+    assert back.restrict(1300).uncertain == {(0, "backward", 1410)}
+    plain = Profile.from_rows(rows, "t")
+    assert plain.write(tmp_path / "q.csv").read_text().splitlines()[0] == (
+        "stage,instruction,frequency,time,energy"
+    )
+
+
+def test_bad_uncertainty_fields_are_refused_with_the_row(tmp_path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(
+        "stage,instruction,frequency,time,energy,uncertain\n0,forward,1410,0.01,4,maybe\n"
+        "0,backward,1410,0.02,8,0\n"
+    )
+    with pytest.raises(ProfileError, match=r"row 2: uncertain 'maybe' must be 0 or 1"):
+        read_profile_csv(path)
+    path.write_text(
+        "stage,instruction,frequency,time,energy,energy_se\n0,forward,1410,0.01,4,-1\n"
+        "0,backward,1410,0.02,8,\n"
+    )
+    with pytest.raises(ProfileError, match="row 2: energy_se -1.0"):
+        read_profile_csv(path)

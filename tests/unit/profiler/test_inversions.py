@@ -10,7 +10,7 @@ from perseus.profiler.estimate import StageEstimator
 from perseus.profiler.inversions import describe, find_inversions, repair
 from perseus.profiler.job_estimates import JobEstimates
 from perseus.records import InstructionRecord
-from tests.unit.profiler.sim import CounterTimeline, run_step
+from tests.unit.profiler.sim import RealisticCounter, run_step
 
 ROWS = [
     (0, "forward", 1410, 0.0100, 4.0),
@@ -60,7 +60,7 @@ def test_published_profiles_are_honest(name: str) -> None:
 
 
 def test_time_noise_is_a_robust_standard_error() -> None:
-    est = StageEstimator(0.02)
+    est = StageEstimator()
     durations = [0.010, 0.011, 0.010, 0.012, 0.010, 0.030, 0.011, 0.010]  # one host delay
     records = []
     t = 0.0
@@ -84,10 +84,14 @@ MEASURED = {
 
 def test_job_profile_from_noisy_measurements_is_repaired_and_said() -> None:
     job = JobEstimates(1)
-    tl = CounterTimeline(period_s=0.02, seed=3)
+    counter = RealisticCounter(seed=3)
     for step in range(12):
         freqs = [1000 if (step + i // 4) % 2 else 900 for i in range(len(ORDER))]
-        job.add_step(0, "gpu0", run_step(tl, ORDER, freqs, MEASURED, gap_s=0.004, jitter=1.0))
+        rec = run_step(counter, step, ORDER, freqs, MEASURED, gap_s=0.004)
+        job.add_step(
+            0, "gpu0", rec.instructions, step=step, step_start_s=rec.start_s, step_end_s=rec.end_s
+        )
+    job.add_updates(0, "gpu0", counter.updates())
     raw = job.profile()
     assert len(find_inversions(raw.rows(), {})) == 2
     profile, note = job.honest_profile()
@@ -95,6 +99,11 @@ def test_job_profile_from_noisy_measurements_is_repaired_and_said() -> None:
     times = {(i, f): t for _, i, f, t, _ in profile.rows()}
     assert times[("forward", 900)] == pytest.approx(times[("forward", 1000)])
     assert times[("backward", 900)] == pytest.approx(times[("backward", 1000)])
+    # The repaired rows keep their standard errors (scaled with their energy) and marks.
+    for key in [(0, "forward", 900), (0, "backward", 900)]:
+        ratio = profile.lookup(*key).energy_j / raw.lookup(*key).energy_j
+        assert profile.energy_se_j[key] == pytest.approx(raw.energy_se_j[key] * ratio)
+    assert profile.uncertain == raw.uncertain
 
 
 def test_plan_predicted_faster_than_allmax_is_announced() -> None:

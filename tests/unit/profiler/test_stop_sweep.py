@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.profiler import EnergyRiseStop, StageSweep, sweep_clocks_mhz
+from perseus.profiler.sweep_windows import window_s
 from perseus.schedule import stage_order
 
 
@@ -121,3 +122,48 @@ def test_bad_mode_and_empty_clocks_are_rejected() -> None:
         StageSweep([("forward", 0)], [1410], mode="turbo")
     with pytest.raises(ValueError, match="no clocks"):
         StageSweep([("forward", 0)], [])
+
+
+def test_window_spans_the_counter_updates_its_rows_need() -> None:
+    """Two powers per window, 3 % noise per counter interval, a 2 % target: 5 intervals."""
+    assert window_s(0.1, 0.03) == pytest.approx(0.5)
+    assert window_s(0.1) == pytest.approx(0.5)  # the assumed noise until one is measured
+    assert window_s(0.1, 0.001) == pytest.approx(0.2)  # at least two intervals
+    assert window_s(0.1, 1.0) == pytest.approx(2.0)  # at most twenty
+    assert window_s(None) == 0.0 and window_s(0.02, 0.01) == pytest.approx(0.04)
+
+
+def test_short_iterations_share_one_clock_over_several_iterations() -> None:
+    """A 100 ms counter and ~0.12 s iterations: each window lasts 5 iterations at one clock,
+    so that its rows span enough counter updates; the budget still bounds it."""
+    order = stage_order("1f1b", 2, 4)[0]
+    times = {"forward": 0.01, "backward": 0.02}
+    clocks = [1410, 1395, 1380, 1365]
+    sweep = StageSweep(
+        order, clocks, mode="fast", instruction_time_s=times, update_period_s=0.1, patience=100
+    )
+    assert sweep.steps_per_window == 5 and sweep.min_window_s == pytest.approx(0.12)
+    steps = [sweep.frequencies_for_step(s) for s in range(10)]
+    assert all(s == steps[0] for s in steps[:5]) and all(s == steps[5] for s in steps[5:])
+    assert set(steps[0]) == {1410} and min(steps[5]) == 1395
+    tight = StageSweep(
+        order, clocks, mode="fast", instruction_time_s=times, update_period_s=0.1, max_steps=8
+    )
+    assert tight.steps_per_window == 1  # 0.75 * 8 iterations over 4 clocks: one each
+    state = StageSweep.from_state(order, sweep.to_state())
+    assert state.frequencies_for_step(10) == sweep.frequencies_for_step(10)
+    assert state.steps_per_window == 5
+
+
+def test_refinement_ends_when_no_row_is_uncertain() -> None:
+    order = stage_order("1f1b", 2, 4)[0]
+    sweep = StageSweep(
+        order, [1410, 1395], mode="fast", instruction_time_s={"forward": 0.05}, max_steps=10
+    )
+    for step in range(3):
+        sweep.frequencies_for_step(step)
+    assert not sweep.exhausted and sweep.refining
+    sweep.prioritize([1395])
+    assert not sweep.exhausted and 1395 in sweep.frequencies_for_step(3)
+    sweep.prioritize([])  # every row certain enough
+    assert sweep.exhausted

@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Replay a recording of a real GPU's energy counter through Perseus's sampler and estimator.
+
+    .venv/bin/python scripts/replay_nvml_trace.py --polls P --segments S [--holdout] [--check]
+
+``P`` is ``polls.csv`` (``t0_s,t1_s,energy_mj``: every read of the counter), ``S`` is
+``segments.csv`` (``label,kind,start_s,end_s``: what the GPU did, in the same time base); see
+``tests/data/h100-nvml/`` for four recordings of an H100. The reads become counter updates as
+the live sampler records them, and every (group, kind) power (kind ``forward``, ``backward``,
+``idle``; a group is a label without its trailing ``:step<N>``) is estimated at once by the
+profiler's attribution (``perseus.profiler.replay``). With ``--holdout`` the segments of
+odd-numbered steps are left out of the fit. One line per group::
+
+    group=<g> forward_w=<W> forward_se_w=<W> backward_w=<W> backward_se_w=<W> \
+        idle_w=<W> idle_se_w=<W>
+
+(``nan`` where the group has no such kind). ``--check`` adds, per group made of those kinds
+only, the counter's energy inside its steps (or, with ``--holdout``, its odd steps) against
+the energy predicted from the printed powers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from perseus.errors import RecordingError
+from perseus.profiler.replay import check_groups, fit_recording, format_lines, read_recording
+
+
+def main(argv=None) -> int:  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--polls", required=True, help="polls.csv: t0_s,t1_s,energy_mj")
+    parser.add_argument("--segments", required=True, help="segments.csv: label,kind,start_s,end_s")
+    parser.add_argument(
+        "--holdout", action="store_true", help="leave the segments of odd steps out of the fit"
+    )
+    parser.add_argument(
+        "--power-limit-w",
+        type=float,
+        default=None,
+        help="the GPU's power limit (default: the highest power it sustained for a second)",
+    )
+    parser.add_argument(
+        "--idle-power-w",
+        type=float,
+        default=None,
+        help="the GPU's idle power (default: the lowest power it sustained for a second)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="also print the counter against the prediction"
+    )
+    args = parser.parse_args(argv)
+    try:
+        recording = read_recording(args.polls, args.segments)
+        fit = fit_recording(recording, args.holdout, args.power_limit_w, args.idle_power_w)
+    except RecordingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in format_lines(recording, fit):
+        print(line)
+    if args.check:
+        print(
+            f"# {fit.num_equations} counter equations, counter lag {1000 * fit.lag_s:.0f} ms, "
+            f"misfit x{fit.scale:.2f} over the noise model"
+        )
+        for check in check_groups(recording, fit.power_w, odd_steps_only=args.holdout):
+            print(
+                f"# check group={check.group} units={check.num_units} "
+                f"measured_j={check.measured_j:.1f} predicted_j={check.predicted_j:.1f} "
+                f"error={100 * check.error:+.2f}% interpolated_error="
+                f"{100 * check.interpolated_error:+.2f}%"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
