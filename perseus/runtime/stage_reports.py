@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
+from perseus.numbers import finite_or_none
 from perseus.records import EnergyUpdate, RankInfo, StepEnergy, StepRecord
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.stage_exchange import Member
@@ -83,6 +84,8 @@ def combined_report(
         step=record.step,
         iteration_time_s=max(r.iteration_time_s for r in rows),
         compute_time_s=max(r.compute_time_s for r in rows),
+        start_s=finite_or_none(record.start_s),
+        end_s=finite_or_none(record.end_s),
         energies=[StepEnergyReport(step, max(0.0, energy_j)) for step, energy_j in energies],
         energy_updates=[
             CounterUpdate(u.time_s, u.energy_mj, u.time_error_s)

@@ -41,6 +41,7 @@ from perseus.server.job_record import JobRecord
 from perseus.server.job_reports import ReportIntake
 from perseus.server.job_schedules import ScheduleBook, schedule_for
 from perseus.server.phase_baseline import Baseline
+from perseus.server.phase_profiling import ADD_ARGS
 from perseus.server.planning import EventLog, result_from_json
 from perseus.server.rank_registry import RankRegistry
 from perseus.server.state_store import StateStore
@@ -370,7 +371,8 @@ class Job:
         """
         with self.lock:
             for args in records:
-                self._estimators.call(self.job_id, "add", *args)
+                if len(args) == ADD_ARGS:  # an earlier server's readings cannot be attributed
+                    self._estimators.call(self.job_id, "add", *args)
             lost: List[int] = []
             if state is not None:
                 plans = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
-from perseus.profiler.comparison import Block, Comparison, compare
+from perseus.profiler.comparison import PLAN, REFERENCE, Block, Comparison, compare
 from perseus.server.steps import JobStep, job_step_from_json, job_step_to_json
 
 
@@ -81,16 +81,25 @@ class PlanMeasurement:
 
     @classmethod
     def from_state(cls, data: Dict[str, Any]) -> PlanMeasurement:
-        """The measurement :meth:`to_state` described (older states have no blocks)."""
-        return cls(
-            [job_step_from_json(s) for s in data["reference"]],
-            [job_step_from_json(s) for s in data["plan"]],
-            [
+        """The measurement :meth:`to_state` described.
+
+        An earlier server interleaved the arms one iteration at a time and kept no blocks:
+        its iterations become blocks of one, in the order they ran.
+        """
+        reference = [job_step_from_json(s) for s in data["reference"]]
+        plan = [job_step_from_json(s) for s in data["plan"]]
+        if "blocks" in data:
+            blocks = [
                 Block(str(arm), int(n), float(t), None if e is None else float(e))
-                for arm, n, t, e in data.get("blocks", [])
-            ],
-            int(data.get("block_steps", 1)),
-        )
+                for arm, n, t, e in data["blocks"]
+            ]
+        else:
+            arms = [(js, REFERENCE) for js in reference] + [(js, PLAN) for js in plan]
+            blocks = [
+                Block(arm, 1, js.iteration_time_s, js.energy_j)
+                for js, arm in sorted(arms, key=lambda item: item[0].step)
+            ]
+        return cls(reference, plan, blocks, int(data.get("block_steps", 1)))
 
 
 @dataclass(frozen=True)

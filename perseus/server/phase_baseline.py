@@ -1,10 +1,12 @@
 """The ``baseline`` phase: every instruction at the highest clock, and the job's first measurement.
 
 From ``settle_steps`` on, the clean job iterations are the job's max-speed baseline, the
-instruction durations size the profiling sweeps' windows, and the instruction records already
-feed the job's estimates (the highest clock's points). Once every stage registered and
-``baseline_steps`` clean iterations are measured, the job goes on to ``profiling`` (or fails
-where profiling is disabled).
+instruction durations and the energy counters' update period (as the job measured it from the
+ranks' counter updates) size the profiling sweeps' windows, and the instruction records and
+counter updates already feed the job's estimates (the highest clock's points). Once every stage
+registered and ``baseline_steps`` clean iterations are measured, the job goes on to
+``profiling`` (or fails where profiling is disabled). The sweeps then re-measure the clocks
+whose rows the estimates still find uncertain, as their budget allows.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from perseus.server.job_phases import JobContext, JobPhase
-from perseus.server.job_record import JobRecord
+from perseus.server.job_record import JobRecord, fill_energy
 from perseus.server.phase_profiling import (
     Profiling,
     feed_estimates,
@@ -50,6 +52,7 @@ class Baseline(JobPhase):
         super().__init__(ctx, record)
         self.steps: List[JobStep] = steps or []
         self.kind_times_s: Dict[Tuple[int, str], List[float]] = kind_times_s or {}
+        self._said = False
 
     def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
         """Durations of a settled, scheduled iteration; its records and updates to the estimates."""
@@ -66,12 +69,25 @@ class Baseline(JobPhase):
         feed_estimates(self.ctx, stage, report, records, warmup, num_gpus)
 
     def job_step(self, js: JobStep) -> None:
-        """A clean, settled iteration is a baseline measurement."""
+        """A clean, settled iteration is a baseline measurement (``baseline_steps`` of them)."""
         prof = self.ctx.spec.profiler
-        if js.clean and js.step >= prof.settle_steps:
+        if js.clean and js.step >= prof.settle_steps and len(self.steps) < prof.baseline_steps:
             self.steps.append(js)
-            if len(self.steps) == prof.baseline_steps:
-                self.ctx.events.write("baseline_measured", **typical_step(self.steps))
+            self._measured()
+
+    def step_energy(self, step: int, energy_j: float) -> None:
+        """A baseline step's energy arrived."""
+        super().step_energy(step, energy_j)
+        self.steps = fill_energy(self.steps, step, energy_j)
+        self._measured()
+
+    def _measured(self) -> None:
+        """Say what the baseline measured, once its steps and their energies are in."""
+        steps = self.steps
+        complete = len(steps) == self.ctx.spec.profiler.baseline_steps
+        if complete and not self._said and all(js.energy_j is not None for js in steps):
+            self._said = True
+            self.ctx.events.write("baseline_measured", **typical_step(steps))
 
     def next_phase(self) -> Optional[JobPhase]:
         """``profiling`` once every stage registered and the baseline is measured."""
@@ -84,7 +100,9 @@ class Baseline(JobPhase):
                 "profiling is disabled (profiler.enabled=false); staying at default clocks"
             )
         stage_clocks = [ctx.ranks.stage_clocks(s) for s in range(ctx.spec.num_stages)]
-        sweeps = make_sweeps(prof, ctx.orders, stage_clocks, self.kind_times_s)
+        sweeps = make_sweeps(
+            prof, ctx.orders, stage_clocks, self.kind_times_s, ctx.update_period_s()
+        )
         return Profiling(ctx, self.outcome(), ctx.next_step(), sweeps)
 
     def release(self) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from perseus.profiler.uncertainty import uncertain_rows
 from perseus.server.job_phases import JobContext, JobPhase
 from perseus.server.job_record import JobRecord
 from perseus.server.phase_running import Running
 from perseus.server.plan_check import faster_than_allmax
 from perseus.server.plan_switching import PlanInForce
-from perseus.server.planning import plan_and_write, result_to_json
+from perseus.server.planning import plan_and_write, predicted_saving, result_to_json
 from perseus.wire import Phase
 
 
@@ -101,6 +102,10 @@ class Planning(JobPhase):
             ctx.notes.message = too_fast
             ctx.events.write("plan_faster_than_allmax", message=too_fast)
         start = ctx.next_step()
+        saving, low, high = predicted_saving(result)
+        unsure = uncertain_rows(
+            result.frontier.problem.profile, result.frontier.to_plan(result.chosen)
+        )
         ctx.events.write(
             "plan_ready",
             start_step=start,
@@ -108,8 +113,23 @@ class Planning(JobPhase):
             solve_time_s=result.solve_time_s,
             predicted_iteration_time_s=result.chosen.iteration_time_s,
             predicted_energy_j=result.chosen.energy_j,
+            predicted_saving=saving,
+            predicted_saving_ci95=None if low is None or high is None else [low, high],
+            uncertain_rows=[list(row) for row in unsure],
             frontier_points=len(result.frontier.points),
         )
+        if low is not None and high is not None and low <= 0.0 < saving:
+            # The profile alone cannot tell this plan from max speed: the measurement against
+            # max speed decides whether it is kept (and falls back when it saves nothing).
+            ctx.events.write(
+                "plan_uncertain",
+                message=(
+                    f"the chosen plan's predicted saving {saving:.1%} has a 95 % interval of "
+                    f"{low:.1%} to {high:.1%} from the profile's uncertainty (a longer profile, "
+                    "profiler.max_iterations, narrows it); it is measured against max speed "
+                    "before it is kept"
+                ),
+            )
         if ctx.store is not None:
             ctx.store.put_plan(ctx.job_id, result_to_json(result, blocking))
             ctx.store.drop_records(ctx.job_id)

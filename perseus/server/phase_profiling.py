@@ -37,14 +37,17 @@ def make_sweeps(
     orders: Sequence[Order],
     stage_clocks_mhz: Sequence[List[int]],
     kind_times_s: Dict[Tuple[int, str], List[float]],
+    update_period_s: Optional[float] = None,
 ) -> List[StageSweep]:
-    """One frequency sweep per stage, sized by the instruction times the baseline measured.
+    """One frequency sweep per stage, sized by what the baseline measured.
 
     Args:
         prof: The job's profiler settings.
         orders: Each stage's instruction order in one iteration.
         stage_clocks_mhz: Each stage's supported SM clocks, highest first.
         kind_times_s: ``(stage, instruction) -> durations`` measured in the baseline.
+        update_period_s: The ranks' energy counter update period as measured (a window spans
+            the counter intervals its rows need); ``None``: not known yet (assumed).
     """
     sweeps = []
     for stage, order in enumerate(orders):
@@ -64,6 +67,7 @@ def make_sweeps(
                 min_window_s=prof.min_window_s,
                 instruction_time_s=times,
                 max_steps=prof.max_iterations,
+                update_period_s=update_period_s,
             )
         )
     return sweeps
@@ -88,6 +92,11 @@ def records_to_tuples(records: Sequence[InstructionRecord]) -> List[Tuple[Any, .
         (r.position, r.instruction, r.microbatch, r.frequency_mhz, r.start_s, r.end_s)
         for r in records
     ]
+
+
+# The arguments of one "add" of the estimates, as kept in the state file (an earlier server's
+# records, with counter readings per instruction and no counter updates, have fewer).
+ADD_ARGS = 10
 
 
 def feed_estimates(
@@ -120,6 +129,9 @@ def feed_estimates(
         updates,
         num_gpus,
         power_limit_w,
+        report.step,
+        report.start_s,
+        report.end_s,
     )
     ctx.estimators.call(ctx.job_id, "add", *args)
     if ctx.store is not None:
@@ -210,7 +222,7 @@ class Profiling(JobPhase):
         if step not in sweep.assigned:
             return
         sweep.mark_reported(step)
-        if not sweep.observing and sweep.refine_priority is not None:
+        if not sweep.observing and not sweep.refining:
             return
         self._ask(stage)
 
@@ -229,6 +241,7 @@ class Profiling(JobPhase):
             "update",
             stage,
             sweep.observing,
+            sweep.refining,
             list(sweep.swept_mhz),
             reply=self.ctx.reply(self, answered),
         )
@@ -240,15 +253,15 @@ class Profiling(JobPhase):
         if error is not None:
             self._error = f"profile estimation failed: {type(error).__name__}: {error}"
             return
-        kind, value = result
+        energies, uncertain = result
         sweep = self.sweeps[stage]
-        if kind == "energies" and sweep.observing:
-            sweep.observe(value)
-        elif kind == "priority" and sweep.refine_priority is None:
-            sweep.prioritize(value)
+        if energies is not None and sweep.observing:
+            sweep.observe(energies)
+        if uncertain is not None and sweep.refining:
+            sweep.prioritize(uncertain)  # an empty list: every row certain, the sweep ends
         if stage in self._again:
             self._again.discard(stage)
-            if sweep.observing or sweep.refine_priority is None:
+            if sweep.observing or sweep.refining:
                 self._ask(stage)
 
     # -- the end --------------------------------------------------------------------------------

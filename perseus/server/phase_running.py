@@ -124,17 +124,23 @@ class BlockSamples:
         if js is not None:
             self.steps[step] = replace(js, energy_j=energy_j)
 
-    def blocks(self) -> List[Block]:
-        """The complete blocks, in order."""
-        out: List[Block] = []
+    def complete_blocks(self) -> List[List[JobStep]]:
+        """The steps of every complete block, in order."""
+        out: List[List[JobStep]] = []
         if not self.steps:
             return out
         last = self.schedule.block(max(self.steps))
         for block in range(0 if last is None else last + 1):
             found = [self.steps.get(s) for s in self.schedule.steps_of(block)]
             steps = [js for js in found if js is not None and js.energy_j is not None]
-            if block in self.unclean or len(steps) < len(found):
-                continue
+            if block not in self.unclean and len(steps) == len(found):
+                out.append(steps)
+        return out
+
+    def blocks(self) -> List[Block]:
+        """The complete blocks, in order."""
+        out: List[Block] = []
+        for steps in self.complete_blocks():
             arm = self.schedule.arm(steps[0].step)
             assert arm is not None
             energy_j = sum(js.energy_j or 0.0 for js in steps)
@@ -149,17 +155,11 @@ class BlockSamples:
 
     def measurement(self) -> PlanMeasurement:
         """The iterations of the complete blocks and the blocks."""
-        blocks = self.blocks()
-        schedule = self.schedule
-        used = {
-            s
-            for s, js in self.steps.items()
-            if (b := schedule.block(s)) is not None and b not in self.unclean
-        }
-        arms = {s: schedule.arm(s) for s in used}
-        reference = [self.steps[s] for s in sorted(used) if arms[s] is Arm.max_speed]
-        plan = [self.steps[s] for s in sorted(used) if arms[s] is Arm.plan]
-        return PlanMeasurement(reference, plan, blocks, schedule.block_steps)
+        steps = [js for block in self.complete_blocks() for js in block]
+        arm = self.schedule.arm
+        reference = [js for js in steps if arm(js.step) is Arm.max_speed]
+        plan = [js for js in steps if arm(js.step) is Arm.plan]
+        return PlanMeasurement(reference, plan, self.blocks(), self.schedule.block_steps)
 
 
 def wanted_pairs(measure_steps: int, steps_per_block: int) -> int:

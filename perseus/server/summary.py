@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from perseus.profiler.comparison import Comparison
 from perseus.server.job_record import JobRecord
 from perseus.server.plan_switching import PlanEpoch
-from perseus.server.planning import PlanResult
+from perseus.server.planning import PlanResult, predicted_saving
 from perseus.server.steps import JobStep, typical_step
 from perseus.wire import Phase
 
@@ -170,6 +170,7 @@ def _current(view: JobView) -> Dict[str, Any]:
 
 def _prediction(result: PlanResult) -> Dict[str, Any]:
     chosen, allmax = result.chosen, result.frontier.allmax
+    _, low, high = predicted_saving(result)
     return {
         "plan_id": chosen.plan_id,
         "iteration_time_s": chosen.iteration_time_s,
@@ -177,6 +178,7 @@ def _prediction(result: PlanResult) -> Dict[str, Any]:
         "allmax_iteration_time_s": allmax.iteration_time_s,
         "allmax_energy_j": allmax.energy_j,
         "energy_saving_fraction": 1.0 - chosen.energy_j / allmax.energy_j,
+        "energy_saving_ci95": None if low is None or high is None else [low, high],
         "slowdown_fraction": chosen.iteration_time_s / allmax.iteration_time_s - 1.0,
         "solve_time_s": result.solve_time_s,
         "frontier_points": len(result.frontier.points),

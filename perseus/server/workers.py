@@ -74,22 +74,25 @@ def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ..
             return None
         raise KeyError(f"no estimates for job {job_id}")
     if command == "add":
-        stage, key, records, warmup, updates, gpus, power_limit_w = args
-        estimates.add_step(
-            stage,
-            key,
-            [InstructionRecord(*r) for r in records],
-            warmup,
-            [EnergyUpdate(*u) for u in updates],
-            gpus,
-            power_limit_w,
-        )
+        stage, key, records, warmup, updates, gpus, power_limit_w, step, start_s, end_s = args
+        estimates.set_gpu(stage, key, num_gpus=gpus, power_limit_w=power_limit_w)
+        estimates.add_updates(stage, key, [EnergyUpdate(*u) for u in updates])
+        if records:
+            estimates.add_step(
+                stage,
+                key,
+                [InstructionRecord(*r) for r in records],
+                warmup,
+                step=step,
+                step_start_s=start_s,
+                step_end_s=end_s,
+            )
         return None
     if command == "update":
-        stage, observing, swept = args
-        if observing:
-            return ("energies", estimates.stage_energies(stage))
-        return ("priority", estimates.least_certain_clocks(stage, swept))
+        stage, observing, refining, swept = args
+        energies = estimates.stage_energies(stage) if observing else None
+        uncertain = estimates.uncertain_clocks(stage, swept) if refining else None
+        return energies, uncertain
     if command == "profile":
         source, fallback_w = args
         profile, note = estimates.honest_profile(source)

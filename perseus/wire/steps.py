@@ -132,7 +132,8 @@ class StepReport:
     update (~100 ms on real GPUs). ``energies`` are the stage's energies (the sum over its
     ranks) of *earlier* iterations that became known since the last report, each sent once;
     ``energy_updates`` are the leader's own counter updates seen since its last report (the
-    profiler's equations), in time order on the same clock as ``instructions``.
+    profiler's equations), in time order on the same clock as ``instructions`` and as
+    ``start_s`` / ``end_s``, when the leader's own iteration began and ended.
     """
 
     __pydantic_config__ = FORBID_EXTRA
@@ -143,6 +144,8 @@ class StepReport:
     # From the iteration's start to the end of its last instruction: without the final
     # gradient synchronization, so that a straggling replica shows in it.
     compute_time_s: Optional[Seconds] = None
+    start_s: Optional[Annotated[float, Bound(allow_inf_nan=False)]] = None
+    end_s: Optional[Annotated[float, Bound(allow_inf_nan=False)]] = None
     energies: Annotated[List[StepEnergyReport], Bound(max_length=MAX_ENERGIES)] = field(
         default_factory=list
     )

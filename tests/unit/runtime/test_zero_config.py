@@ -208,10 +208,22 @@ def test_a_rank_that_gives_up_makes_every_rank_fall_back(monkeypatch: pytest.Mon
     assert info.value.shared
 
 
-def test_summary_line_reports_the_measured_saving() -> None:
-    line = announce.summary_line(
-        {"phase": "watching", "savings": {"energy_fraction": 0.064, "slowdown_fraction": 0.009}}
-    )
-    assert "energy saving 6.4 % at +0.9 % iteration time" in line
+def test_summary_line_reports_the_measured_saving_with_its_interval() -> None:
+    savings = {
+        "energy_fraction": 0.064,
+        "energy_saving_ci95": [0.051, 0.077],
+        "energy_saving_measurable": True,
+        "slowdown_fraction": 0.009,
+        "slowdown_ci95": [0.002, 0.016],
+    }
+    line = announce.summary_line({"phase": "watching", "savings": savings})
+    assert "measured energy saving 6.4 % (95 % interval 5.1 to 7.7 %)" in line
+    assert "iteration time +0.9 % (95 % interval +0.2 to +1.6 %)" in line
+    # An interval that contains 0 is never a number.
+    unsure = {**savings, "energy_fraction": None, "energy_saving_ci95": [-0.011, 0.014]}
+    unsure["energy_saving_measurable"] = False
+    line = announce.summary_line({"phase": "watching", "savings": unsure})
+    assert "no measurable energy saving (95 % interval -1.1 to 1.4 %)" in line
+    assert "6.4" not in line
     early = announce.summary_line({"phase": "profiling", "savings": None})
     assert "before a plan was measured" in early

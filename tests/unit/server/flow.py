@@ -1,4 +1,9 @@
-"""Drive a job on an in-process server: pipelines of emulated GPUs on virtual clocks."""
+"""Drive a job on an in-process server: pipelines of emulated GPUs on virtual clocks.
+
+Each GPU's energy is watched by the product's sampler polling on its virtual clock; each rank
+reports what a real one does: its instruction stamps, the counter updates seen since its last
+report, and the energies of earlier iterations the counter now covers.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional
 
-from perseus.profiler.virtual_run import run_pipeline_step, virtual_gpu
+from perseus.profiler.virtual_run import attach_sampler, run_pipeline_step, virtual_gpu
 from perseus.schedule import stage_order
 
 
@@ -20,6 +25,7 @@ class VirtualRanks:
         dp: int = 1,
         num_microbatches: int = 8,
         profiler: Optional[Dict[str, Any]] = None,
+        energy: Optional[Dict[str, Any]] = None,
         noise: float = 0.003,
         headers: Optional[Dict[str, str]] = None,
         gap_s: float = 0.0005,
@@ -28,12 +34,16 @@ class VirtualRanks:
         self.headers = headers or {}
         self.orders = stage_order("1f1b", pp, num_microbatches)
         self.gpus = [virtual_gpu(pp, time_scale=0.1, noise=noise, seed=r) for r in range(pp * dp)]
+        self.samplers = [attach_sampler(gpu, clock) for gpu, clock in self.gpus]
+        self.cursors = [0] * (pp * dp)
+        # Per rank: iterations whose energy the counter does not cover yet (step, start, end).
+        self.awaiting: List[List[Any]] = [[] for _ in range(pp * dp)]
         self.rng = random.Random(0)
         self.gap_s = gap_s  # mean host gap before an instruction (on the critical path)
         self.step = 0
         self.extra_s: Dict[int, float] = {}  # dp_rank -> extra seconds per iteration
-        # (step, phase, clocks) -> extra seconds of that iteration (e.g. a plan slower than
-        # predicted).
+        # (step, phase, every stage's clocks) -> extra seconds of that iteration (e.g. a plan
+        # slower than predicted).
         self.delay: Optional[Callable[[int, str, List[Any]], float]] = None
         spec = {
             "job_id": job_id,
@@ -41,6 +51,7 @@ class VirtualRanks:
             "num_microbatches": num_microbatches,
             "dp": dp,
             "profiler": {"min_window_s": 0.1, **(profiler or {})},
+            **({"energy": energy} if energy else {}),
         }
         assert self.post("/jobs", spec).status_code == 200
         for rank in range(pp * dp):
@@ -50,7 +61,8 @@ class VirtualRanks:
                 "stage": rank % pp,
                 "dp_rank": rank // pp,
                 "supported_clocks_mhz": gpu.supported_sm_clocks_mhz(),
-                "energy_update_period_s": gpu.energy_update_period_s,
+                # No power limit: these devices' profile rows draw more than their nominal
+                # 400 W (no profiled power is held to it).
             }
             assert self.post(f"/jobs/{job_id}/ranks", body).status_code == 200
 
@@ -77,21 +89,35 @@ class VirtualRanks:
         ]
         replica = [self.gpus[rank] for rank in ranks]
         start_s = max(clock() for _, clock in replica)
-        starts = [(start_s, gpu.total_energy_mj()) for gpu, _ in replica]
         records = run_pipeline_step(
             replica, self.orders, [a["frequencies_mhz"] for a in answers], self.rng, self.gap_s
         )
         extra_s = self.extra_s.get(dp_rank, 0.0)
         if self.delay is not None:
-            extra_s += self.delay(self.step, answers[0]["phase"], answers[0]["frequencies_mhz"])
-        for rank, (gpu, clock), (t0, e0), recs in zip(ranks, replica, starts, records):
+            clocks = [f for a in answers for f in a["frequencies_mhz"]]  # every stage's
+            extra_s += self.delay(self.step, answers[0]["phase"], clocks)
+        for rank, (_gpu, clock), recs in zip(ranks, replica, records):
             clock.sleep(extra_s)
+            end_s = clock()
+            sampler = self.samplers[rank]
+            updates, self.cursors[rank] = sampler.series.since(self.cursors[rank])
+            energies = []
+            waiting = self.awaiting[rank]
+            while waiting and sampler.series.covers(waiting[0][2]):
+                step, t0, t1 = waiting.pop(0)
+                energy_j = sampler.series.energy_j_between(t0, t1)
+                if energy_j is not None:
+                    energies.append({"step": step, "energy_j": energy_j})
+            waiting.append((self.step, start_s, end_s))
             report = {
                 "rank": rank,
                 "step": self.step,
-                "iteration_time_s": clock() - t0,
-                "energy_j": (gpu.total_energy_mj() - e0) / 1000.0,
+                "iteration_time_s": end_s - start_s,
+                "start_s": start_s,
+                "end_s": end_s,
                 "instructions": [asdict(r) for r in recs],
+                "energies": energies,
+                "energy_updates": [asdict(u) for u in updates],
             }
             assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
         return [a["phase"] for a in answers]
@@ -99,15 +125,21 @@ class VirtualRanks:
     def run_until(self, phase: str, max_steps: int = 80, timeout_s: float = 600.0) -> None:
         """Run steps until ``phase`` (``max_steps`` bounds the logic; ``timeout_s`` a hang).
 
-        Steps run while the job plans do not count against ``max_steps``: planning takes
-        wall-clock time in a worker, however many steps the ranks run meanwhile.
+        Steps run while the job waits for its workers (the estimates once the baseline is
+        measured, the planner) do not count against ``max_steps``: that takes wall-clock time,
+        however many steps the ranks run meanwhile.
         """
         deadline = time.monotonic() + timeout_s
         counted = 0
-        while self.summary()["phase"] != phase:
-            assert counted < max_steps and time.monotonic() < deadline, self.summary()
-            if self.summary()["phase"] == "planning":
-                time.sleep(0.05)  # planning runs in the server's worker
+        while True:
+            summary = self.summary()
+            if summary["phase"] == phase:
+                return
+            assert counted < max_steps and time.monotonic() < deadline, summary
+            baseline = summary["baseline"]
+            measured = summary["phase"] == "baseline" and baseline and baseline["num_steps"] >= 3
+            if summary["phase"] == "planning" or measured:
+                time.sleep(0.05)  # the server's workers: the estimates, the planner
             else:
                 counted += 1
             self.run(1)
