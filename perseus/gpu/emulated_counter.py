@@ -180,9 +180,12 @@ class EnergyCounter:
         return self._counter_j
 
     def last_update_s(self, now_s: float) -> float:
-        """Clock time of the counter's last update at or before ``now_s``."""
+        """Clock time of the counter's last update at or before ``now_s``.
+
+        Before the first update: the start (the counter has read 0 since).
+        """
         self._advance(now_s)
-        return self.tick_s(self._ticks)
+        return self.tick_s(self._ticks) if now_s >= self._first_s else self.trace.start_s
 
     def tick_s(self, tick: int) -> float:
         """Clock time of update ``tick``."""
