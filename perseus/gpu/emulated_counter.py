@@ -148,7 +148,7 @@ class EnergyCounter:
         update_period_s: Time between updates.
         noise: Relative standard deviation of each update's multiplicative noise.
         seed: Seed of the noise stream.
-        phase_s: Time from ``trace.start_s`` to the first update (tick 0, which shows 0).
+        phase_s: Time from ``trace.start_s`` to tick 0 (the first update is tick 1).
         lag_s: How long before its tick an update's energy was taken (``< update_period_s``).
     """
 
@@ -185,7 +185,7 @@ class EnergyCounter:
         Before the first update: the start (the counter has read 0 since).
         """
         self._advance(now_s)
-        return self.tick_s(self._ticks) if now_s >= self._first_s else self.trace.start_s
+        return self.tick_s(self._ticks) if self._ticks > 0 else self.trace.start_s
 
     def tick_s(self, tick: int) -> float:
         """Clock time of update ``tick``."""
