@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 from perseus.config_enums import (
     PIPELINE_POLICIES,
     ConfigChoice,
+    EmulatedCounter,
     EnergyPolicy,
     Framework,
     GPUBackend,
@@ -32,6 +33,7 @@ from perseus.config_enums import (
 __all__ = [
     "PIPELINE_POLICIES",
     "ConfigChoice",
+    "EmulatedCounter",
     "EnergyPolicy",
     "Framework",
     "GPUBackend",
@@ -136,12 +138,21 @@ class EmulatedGPUConfig:
     profile: Optional[str] = None
     # Multiply every profiled time and energy by this (small = quick demo runs).
     time_scale: float = 1.0
-    # Power while idle or blocked on communication (W); None = from the profile's notes.
+    # realistic: counter, reads, power field and power limit behave like a recorded H100
+    # (100 ms counter updates, ~3 ms blocking reads); ideal: a periodic counter, free to read.
+    counter: EmulatedCounter = EmulatedCounter.realistic
+    # Power while blocked on communication (W); None = from the profile's notes.
     blocking_power_w: Optional[float] = None
+    # Power before any work and after a long pause (W); None = realistic: the recorded H100's
+    # idle share of its maximum power limit (17.6 %), at most the blocking power; ideal: the
+    # blocking power.
     idle_power_w: Optional[float] = None
-    energy_update_period_s: float = 0.02
+    # Time between counter updates (s); None = 0.1 (realistic) or 0.02 (ideal).
+    energy_update_period_s: Optional[float] = None
     energy_noise: float = 0.0
-    power_limit_max_w: float = 400.0
+    # Highest (and default) power limit (W); None = realistic: the power of the profile's
+    # heaviest instruction (it runs at the cap at default clocks); ideal: 400.
+    power_limit_max_w: Optional[float] = None
     power_limit_min_w: float = 100.0
     # Sleep so instructions last their profiled time (off only for hook benchmarks).
     sleep: bool = True

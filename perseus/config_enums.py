@@ -58,6 +58,19 @@ class GPUBackend(ConfigChoice):
     emulated = "emulated"
 
 
+class EmulatedCounter(ConfigChoice):
+    """``gpu.emulated.counter``: how the emulated GPU's energy counter and power readings behave.
+
+    ``realistic``: like the recorded H100 (:mod:`perseus.gpu.emulated_nvml`): a counter updated
+    every 100 ms that takes ~3 ms (up to ~35 ms) to read, an instant power field that lags, idle
+    power, a power limit enforced on a ~1 s average. ``ideal``: a strictly periodic counter
+    (20 ms by default) that is free to read and exact at its updates.
+    """
+
+    realistic = "realistic"
+    ideal = "ideal"
+
+
 class GPUOnUnsupported(ConfigChoice):
     """``gpu.on_unsupported``: what a start-up check that finds the GPU lacking does."""
 

@@ -33,6 +33,7 @@ from perseus.bounds import (
 )
 from perseus.config import EnergyConfig, PerseusConfig
 from perseus.config_enums import (
+    EmulatedCounter,
     EnergyPolicy,
     Framework,
     GPUBackend,
@@ -110,9 +111,9 @@ RANGES: Dict[str, Range] = {
     "gpu.emulated.time_scale": Range(gt=0.0, le=1e6),
     "gpu.emulated.blocking_power_w": _watts(optional=True),
     "gpu.emulated.idle_power_w": _watts(optional=True),
-    "gpu.emulated.energy_update_period_s": _seconds(le=10.0),
+    "gpu.emulated.energy_update_period_s": _seconds(le=10.0, optional=True),
     "gpu.emulated.energy_noise": Range(ge=0.0, le=1.0),
-    "gpu.emulated.power_limit_max_w": _watts(positive=True),
+    "gpu.emulated.power_limit_max_w": _watts(optional=True, positive=True),
     "gpu.emulated.power_limit_min_w": _watts(positive=True),
     "gpu.emulated.seed": SEED,
     # profiler (the server's bounds of the same keys)
@@ -240,8 +241,10 @@ def _pair_problems(cfg: PerseusConfig, valid: Dict[str, Any]) -> List[str]:
     em, train = cfg.gpu.emulated, cfg.train
     if em.asynchronous and not em.sleep:
         problems.append("gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true")
-    if have("gpu.emulated.power_limit_min_w", "gpu.emulated.power_limit_max_w") and (
-        em.power_limit_min_w > em.power_limit_max_w
+    if (
+        have("gpu.emulated.power_limit_min_w", "gpu.emulated.power_limit_max_w")
+        and em.power_limit_max_w is not None
+        and em.power_limit_min_w > em.power_limit_max_w
     ):
         problems.append(
             f"gpu.emulated.power_limit_min_w={em.power_limit_min_w} is above "
@@ -333,6 +336,7 @@ def _choice_problems(cfg: PerseusConfig) -> List[str]:
         ("framework", cfg.framework.name, Framework),
         ("gpu", cfg.gpu.backend, GPUBackend),
         ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
+        ("gpu.emulated.counter", cfg.gpu.emulated.counter, EmulatedCounter),
         ("profiler.mode", cfg.profiler.mode, ProfilerMode),
         ("runtime.mode", cfg.runtime.mode, RuntimeMode),
     ):

@@ -105,6 +105,14 @@ class GPU(abc.ABC):
     def power_mw(self) -> int:
         """Current power draw (mW)."""
 
+    def instant_power_mw(self) -> Optional[int]:
+        """The device's instant power field (mW); None where it has none.
+
+        On NVIDIA GPUs, ``NVML_FI_DEV_POWER_INSTANT``: it updates every ~100 ms and lags a load
+        change (on an H100 it shows a short window's average from a few ms before its update).
+        """
+        return None
+
     def sm_clock_mhz(self) -> Optional[int]:
         """The SM clock the device runs at now, read back from it (None: cannot be read)."""
         return None

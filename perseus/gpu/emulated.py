@@ -2,8 +2,7 @@
 
 It is driven by a *device profile* (a profile CSV: time and energy of every stage's forward
 and backward at every SM frequency; by default the published GPT-3 175B / A100 one) plus the
-power it burns while blocked (``blocking_power_w``) and while idle before any work
-(``idle_power_w``, default: the blocking power).
+power it burns while blocked (``blocking_power_w``) and while idle (``idle_power_w``).
 
 Behaviour:
 
@@ -11,17 +10,26 @@ Behaviour:
   ``instruction_end(instruction)``. The instruction runs at the clock in effect when it began
   and lasts the profiled time at that clock: ``instruction_end`` sleeps whatever the real CPU
   work left of it (if the CPU work took longer, it simply took longer: the overrun burns
-  blocking power). Its energy is the profiled energy, spread evenly over the profiled time.
-  Time outside instructions burns blocking power. With ``sleep=False`` nothing sleeps (hook
-  benchmarks): each instruction deposits its profiled energy when it ends.
+  blocking power, as a real GPU idles while its host stalls inside a stamped instruction). Its
+  energy is the profiled energy, spread evenly over the profiled time. Time outside
+  instructions burns blocking power. With ``sleep=False`` nothing sleeps (hook benchmarks): each
+  instruction deposits its profiled energy when it ends.
 * **time_scale** multiplies every profiled time and energy (powers stay the same): 0.01 makes a
   demo 100x quicker.
 * **Clocks and power limit** (:mod:`perseus.gpu.emulated_clocks`): instructions run at the
-  profiled clock at or below the locked one, lowered until they fit under the power limit.
-* **Energy counter.** Advances in discrete updates every ``energy_update_period_s`` with
-  multiplicative ``energy_noise`` per update, monotonic and deterministic for a ``seed`` (see
-  :mod:`perseus.gpu.energy_counter`). ``power_mw()`` is the power averaged over the last
-  update, as NVML reports it.
+  profiled clock at or below the locked one, held down by the power limit. ``dry_run``: clock
+  and power-limit changes are logged, not made.
+* **Readings** (``counter``, :mod:`perseus.gpu.emulated_nvml`). ``realistic`` (the
+  configuration's default): the recorded H100's counter, updated every 100 ms and sampled with a
+  lag; :meth:`EmulatedGPU.total_energy_mj` blocks its caller ~3 ms (up to ~35 ms) without
+  holding the device (other threads keep driving it) and returns the counter as of an instant
+  inside the call; an instant power field (:meth:`EmulatedGPU.instant_power_mw`, also
+  ``power_mw()``) updated every ~100 ms from a lagging window; idle power before any work and
+  after a long pause; the power limit enforced on a ~1 s average. ``ideal`` (the constructor's
+  default): a counter exact at strictly periodic updates (``energy_update_period_s``, 20 ms),
+  free to read, ``power_mw()`` averaged over the last update. Either counter takes
+  multiplicative ``energy_noise`` per update, deterministic for a ``seed``
+  (:mod:`perseus.gpu.emulated_counter`).
 * **Asynchronous mode** (``asynchronous=True``, ``gpu.emulated.asynchronous``): like CUDA,
   ``instruction_begin`` queues the instruction's work and returns, ``instruction_end``
   returns at once, and the work runs on a virtual device timeline
@@ -39,10 +47,12 @@ Thread-safe: the runtime may change clocks from a controller thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Union
 
+from perseus.config_enums import EmulatedCounter
 from perseus.errors import GPUError, GPUValueError
 from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
 from perseus.gpu.device_profiles import (
@@ -51,10 +61,16 @@ from perseus.gpu.device_profiles import (
     default_device_profile_path,
     load_device_profile,
 )
-from perseus.gpu.emulated_clocks import EmulatedClocks
-from perseus.gpu.emulated_model import check_args, map_stage
+from perseus.gpu.emulated_meter import EmulatedMeter, counter_kind
+from perseus.gpu.emulated_model import check_args, heaviest_power_w, map_stage
+from perseus.gpu.emulated_nvml import (
+    COUNTER_PERIOD_S,
+    IDEAL_PERIOD_S,
+    IDLE_SHARE,
+    MIN_REALISTIC_PERIOD_S,
+    Readings,
+)
 from perseus.gpu.emulated_timeline import Timeline, Work
-from perseus.gpu.energy_counter import EnergyCounter
 
 __all__ = [
     "EmulatedGPU",
@@ -70,6 +86,8 @@ logger = logging.getLogger(__name__)
 # The last stretch of an instruction is busy-waited: sleep() overshoots by ~0.1 ms, which
 # would distort instructions that a small time_scale makes last a millisecond.
 SPIN_S = 0.0005
+# The ideal device's default highest power limit (the realistic one's: the heaviest instruction).
+IDEAL_POWER_LIMIT_MAX_W = 400.0
 
 
 @dataclass
@@ -80,19 +98,24 @@ class _Running:
     measurement: Measurement
 
 
-class EmulatedGPU(EmulatedClocks):
+class EmulatedGPU(EmulatedMeter):
     """A GPU that behaves like its device profile (see the module docstring).
 
     Args:
         profile: Device profile.
         blocking_power_w: Power outside instructions (W).
-        idle_power_w: Power before the first instruction (W); default ``blocking_power_w``.
+        idle_power_w: Power before the first instruction and after a long pause (W); default
+            realistic: 17.6 % of the highest power limit, at most ``blocking_power_w``; ideal:
+            ``blocking_power_w`` (and never a pause).
         time_scale: Multiplies profiled times and energies.
-        energy_update_period_s: Time between energy-counter updates.
+        counter: ``realistic`` or ``ideal`` readings (see the module docstring).
+        energy_update_period_s: Time between energy-counter updates; default 0.1 s
+            (realistic) or 0.02 s (ideal).
         energy_noise: Relative noise of each counter update.
-        seed: Seed of the noise.
+        seed: Seed of the noise (and of the realistic readings' randomness).
         sleep: Make instructions last their profiled time (off: deposit energy only).
-        power_limit_max_w: Highest (and default) power limit.
+        power_limit_max_w: Highest (and default) power limit; default realistic: the power of
+            the profile's heaviest instruction (rounded up to a watt); ideal: 400 W.
         power_limit_min_w: Lowest power limit.
         num_pipeline_stages: Stages of the pipeline being emulated (for stage mapping).
         index: Device index reported to callers.
@@ -100,11 +123,11 @@ class EmulatedGPU(EmulatedClocks):
         clock: Monotonic clock (tests inject a fake one).
         sleeper: ``sleep(seconds)`` matching ``clock`` (default: precise real sleep).
         asynchronous: Queue work like CUDA (see the module docstring); needs ``sleep``.
+        dry_run: Log clock and power-limit changes instead of making them (``gpu.dry_run``).
     """
 
     fast_clock_changes = True
     emulated = True
-    power_source = "averaged over the last counter update"
 
     def __init__(
         self,
@@ -113,11 +136,12 @@ class EmulatedGPU(EmulatedClocks):
         blocking_power_w: float,
         idle_power_w: Optional[float] = None,
         time_scale: float = 1.0,
-        energy_update_period_s: float = 0.02,
+        counter: Union[str, EmulatedCounter] = EmulatedCounter.ideal,
+        energy_update_period_s: Optional[float] = None,
         energy_noise: float = 0.0,
         seed: int = 0,
         sleep: bool = True,
-        power_limit_max_w: float = 400.0,
+        power_limit_max_w: Optional[float] = None,
         power_limit_min_w: float = 100.0,
         num_pipeline_stages: Optional[int] = None,
         index: int = 0,
@@ -125,7 +149,16 @@ class EmulatedGPU(EmulatedClocks):
         clock: Callable[[], float] = time.perf_counter,
         sleeper: Optional[Callable[[float], None]] = None,
         asynchronous: bool = False,
+        dry_run: bool = False,
     ) -> None:
+        realistic = counter_kind(counter) == EmulatedCounter.realistic
+        scaled = profile.scaled(time_scale, time_scale)
+        if power_limit_max_w is None:
+            power_limit_max_w = (
+                float(math.ceil(heaviest_power_w(scaled))) if realistic else IDEAL_POWER_LIMIT_MAX_W
+            )
+        if energy_update_period_s is None:
+            energy_update_period_s = COUNTER_PERIOD_S if realistic else IDEAL_PERIOD_S
         check_args(
             time_scale,
             energy_update_period_s,
@@ -133,6 +166,7 @@ class EmulatedGPU(EmulatedClocks):
             blocking_power_w,
             power_limit_min_w,
             power_limit_max_w,
+            MIN_REALISTIC_PERIOD_S if realistic else 0.0,
         )
         if asynchronous and not sleep:
             raise GPUValueError(
@@ -140,16 +174,25 @@ class EmulatedGPU(EmulatedClocks):
                 "work takes its profiled time on the device timeline)"
             )
         super().__init__(
-            profile.scaled(time_scale, time_scale),
+            scaled,
             power_limit_min_w=power_limit_min_w,
             power_limit_max_w=power_limit_max_w,
             memory_clocks_mhz=memory_clocks_mhz,
             num_pipeline_stages=num_pipeline_stages,
+            dry_run=dry_run,
         )
         self.index = index
         self.name = f"emulated ({profile.source.rsplit('/', 1)[-1]})"
         self.time_scale = time_scale
+        self.counter = EmulatedCounter.realistic if realistic else EmulatedCounter.ideal
         self.blocking_power_w = blocking_power_w
+        if idle_power_w is None:
+            idle_power_w = (
+                min(IDLE_SHARE * power_limit_max_w, blocking_power_w)
+                if realistic
+                else blocking_power_w
+            )
+        self.idle_power_w = idle_power_w
         self.energy_update_period_s = energy_update_period_s
         self.sleep = sleep
         self._clock = clock
@@ -157,18 +200,14 @@ class EmulatedGPU(EmulatedClocks):
         self._running: Optional[_Running] = None
         self._last_mhz: Optional[int] = None
         start_s = clock()
-        self._counter = EnergyCounter(
-            start_s,
-            energy_update_period_s,
-            energy_noise,
-            seed,
-            idle_power_w if idle_power_w is not None else blocking_power_w,
+        self._start_readings(
+            Readings(realistic, start_s, energy_update_period_s, energy_noise, seed, idle_power_w)
         )
         self.asynchronous = asynchronous
         self._timeline: Optional[Timeline] = None
         self._host_open: Optional[str] = None  # asynchronous: instruction being queued
         if asynchronous:
-            self._timeline = Timeline(self._counter, self._measure, blocking_power_w, start_s)
+            self._timeline = Timeline(self._trace.set_power, self._rest, self._measure, start_s)
 
     # -- instructions -----------------------------------------------------------------------
     def instruction_begin(self, stage: int, instruction: str) -> None:
@@ -188,16 +227,16 @@ class EmulatedGPU(EmulatedClocks):
                 )
                 self._finish(self._running, now)
             profile_stage = self._profile_stage(stage)
-            m = self._measurement(profile_stage, instruction)
+            self._trace.advance(now)
+            m = self._measurement(profile_stage, instruction, at_s=now)
             self._running = _Running(stage, instruction, now, m)
             self._last_mhz = m.frequency_mhz
             if self.sleep:
-                self._counter.set_power(
-                    now,
-                    m.energy_j / m.time_s,
-                    until_s=now + m.time_s,
-                    after_w=self.blocking_power_w,
+                self._trace.schedule(
+                    now, [(now, m.energy_j / m.time_s), *self._rest_steps(now + m.time_s)]
                 )
+            else:  # its energy is deposited at its end; meanwhile the device is not idle
+                self._rest(now)
 
     def instruction_end(self, instruction: str) -> None:
         """End the running instruction, sleeping until its profiled time has passed.
@@ -218,17 +257,6 @@ class EmulatedGPU(EmulatedClocks):
                 self._finish(running, self._clock())
                 return
         self._wait_until(running.start_s + running.measurement.time_s)
-
-    # -- measurement ------------------------------------------------------------------------
-    def total_energy_mj(self) -> int:
-        """The quantized, noisy energy counter (mJ)."""
-        with self._lock:
-            return int(self._counter.counter_j(self._settle()) * 1000.0)
-
-    def power_mw(self) -> int:
-        """Power averaged over the last counter update (mW)."""
-        with self._lock:
-            return int(self._counter.average_power_w(self._settle()) * 1000.0)
 
     def sm_clock_mhz(self) -> Optional[int]:
         """The clock of the instruction running now, else of the last one (its profile row)."""
@@ -265,21 +293,6 @@ class EmulatedGPU(EmulatedClocks):
             self._settle()
             return list(self._timeline.executed)
 
-    def energy_reading(self) -> Tuple[float, int]:
-        """``(time of the counter's last update, counter in mJ)``, read together.
-
-        Real GPUs do not say when their counter last moved; tests and calibration scripts use
-        this to measure windows exactly aligned with updates.
-        """
-        with self._lock:
-            now = self._settle()
-            return self._counter.last_update_s(now), int(self._counter.counter_j(now) * 1000.0)
-
-    def true_energy_j(self) -> float:
-        """Energy consumed so far, without quantization or noise (for tests and reports)."""
-        with self._lock:
-            return self._counter.true_energy_j(self._settle())
-
     def close(self) -> None:
         """Finish a running instruction, if any (asynchronous: drop unfinished work)."""
         with self._lock:
@@ -315,9 +328,9 @@ class EmulatedGPU(EmulatedClocks):
             now = self._clock()
             self._timeline.enqueue(now, Work(stage, instruction, profile_stage, now))
 
-    def _measure(self, work: Work) -> Measurement:
-        """Time and energy of ``work`` at the clock and power limit in force now."""
-        return self._measurement(work.profile_stage, work.instruction)
+    def _measure(self, work: Work, at_s: Optional[float]) -> Measurement:
+        """Time and energy of ``work`` at the clock and power limit in force (from ``at_s``)."""
+        return self._measurement(work.profile_stage, work.instruction, at_s)
 
     @staticmethod
     def _check_end(running: Optional[str], instruction: str) -> None:
@@ -330,9 +343,10 @@ class EmulatedGPU(EmulatedClocks):
     def _finish(self, running: _Running, now: float) -> None:
         """Account an instruction that ends without sleeping (sleep=False or cut short)."""
         if self.sleep:  # cut short: blocking power from now on (a no-op past its end)
-            self._counter.set_power(now, self.blocking_power_w)
+            if now < running.start_s + running.measurement.time_s:
+                self._rest(now)
         else:
-            self._counter.deposit(now, running.measurement.energy_j)
+            self._trace.deposit(now, running.measurement.energy_j)
 
     def _wait_until(self, deadline_s: float) -> None:
         remaining = deadline_s - self._clock()

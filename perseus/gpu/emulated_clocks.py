@@ -10,11 +10,19 @@ profile's, :func:`~perseus.gpu.emulated_model.map_stage`):
   below it (the lowest one if it is below all). Clock changes take effect at the next
   instruction (asynchronous mode: on the work running at that moment). Memory-clock locks are
   recorded only: the profile does not model memory clocks.
-* **Power limit.** The profile was measured at the default (maximum) limit, so at that limit
-  nothing is throttled. Below it, an instruction runs at the highest clock (at most the locked
-  one) whose power — profiled energy / time at that clock — fits under the limit; the lowest
-  clock if none does. (The published A100 profiles draw up to ~480 W per instruction, above
-  the default 400 W maximum, which is why the maximum itself cannot be read as a cap.)
+* **Power limit, realistic** (a :class:`~perseus.gpu.emulated_nvml.PowerLimiter`): the limit
+  holds for the average power over the last ~1 s, as on the recorded H100. While that average
+  is over the limit, instructions run at the highest clock (at most the locked one) whose power
+  fits under 80 % of it; otherwise at their clock, even when their own power is above the limit
+  (short bursts over the cap, as a pipeline pattern's heavy instructions draw). The default
+  limit is the power of the profile's heaviest instruction, so at default clocks it runs at the
+  cap and nothing is held down in any pattern.
+* **Power limit, ideal**: the profile was measured at the default (maximum) limit, so at that
+  limit nothing is throttled. Below it, an instruction runs at the highest clock (at most the
+  locked one) whose power — profiled energy / time at that clock — fits under the limit; the
+  lowest clock if none does.
+* **Dry run** (``dry_run=True``, ``gpu.dry_run``): every clock and power-limit change is logged
+  and not made, as on a real GPU: instructions run at default clocks and the default limit.
 
 Every change first settles the device's work up to now (:meth:`EmulatedClocks._settle`), so
 what ran before the change ran at the clocks in force then.
@@ -23,6 +31,7 @@ what ran before the change ran at the clocks in force then.
 from __future__ import annotations
 
 import abc
+import logging
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -36,6 +45,9 @@ from perseus.gpu.emulated_model import (
     power_limited,
     profile_frequencies_mhz,
 )
+from perseus.gpu.emulated_nvml import PowerLimiter
+
+logger = logging.getLogger(__name__)
 
 
 class EmulatedClocks(GPU):
@@ -50,7 +62,11 @@ class EmulatedClocks(GPU):
         power_limit_max_w: Highest (and default) power limit.
         memory_clocks_mhz: Memory clocks to report (the profile has none).
         num_pipeline_stages: Stages of the pipeline being emulated (for stage mapping).
+        dry_run: Log clock and power-limit changes instead of making them.
     """
+
+    # The realistic power limiter (set by the subclass); None: the ideal, per-instruction rule.
+    _limiter: Optional[PowerLimiter] = None
 
     def __init__(
         self,
@@ -60,8 +76,10 @@ class EmulatedClocks(GPU):
         power_limit_max_w: float,
         memory_clocks_mhz: Sequence[int],
         num_pipeline_stages: Optional[int],
+        dry_run: bool = False,
     ) -> None:
         self.profile = profile
+        self.dry_run = dry_run
         self.num_pipeline_stages = num_pipeline_stages
         self._lock = threading.Lock()
         self._sm_clocks = profile_frequencies_mhz(profile)
@@ -87,12 +105,16 @@ class EmulatedClocks(GPU):
     def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
         """Lock the SM clock; instructions run at ``max_mhz`` (snapped to the profile)."""
         check_range(min_mhz, max_mhz, "SM clock")
+        if self._dry(f"lock SM clocks to [{min_mhz}, {max_mhz}] MHz"):
+            return
         with self._lock:
             self._settle()
             self._locked_sm = (min_mhz, max_mhz)
 
     def reset_sm_clocks(self) -> None:
         """Unlock the SM clock (instructions run at the highest frequency)."""
+        if self._dry("reset SM clocks"):
+            return
         with self._lock:
             self._settle()
             self._locked_sm = None
@@ -100,11 +122,15 @@ class EmulatedClocks(GPU):
     def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
         """Record a memory-clock lock (the profile does not model memory clocks)."""
         check_range(min_mhz, max_mhz, "memory clock")
+        if self._dry(f"lock memory clocks to [{min_mhz}, {max_mhz}] MHz"):
+            return
         with self._lock:
             self._locked_mem = (min_mhz, max_mhz)
 
     def reset_memory_clocks(self) -> None:
         """Undo :meth:`lock_memory_clocks_mhz`."""
+        if self._dry("reset memory clocks"):
+            return
         with self._lock:
             self._locked_mem = None
 
@@ -139,6 +165,8 @@ class EmulatedClocks(GPU):
                 f"power limit {limit_mw} mW is outside [{lo}, {hi}] mW of emulated GPU "
                 f"{self.index}; pick a value in that range"
             )
+        if self._dry(f"set power limit to {limit_mw} mW"):
+            return
         with self._lock:
             self._settle()
             self._limit_mw = int(limit_mw)
@@ -161,12 +189,30 @@ class EmulatedClocks(GPU):
     def _effective_cap_mhz(self) -> int:  # callers hold _lock
         return self._locked_sm[1] if self._locked_sm is not None else self._sm_clocks[0]
 
-    def _measurement(self, profile_stage: int, instruction: str) -> Measurement:
+    def _measurement(
+        self, profile_stage: int, instruction: str, at_s: Optional[float] = None
+    ) -> Measurement:
         """Time and energy of an instruction at the clock and power limit in force now.
 
-        Callers hold ``_lock``.
+        ``at_s``: the device runs it from then (the realistic limiter looks at the average power
+        up to then and may hold the clock down); None: only asking. Callers hold ``_lock``.
         """
         m = measurement_at(self.profile, profile_stage, instruction, self._effective_cap_mhz())
+        limit_w = self._limit_mw / 1000.0
+        limiter = self._limiter
+        if limiter is not None:
+            held = limiter.update(at_s, limit_w) if at_s is not None else limiter.throttled
+            if not held:
+                return m
+            return power_limited(
+                self.profile, profile_stage, instruction, m, limiter.target_w(limit_w)
+            )
         if self._limit_mw >= self._limit_range_mw[1]:
             return m  # the profile was measured at the default (maximum) limit
-        return power_limited(self.profile, profile_stage, instruction, m, self._limit_mw / 1000.0)
+        return power_limited(self.profile, profile_stage, instruction, m, limit_w)
+
+    def _dry(self, description: str) -> bool:
+        """In a dry run, log the change instead of making it (returns True)."""
+        if self.dry_run:
+            logger.info("[dry run] emulated GPU %s: would %s", self.index, description)
+        return self.dry_run

@@ -68,6 +68,16 @@ def power_limited(
     return ms[-1]
 
 
+def heaviest_power_w(profile: Profile) -> float:
+    """The highest power of any instruction of the profile at any clock (W)."""
+    return max(
+        m.energy_j / m.time_s
+        for s in profile.stages()
+        for i in INSTRUCTIONS
+        for m in profile.measurements(s, i)
+    )
+
+
 def profile_frequencies_mhz(profile: Profile) -> List[int]:
     """Every frequency of the profile, highest first."""
     return sorted(
@@ -85,14 +95,29 @@ def check_range(min_mhz: int, max_mhz: int, what: str) -> None:
 
 
 def check_args(
-    time_scale: float, period_s: float, noise: float, blocking_w: float, min_w: float, max_w: float
+    time_scale: float,
+    period_s: float,
+    noise: float,
+    blocking_w: float,
+    min_w: float,
+    max_w: float,
+    min_period_s: float = 0.0,
 ) -> None:
-    """Validate the emulated device's settings, naming the ``gpu.emulated.*`` keys."""
+    """Validate the emulated device's settings, naming the ``gpu.emulated.*`` keys.
+
+    ``min_period_s``: the shortest counter update period the chosen counter accepts.
+    """
     problems = []
     if time_scale <= 0:
         problems.append(f"gpu.emulated.time_scale={time_scale} must be > 0")
     if period_s <= 0:
         problems.append(f"gpu.emulated.energy_update_period_s={period_s} must be > 0")
+    elif period_s < min_period_s:
+        problems.append(
+            f"gpu.emulated.energy_update_period_s={period_s} is too short for the realistic "
+            f"counter (its reads take up to ~35 ms): use >= {min_period_s}, or "
+            "gpu.emulated.counter=ideal for a finer counter"
+        )
     if noise < 0:
         problems.append(f"gpu.emulated.energy_noise={noise} must be >= 0")
     if blocking_w < 0:

@@ -9,13 +9,15 @@ that stamps or changes clocks at queue time gets wrong answers on CPU too:
 * a piece's speed and power follow the clock (and power limit) in force at each moment of its
   execution: a clock change takes effect on the work running at that moment, mid-instruction;
   nothing queued but not yet running is affected by clocks of the past;
-* between pieces (queue empty) the device burns idle (blocking) power;
+* between pieces (queue empty) the device burns blocking power (then idle power, after a long
+  pause, on the realistic device);
 * ``drained_at`` is when the queue empties if nothing changes, which the emulated GPU's
   ``synchronize`` waits for.
 
 The timeline is advanced lazily: every clock change, power-limit change, counter reading and
 enqueue first brings it up to "now", so the energy counter sees each piece's power over the
-time it actually ran. Not thread-safe by itself: the emulated GPU serializes calls.
+time it actually ran (and the realistic power limiter looks at each piece as it starts). Not
+thread-safe by itself: the emulated GPU serializes calls.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, List, Optional
 
 from perseus.formats.profile_csv import Measurement
-from perseus.gpu.energy_counter import EnergyCounter
 
 # Executed pieces kept for inspection (tests, reports): the most recent ones.
 LOG_SIZE = 10_000
@@ -61,22 +62,23 @@ class Timeline:
     """Queued work and the virtual device running it.
 
     Args:
-        counter: The device's energy counter (its power schedule is driven from here).
-        measure: Time and energy of a piece of work at the clock and power limit in force now.
-        idle_power_w: Power while the queue is empty.
+        set_power: ``set_power(t, watts)``: the device draws this from ``t`` on.
+        rest: ``rest(t)``: the queue emptied at ``t`` (the device's power outside work).
+        measure: ``measure(work, t)``: time and energy of a piece of work at the clocks and power
+            limit in force, the device running it from ``t`` on (``t`` None: only asking).
         start_s: Clock time the device starts at.
     """
 
     def __init__(
         self,
-        counter: EnergyCounter,
-        measure: Callable[[Work], Measurement],
-        idle_power_w: float,
+        set_power: Callable[[float, float], None],
+        rest: Callable[[float], None],
+        measure: Callable[[Work, Optional[float]], Measurement],
         start_s: float,
     ) -> None:
-        self._counter = counter
+        self._set_power = set_power
+        self._rest = rest
         self._measure = measure
-        self.idle_power_w = idle_power_w
         self._t = start_s
         self._queue: Deque[Work] = deque()
         self.executed: Deque[Work] = deque(maxlen=LOG_SIZE)
@@ -101,11 +103,11 @@ class Timeline:
             work = self._queue[0]
             if work.start_s is None:
                 work.start_s = t
-            m = self._measure(work)
+            m = self._measure(work, t)
             if not work.clocks_mhz or work.clocks_mhz[-1] != m.frequency_mhz:
                 work.clocks_mhz.append(m.frequency_mhz)
             self.last_clock_mhz = m.frequency_mhz
-            self._counter.set_power(t, m.energy_j / m.time_s)
+            self._set_power(t, m.energy_j / m.time_s)
             remaining_s = (1.0 - work.done) * m.time_s
             if t + remaining_s > now_s:
                 work.done += (now_s - t) / m.time_s
@@ -115,18 +117,18 @@ class Timeline:
             work.done, work.end_s = 1.0, t
             self.executed.append(self._queue.popleft())
             if not self._queue:
-                self._counter.set_power(t, self.idle_power_w)
+                self._rest(t)
         self._t = now_s
 
     def drained_at(self, now_s: float) -> float:
         """When the queue empties if clocks stay as they are (``now_s`` if it is empty)."""
         self.advance(now_s)
-        return now_s + sum((1.0 - w.done) * self._measure(w).time_s for w in self._queue)
+        return now_s + sum((1.0 - w.done) * self._measure(w, None).time_s for w in self._queue)
 
     def running_clock_mhz(self) -> Optional[int]:
         """The SM clock of the piece running now, else of the last piece that ran."""
         if self._queue:
-            return self._measure(self._queue[0]).frequency_mhz
+            return self._measure(self._queue[0], None).frequency_mhz
         return self.last_clock_mhz
 
     def drop(self, now_s: float) -> None:
@@ -134,4 +136,4 @@ class Timeline:
         self.advance(now_s)
         if self._queue:
             self._queue.clear()
-            self._counter.set_power(now_s, self.idle_power_w)
+            self._rest(now_s)

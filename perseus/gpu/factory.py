@@ -6,7 +6,8 @@ GPU; ``emulated`` only where this machine has no NVIDIA GPU at all (no ``/dev/nv
 driver) or ``CUDA_VISIBLE_DEVICES`` hides them all. Where GPUs exist and NVML is broken (a
 driver / library version mismatch, a missing library) it stops with NVML's error and the fix: a
 real job must never report the emulated GPU's synthetic energy. The choice is logged.
-``gpu.dry_run`` applies to the NVML backend (the emulated device changes nothing real). Before
+``gpu.dry_run`` means "clocks never change" on every backend: clock and power-limit changes are
+logged, not made (the emulated device then also runs at its default clocks and limit). Before
 opening an NVML GPU (not in a dry run), settings left by a killed owner are restored, opening
 each GPU by the UUID its state file recorded.
 """
@@ -173,6 +174,7 @@ def build_emulated(
         blocking_power_w=blocking_w,
         idle_power_w=em.idle_power_w,
         time_scale=em.time_scale,
+        counter=em.counter,
         energy_update_period_s=em.energy_update_period_s,
         energy_noise=em.energy_noise,
         seed=em.seed + local_index,
@@ -182,5 +184,6 @@ def build_emulated(
         num_pipeline_stages=num_pipeline_stages,
         index=local_index,
         asynchronous=em.asynchronous,
+        dry_run=cfg.dry_run,
         **timing,
     )

@@ -240,6 +240,12 @@ class NVMLGPU(GPU):
                 return instant
         return int(self._call("nvmlDeviceGetPowerUsage"))
 
+    def instant_power_mw(self) -> Optional[int]:
+        """``NVML_FI_DEV_POWER_INSTANT`` (mW); None where the driver or pynvml lacks it."""
+        if self._instant_field is False:
+            return None
+        return self._instant_power_mw()
+
     @property
     def power_source(self) -> str:
         """Which NVML reading :meth:`power_mw` uses (known after the first reading)."""

@@ -27,6 +27,15 @@ def test_primary_configs_compose_to_schema(name: str) -> None:
     assert cfg.energy.policy == "no_slowdown"
     assert cfg.framework.name == "deepspeed"
     assert cfg.gpu.backend == "auto"
+    assert cfg.gpu.emulated.counter == "realistic"  # the emulated GPU behaves like a real one
+
+
+def test_emulated_counter_choice_composes() -> None:
+    cfg = to_object(_compose("gpu=emulated", "gpu.emulated.counter=ideal"))
+    assert cfg.gpu.emulated.counter == "ideal" and cfg.gpu.backend == "emulated"
+    with pytest.raises(ConfigCompositionException) as info:
+        _compose("gpu.emulated.counter=exact")
+    assert "expected one of [realistic, ideal]" in str(info.value.__cause__)
 
 
 def test_design_keys_exist() -> None:
@@ -101,11 +110,13 @@ def test_training_process_keys_are_validated_before_anything_starts() -> None:
     cfg.profiler.frequency_step = 0
     cfg.planner.time_unit_s = 0.0
     cfg.runtime.mode = "plan"
+    cfg.gpu.emulated.counter = "exact"  # type: ignore[assignment]
     with pytest.raises(ConfigError) as info:
         validate(cfg)
     message = str(info.value)
     for fragment in (
         "profiler.mode='sweeep': choose one of fast, sweep",
+        "gpu.emulated.counter='exact': choose one of realistic, ideal",
         "profiler.frequency_step=0: must be an integer in 1..1000",
         "planner.time_unit_s=0.0: must be a finite number > 0 and <= 60 s",
         "runtime.mode=plan needs runtime.plan=<path of a plan JSON>",

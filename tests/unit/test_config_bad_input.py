@@ -103,7 +103,7 @@ def test_every_ranged_key_refuses_values_just_outside(key: str, value: Any) -> N
         (["energy=zeus_cost", "energy.eta=nan"], ["energy.eta=nan"]),
         # Keys that must agree.
         (
-            ["gpu.emulated.power_limit_min_w=500"],
+            ["gpu.emulated.power_limit_min_w=500", "gpu.emulated.power_limit_max_w=400"],
             ["power_limit_min_w=500.0 is above gpu.emulated.power_limit_max_w=400.0"],
         ),
         (["train.nnodes=2", "train.node_rank=2"], ["train.node_rank=2: must be in 0..1"]),

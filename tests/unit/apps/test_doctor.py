@@ -75,8 +75,10 @@ def test_without_gpus_it_says_so_and_shows_the_emulated_gpu(monkeypatch, tmp_pat
         "GPU 0 (emulated)",
         "gpt3-175b+a100_sxm_bf16.csv: 8 stages",
         "38 supported, 855-1410 MHz",
-        "present, updates every 20 ms",
-        "power limit           400 W (range 100-400 W, default 400 W)",
+        "present, updates every 100 ms",  # the realistic emulated GPU: an H100's counter ...
+        "power reading         instant field (emulated)",
+        # ... and the profile's heaviest instruction (481.5 W) at the cap
+        "power limit           482 W (range 100-482 W, default 482 W)",
         "locked 1125 MHz, read back 1125 MHz, reset",
         "verdict               READY",
     ):

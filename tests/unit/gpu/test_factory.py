@@ -88,6 +88,19 @@ def test_emulated_settings_pass_through(tmp_path):
     assert gpu.blocking_power_w == 70.38
     assert gpu.time_scale == 0.1 and not gpu.sleep
     assert gpu.supported_sm_clocks_mhz()[0] == 1740
+    # the configuration's default readings are the realistic ones: an A40 profile's heaviest
+    # instruction (296.6 W) sets its cap, idle is 17.6 % of that, the counter updates every 100 ms
+    assert gpu.counter == "realistic" and not gpu.dry_run
+    assert gpu.power_limit_mw() == gpu.default_power_limit_mw() == 297_000
+    assert gpu.idle_power_w == pytest.approx(0.176 * 297)
+    assert gpu.energy_update_period_s == 0.1
+
+    ideal = EmulatedGPUConfig(profile="bloom+a40_bf16", counter="ideal")
+    gpu = build_gpu(GPUConfig(backend="emulated", dry_run=True, emulated=ideal))
+    assert isinstance(gpu, EmulatedGPU)
+    assert gpu.counter == "ideal" and gpu.dry_run
+    assert gpu.default_power_limit_mw() == 400_000 and gpu.energy_update_period_s == 0.02
+    assert gpu.idle_power_w == 70.38
 
     own = tmp_path / "mine.csv"
     own.write_text(bundled_profile_path("bloom+a40_bf16").read_text())

@@ -312,4 +312,27 @@ def test_old_bindings_without_the_field_constant_use_power_usage(monkeypatch):
         gpu = NVMLGPU(0)
         m.reset_mock()
         assert gpu.power_mw() == 85_000
+        assert gpu.instant_power_mw() is None  # no field to ask for
     assert m.mock_calls == [call.nvmlDeviceGetPowerUsage(H0)]
+
+
+def test_instant_power_reads_the_field_or_says_there_is_none():
+    fields = call.nvmlDeviceGetFieldValues(H0, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0)
+        m.reset_mock()
+        assert [gpu.instant_power_mw(), gpu.instant_power_mw()] == [INSTANT_POWER_MW] * 2
+    assert m.mock_calls == [fields, fields]
+
+    broken = make_pynvml_mock()
+    broken.nvmlDeviceGetFieldValues.side_effect = lambda h, ids: [
+        field_value(0, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    ]
+    with patched_pynvml(broken):
+        gpu = NVMLGPU(0)
+        broken.reset_mock()
+        assert [gpu.instant_power_mw(), gpu.instant_power_mw()] == [None, None]
+        assert gpu.power_mw() == 85_000  # power_mw falls back to the averaged reading
+    # asked once; known missing afterwards, so neither call asks again
+    assert broken.mock_calls == [fields, call.nvmlDeviceGetPowerUsage(H0)]
