@@ -30,6 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import GPUNotSupportedError
+from perseus.pipeline_order import KINDS
 from perseus.records import InstructionRecord, RankInfo, StepRecord
 from perseus.runtime import hook_errors
 from perseus.runtime.types import FrequencySource
@@ -88,7 +89,7 @@ class HookRuntime:
         self._step = -1
         self._in_step = False
         self._position = 0
-        self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
+        self._counts: Dict[str, int] = dict.fromkeys(KINDS, 0)
         self._open: Optional[hook_errors.Opened] = None
         self._t_open = 0.0
         # A wait inside the open instruction: (start time, energy counter or None).
@@ -125,7 +126,7 @@ class HookRuntime:
         self._in_step = True
         self._wait = None
         self._position = 0
-        self._counts = {"forward": 0, "backward": 0}
+        self._counts = dict.fromkeys(KINDS, 0)
         self._raw = []
         self._applied = []
         self._sync()  # the stamps below see the device's finished work
@@ -133,7 +134,7 @@ class HookRuntime:
         self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
-        """``name`` (forward/backward) of the next microbatch starts on this stage."""
+        """``name`` (an instruction kind) of the next microbatch starts on this stage."""
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()
