@@ -29,7 +29,13 @@ from perseus.formats.profile_csv import INSTRUCTIONS
 from perseus.formats.text_file import read_text_file
 from perseus.numbers import Range
 from perseus.pipeline_order import PipelineOrder
-from perseus.schedule import ALL_SCHEDULES, SCHEDULES, ScheduleLike, stage_order_chunks
+from perseus.schedule import (
+    ALL_SCHEDULES,
+    ORDER_SCHEDULES,
+    SCHEDULES,
+    ScheduleLike,
+    stage_order_chunks,
+)
 
 PLAN_FORMAT = "perseus-plan/1"
 __all__ = ["PLAN_FORMAT", "Plan", "PlanStep", "check_plan_for_job", "load_plan", "plan_from_dict"]
@@ -296,6 +302,15 @@ def check_plan_for_job(
             f"parallelism.num_microbatches={num_microbatches}; plan for this job with perseus-plan"
         )
     if schedule is None:
+        return
+    if isinstance(schedule, str) and schedule in ORDER_SCHEDULES:
+        # The engine says its order only once it runs; its ranks check the plan position by
+        # position. Before that, the plan must be one of this schedule's.
+        if plan.schedule != schedule:
+            raise PlanError(
+                f"plan {source} is for the {plan.schedule} schedule but the job runs "
+                f"{schedule}; plan with the job's own run (perseus-runs/<job>/plan.json)"
+            )
         return
     orders = stage_order_chunks(schedule, num_stages, num_microbatches, num_model_chunks)
     for stage, (order, steps) in enumerate(zip(orders, plan.stages)):

@@ -18,7 +18,6 @@ across stages. CPU with gloo, or one CUDA device per rank; one pipeline (``paral
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Dict, List, Tuple
 
 from perseus.config import PerseusConfig
@@ -144,6 +143,12 @@ def run(cfg: PerseusConfig) -> int:
     stages = list(getattr(schedule, "_stages", None) or [schedule._stage])
     has_first = any(s.is_first for s in stages)
     has_last = any(s.is_last for s in stages)
+    num_stages = par.pp * par.num_model_chunks
+    last_rank = next(
+        r
+        for r in range(par.pp)
+        if num_stages - 1 in stage_indices(par.schedule, r, par.pp, par.num_model_chunks)
+    )
     params = [p for m in modules for p in m.parameters()]
     optimizer = torch.optim.Adam(params, lr=cfg.train.lr)
     data = batches(description, par.microbatch_size, seed=cfg.train.seed, dataset=cfg.model.dataset)
@@ -160,7 +165,10 @@ def run(cfg: PerseusConfig) -> int:
         else:
             schedule.step(**kwargs)
         optimizer.step()
-        return float(sum(float(v) for v in losses) / len(losses)) if losses else math.nan
+        # Every rank shows the step's loss (the last stage's rank has it), as DeepSpeed's does.
+        loss = torch.tensor([sum(float(v) for v in losses) / len(losses) if losses else 0.0])
+        dist.broadcast(loss, src=last_rank)
+        return float(loss.item())
 
     steps = run_loop(cfg, step, is_rank0=rank == 0)
     if cfg.output_dir:
