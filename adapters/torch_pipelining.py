@@ -32,7 +32,7 @@ Every schedule object gets its own optimizer (``optimizer_for(rank, key=schedule
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from perseus.adapters._common import (
     FORWARD,
@@ -67,6 +67,8 @@ SCHEDULE_NAMES = {
 # The single-stage schedules whose hand-written steps run a Perseus-generated order.
 GENERATED = {"Schedule1F1B": "1f1b", "ScheduleGPipe": "gpipe"}
 COMPUTE = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD_INPUT, "W": BACKWARD_WEIGHT}
+#: The stage's methods every compute action ends in.
+COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 # Keys in the instance ``__dict__`` of schedules and stages (cheap on the critical path).
 ACTIVE_HOOKS = "_perseus_active_hooks"
@@ -102,7 +104,7 @@ def schedule_order(schedule: Any) -> Optional[PipelineOrder]:
     by_rank = lowered if lowered else getattr(schedule, "pipeline_order", None)
     if not by_rank:
         return None
-    ranks = [_compute_actions(by_rank.get(r, [])) for r in range(pp)]
+    ranks = [compute_actions(by_rank.get(r, [])) for r in range(pp)]
     try:
         order = PipelineOrder.of(SCHEDULE_NAMES.get(cls, "custom"), ranks)
         order.check()
@@ -115,9 +117,14 @@ def schedule_order(schedule: Any) -> Optional[PipelineOrder]:
     return order
 
 
-def _compute_actions(actions: List[Any]) -> List[Any]:
-    """``(kind, microbatch, stage)`` of the compute actions, sub-actions in their order."""
-    out = []
+def compute_actions(actions: List[Any]) -> List[Tuple[str, int, int]]:
+    """``(kind, microbatch, stage)`` of the engine's compute actions (``_Action`` s), in order.
+
+    Bubbles (``None``) and communication, resharding and gradient-reduction actions are left
+    out; an ``OVERLAP_F_B`` action contributes its sub-actions, in the order the engine runs
+    them.
+    """
+    out: List[Tuple[str, int, int]] = []
     for action in actions:
         if action is None:
             continue
@@ -283,11 +290,7 @@ def patch() -> None:
         if not is_wrapped(vars(owner)["step"]):
             _patches.set_attr(owner, "step", _wrap_step(vars(owner)["step"]))
     base = found["base"]
-    for name, kind_of in (
-        ("forward_one_chunk", _forward_kind),
-        ("backward_one_chunk", _backward_kind),
-        ("backward_weight_one_chunk", _weight_kind),
-    ):
+    for name, kind_of in zip(COMPUTE_METHODS, (_forward_kind, _backward_kind, _weight_kind)):
         original = vars(base)[name]
         if not is_wrapped(original):
             _patches.set_attr(base, name, _wrap_compute(original, kind_of))
