@@ -136,6 +136,34 @@ def compute_actions(actions: List[Any]) -> List[Tuple[str, int, int]]:
     return out
 
 
+def generated_order(
+    name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1
+) -> PipelineOrder:
+    """The order torch generates for schedule class ``Schedule<name>``, without running it.
+
+    For planning offline (``scripts/compare_schedules.py``): torch's own schedule visualizer
+    builds the schedule on stand-in stages; the order is that schedule's compute actions.
+
+    Raises:
+        AdapterError: an unknown schedule, or sizes the schedule refuses (torch's reason).
+    """
+    import warnings
+
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ops = get_schedule_ops(name, num_ranks, num_microbatches, stages_per_rank)
+    except Exception as exc:
+        raise AdapterError(
+            f"torch cannot generate the {name} schedule for {num_ranks} ranks, "
+            f"{num_microbatches} microbatches, {stages_per_rank} stage(s) per rank: {exc}"
+        ) from None
+    label = SCHEDULE_NAMES.get(f"Schedule{name}", "custom")
+    return PipelineOrder.of(label, [compute_actions(rank) for rank in ops])
+
+
 def rank_info(schedule: Any) -> RankInfo:
     """Where this process sits in the job, and the job's shape and order, from ``schedule``."""
     import torch.distributed as dist

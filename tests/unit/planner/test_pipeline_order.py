@@ -219,15 +219,6 @@ def test_order_of_another_shape_is_refused() -> None:
         )
 
 
-def engine_order(name: str, num_ranks: int, num_mb: int, per_rank: int) -> PipelineOrder:
-    """A torch.distributed.pipelining schedule's order, from torch's own generator."""
-    from perseus.adapters.torch_pipelining import compute_actions
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-
-    ops = get_schedule_ops(name, num_ranks, num_mb, per_rank)
-    return PipelineOrder.of("custom", [compute_actions(rank) for rank in ops])
-
-
 @pytest.mark.parametrize(
     ("name", "per_rank"),
     [
@@ -242,7 +233,9 @@ def engine_order(name: str, num_ranks: int, num_mb: int, per_rank: int) -> Pipel
 def test_every_engine_schedule_is_planned(
     name: str, per_rank: int, num_ranks: int, num_mb: int
 ) -> None:
-    order = engine_order(name, num_ranks, num_mb, per_rank)
+    from perseus.adapters.torch_pipelining import generated_order
+
+    order = generated_order(name, num_ranks, num_mb, per_rank)
     assert order.problems() == []
     profile = split_backward(
         select_stages(case_profile("gpt3-175b+a100_sxm_bf16", 8), _spread(num_ranks))
