@@ -188,3 +188,25 @@ def test_server_refuses_bad_orders(ranks: list, message: str) -> None:
     with pytest.raises(ValueError, match="1 rank"):
         JobSpec(num_stages=2, num_microbatches=1, schedule=ORDER)
     assert pipeline_order("1f1b", 1, 2).ranks == ["0F0,0B0,0F1,0B1"]
+
+
+def test_the_emulated_gpu_runs_a_backwards_halves_from_a_whole_profile() -> None:
+    from perseus.gpu.emulated import EmulatedGPU
+
+    gpu = EmulatedGPU(_whole_profile(), blocking_power_w=50.0, sleep=False)
+    before = gpu.true_energy_j()
+    for kind in ("forward", "backward_input", "backward_weight"):
+        gpu.instruction_begin(0, kind)
+        gpu.instruction_end(kind)
+    # Forward 20 J, then the backward's 44 J in two halves.
+    assert gpu.true_energy_j() - before == pytest.approx(64.0, abs=0.5)  # + blocking power
+    gpu.close()
+
+
+def test_timeline_plot_of_an_engine_order(tmp_path: Path) -> None:
+    from perseus.planner.plots import plot_timeline
+    from perseus.planner.problem import PlanningProblem
+
+    problem = PlanningProblem(split_backward(_whole_profile()), 1, 50.0, ORDER)
+    path = plot_timeline(problem, problem.allmax_freqs(), tmp_path / "timeline.png")
+    assert path.stat().st_size > 0
