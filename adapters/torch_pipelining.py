@@ -31,6 +31,7 @@ Every schedule object gets its own optimizer (``optimizer_for(rank, key=schedule
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -75,6 +76,7 @@ ACTIVE_HOOKS = "_perseus_active_hooks"
 RANK_INFO = "_perseus_rank_info"
 
 _patches = PatchSet()
+logger = logging.getLogger(__name__)
 
 
 # -- the job's shape and order, read from the schedule ----------------------------------------
@@ -172,7 +174,28 @@ def rank_info(schedule: Any) -> RankInfo:
     stage = stages[0]
     pp = int(stage.group_size)
     world = int(dist.get_world_size()) if dist.is_initialized() else 1
-    order = schedule_order(schedule)
+    try:
+        order = schedule_order(schedule)
+    except AdapterError as exc:
+        # Training goes on; without an order Perseus cannot plan this job (it says so once
+        # more, and stays at default clocks, when it builds the rank's optimizer).
+        logger.warning("%s", exc)
+        return _info(schedule, stages, pp, world, "custom", None)
+    name = order.name if order is not None else None
+    return _info(schedule, stages, pp, world, name, order)
+
+
+def _info(
+    schedule: Any,
+    stages: List[Any],
+    pp: int,
+    world: int,
+    name: Optional[str],
+    order: Optional[PipelineOrder],
+) -> RankInfo:
+    import torch.distributed as dist
+
+    stage = stages[0]
     return RankInfo(
         stage=int(stage.group_rank),
         num_stages=pp,
@@ -184,7 +207,7 @@ def rank_info(schedule: Any) -> RankInfo:
         num_model_chunks=len(stages),
         num_microbatches=int(schedule._n_microbatches),
         dp=max(1, world // pp),
-        schedule=order.name if order is not None else None,
+        schedule=name,
         order=tuple(order.ranks) if order is not None else None,
     )
 

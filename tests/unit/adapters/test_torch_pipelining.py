@@ -136,3 +136,37 @@ def test_framework_job_layout_and_checks() -> None:
             setattr(bad.parallelism, key, value)
         with pytest.raises(ConfigError, match=message):
             job.check(bad)
+
+
+class _Stage:
+    """What the adapter reads of a stage: its place in the pipeline group."""
+
+    group_size = 2
+    group_rank = 0
+    group = None
+    device = None
+
+
+class CustomSchedule:
+    """A multi-stage schedule of the user's, with an action list the engine would run."""
+
+    def __init__(self, by_rank: Any) -> None:
+        self._stages = [_Stage()]
+        self._n_microbatches = 1
+        self.pipeline_order = by_rank
+
+
+def test_a_custom_schedules_order_is_read_and_an_incomplete_one_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    action, f, b = schedules._Action, schedules.FORWARD, schedules.FULL_BACKWARD
+    whole = {0: [action(0, f, 0), None, action(0, b, 0)], 1: [action(1, f, 0), action(1, b, 0)]}
+    order = tp.schedule_order(CustomSchedule(whole))
+    assert order == PipelineOrder("custom", ["0F0,0B0", "1F0,1B0"])
+    broken = {0: whole[0], 1: [action(1, f, 0)]}
+    with pytest.raises(AdapterError, match="cannot be planned.*no .complete. backward"):
+        tp.schedule_order(CustomSchedule(broken))
+    # Training goes on: one warning, and a job Perseus does not plan (default clocks).
+    info = tp.rank_info(CustomSchedule(broken))
+    assert (info.schedule, info.order, info.num_stages) == ("custom", None, 2)
+    assert "cannot be planned" in caplog.text
