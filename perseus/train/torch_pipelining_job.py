@@ -76,7 +76,32 @@ def stage_module(description: ModelDescription, first: int, end: int, seed: int)
         if key is not None:
             shared[key] = module
         modules.append(module)
-    return torch.nn.Sequential(*modules)
+    return _StageModule.build(torch.nn.Sequential(*modules))
+
+
+class _StageModule:
+    """A stage's layers called with the engine's positional tensors.
+
+    The engine passes a stage's inputs (and a model's, on the first stage) as separate
+    tensors; the zoo's layers take one value, a tuple where there are several (T5's encoder
+    and decoder streams).
+    """
+
+    @staticmethod
+    def build(layers: Any) -> Any:
+        import torch
+
+        class StageModule(torch.nn.Module):
+            """The layers of one pipeline stage."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = layers
+
+            def forward(self, *args: Any) -> Any:
+                return self.layers(args[0] if len(args) == 1 else tuple(args))
+
+        return StageModule()
 
 
 class _TiedCopy:
@@ -161,7 +186,8 @@ def run(cfg: PerseusConfig) -> int:
         if has_last:
             kwargs = {"target": labels.to(device), "losses": losses}
         if has_first:
-            schedule.step(_to(inputs, device), **kwargs)
+            inputs = _to(inputs, device)
+            schedule.step(*(inputs if isinstance(inputs, tuple) else (inputs,)), **kwargs)
         else:
             schedule.step(**kwargs)
         optimizer.step()
