@@ -254,3 +254,19 @@ def test_every_engine_schedule_is_planned(
 
 def _spread(num_ranks: int) -> List[int]:
     return [int(s) for s in np.round(np.linspace(0, 7, num_ranks))]
+
+
+def test_steady_state_phases_only_for_the_generated_1f1b() -> None:
+    from perseus.planner.solvers.lp import layout, steady
+
+    num_mb = 64
+    profile = _gpt3_two_stages(split=False)
+    generated = PlanningProblem(profile, num_mb, 83.64, "1f1b")
+    assert steady.applies(generated)
+    assert layout.periodic_layout(generated, margin=4).periodic
+    # Named 1f1b, but another order (GPipe's actions): the 1F1B-specific phases are skipped.
+    other = PipelineOrder("1f1b", list(pipeline_order("gpipe", 2, num_mb).ranks))
+    problem = PlanningProblem(profile, num_mb, 83.64, other)
+    assert not problem.is_generated_1f1b
+    assert not steady.applies(problem)
+    assert not layout.periodic_layout(problem, margin=4).periodic
