@@ -31,7 +31,9 @@ from typing import Annotated, Dict, List, Sequence, Tuple
 from perseus.errors import ConfigError
 from perseus.wire_bounds import Bound
 
-# Bounds of an order on the wire (a job's spec; the server's validation reads them).
+# Bounds of an order on the wire (a job's spec; the server's validation reads them): the
+# wire's stages, and a rank's actions (``perseus.wire.fields.MAX_INSTRUCTIONS`` of them, each
+# at most 12 characters).
 MAX_RANKS = 512
 MAX_RANK_CHARS = 3 * 4096 * 8 * 12
 

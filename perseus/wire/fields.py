@@ -21,8 +21,6 @@ MAX_STEP = 10**12
 # A step sequence ("F0,F1,B0,..."; I and W: a backward's halves): at most this many characters.
 MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
 SEQUENCE_PATTERN = r"^([FBIW][0-9]{1,6}(,[FBIW][0-9]{1,6})*)?$"
-# A rank's actions in a pipeline order ("0F0,1F0,1B0,..."): at most this many characters.
-MAX_ORDER_CHARS = MAX_INSTRUCTIONS * 12
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
 Mhz = Annotated[int, Bound.of(MHZ)]
