@@ -32,6 +32,7 @@ ADAPTERS: Dict[str, str] = {
     "deepspeed": "perseus.adapters.deepspeed",
     "megatron": "perseus.adapters.megatron",
     "merak": "perseus.adapters.merak",
+    "torch_pipelining": "perseus.adapters.torch_pipelining",
 }
 """Framework name -> adapter module."""
 

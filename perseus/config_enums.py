@@ -48,6 +48,7 @@ class Framework(ConfigChoice):
     megatron = "megatron"
     merak = "merak"
     torch = "torch"
+    torch_pipelining = "torch_pipelining"
 
 
 class GPUBackend(ConfigChoice):

@@ -44,7 +44,7 @@ from perseus.config_enums import (
 )
 from perseus.errors import ConfigError
 from perseus.numbers import Range, number_problem, ranges_problems
-from perseus.schedule import SCHEDULES
+from perseus.schedule import ALL_SCHEDULES
 
 __all__ = [
     "ETA_RANGE",
@@ -197,9 +197,9 @@ def validate(cfg: PerseusConfig) -> None:
     values = _flat_values(cfg)
     problems = list(ranges_problems(values, RANGES))
     valid = {key: value for key, value in values.items() if RANGES[key].problem(value) is None}
-    if cfg.parallelism.schedule not in SCHEDULES:
+    if cfg.parallelism.schedule not in ALL_SCHEDULES:
         problems.append(
-            f"parallelism.schedule={cfg.parallelism.schedule!r}: choose one of {SCHEDULES}"
+            f"parallelism.schedule={cfg.parallelism.schedule!r}: choose one of {ALL_SCHEDULES}"
         )
     problems += _energy_problems(cfg.energy)
     problems += _choice_problems(cfg)

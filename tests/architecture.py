@@ -37,6 +37,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.config_validation",
             "perseus.numbers",
             "perseus.schedule",
+            "perseus.pipeline_order",
             "perseus.process_exit",
             "perseus.wire",  # the package and its modules (vocabulary, fields, jobs, ...)
             "perseus.wire_bounds",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -17,21 +16,29 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from perseus.errors import PlanError
 from perseus.formats import strict_json
 from perseus.formats.atomic_file import write_json_atomic
+from perseus.formats.plan_steps import (
+    REGENERATE,
+    PlanStep,
+    check_order,
+    check_stage,
+    shown,
+    step_from_values,
+    step_json,
+)
 from perseus.formats.profile_csv import INSTRUCTIONS
 from perseus.formats.text_file import read_text_file
 from perseus.numbers import Range
-from perseus.schedule import SCHEDULES, stage_order_chunks
+from perseus.pipeline_order import PipelineOrder
+from perseus.schedule import (
+    ALL_SCHEDULES,
+    ORDER_SCHEDULES,
+    SCHEDULES,
+    ScheduleLike,
+    stage_order_chunks,
+)
 
 PLAN_FORMAT = "perseus-plan/1"
-
-
-@dataclass(frozen=True)
-class PlanStep:
-    """One instruction of one stage at its frequency."""
-
-    instruction: str
-    microbatch: int
-    frequency_mhz: int
+__all__ = ["PLAN_FORMAT", "Plan", "PlanStep", "check_plan_for_job", "load_plan", "plan_from_dict"]
 
 
 @dataclass
@@ -57,20 +64,22 @@ class Plan:
                 "iteration_time_s": self.predicted_iteration_time_s,
                 "energy_j": self.predicted_energy_j,
             },
-            "stages": [
-                [
-                    {
-                        "instruction": s.instruction,
-                        "microbatch": s.microbatch,
-                        "frequency_mhz": s.frequency_mhz,
-                    }
-                    for s in stage
-                ]
-                for stage in self.stages
-            ],
+            "stages": [[step_json(s) for s in stage] for stage in self.stages],
         }
         out.update(self.extra)
         return out
+
+    def pipeline_order(self) -> Optional[PipelineOrder]:
+        """The engine's order the plan was made for (``None``: a schedule Perseus generates)."""
+        if not self.stages or any(s.pipeline_stage is None for st in self.stages for s in st):
+            return None
+        return PipelineOrder.of(
+            self.schedule,
+            [
+                [(s.instruction, s.microbatch, int(s.pipeline_stage or 0)) for s in st]
+                for st in self.stages
+            ],
+        )
 
     def write(self, path: Union[str, os.PathLike]) -> Path:
         """Write the plan as JSON (atomically); returns the path."""
@@ -94,11 +103,11 @@ def load_plan(path: Union[str, os.PathLike]) -> Plan:
             path such as ``stages[1][3].frequency_mhz``), what was found and the fix.
     """
     path = Path(path)
-    fix = f"check runtime.plan, or {_REGENERATE}"
+    fix = f"check runtime.plan, or {REGENERATE}"
     text = read_text_file(path, what="plan file", error=PlanError, fix=fix)
     if path.suffix == ".py":
         return plan_from_reference(text, source=str(path))
-    data = strict_json.loads(text, source=str(path), error=PlanError, fix=_REGENERATE)
+    data = strict_json.loads(text, source=str(path), error=PlanError, fix=REGENERATE)
     return plan_from_dict(data, source=str(path))
 
 
@@ -110,20 +119,20 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
     """
     if not isinstance(data, dict):
         raise PlanError(
-            f"{source}: a plan must be a JSON object, got {type(data).__name__}; {_REGENERATE}"
+            f"{source}: a plan must be a JSON object, got {type(data).__name__}; {REGENERATE}"
         )
     if data.get("format") != PLAN_FORMAT:
         raise PlanError(
-            f"{source}: 'format' is {_shown(data.get('format'))}, expected {PLAN_FORMAT!r}; "
-            f"{_REGENERATE}"
+            f"{source}: 'format' is {shown(data.get('format'))}, expected {PLAN_FORMAT!r}; "
+            f"{REGENERATE}"
         )
     for key in ("schedule", "num_stages", "num_microbatches", "stages"):
         if key not in data:
-            raise PlanError(f"{source}: missing key {key!r}; {_REGENERATE}")
-    if data["schedule"] not in SCHEDULES:
+            raise PlanError(f"{source}: missing key {key!r}; {REGENERATE}")
+    if data["schedule"] not in ALL_SCHEDULES:
         raise PlanError(
-            f"{source}: 'schedule' is {_shown(data['schedule'])}, expected one of {SCHEDULES}; "
-            f"{_REGENERATE}"
+            f"{source}: 'schedule' is {shown(data['schedule'])}, expected one of "
+            f"{ALL_SCHEDULES}; {REGENERATE}"
         )
     num_stages = _positive_int(data, "num_stages", source)
     num_microbatches = _positive_int(data, "num_microbatches", source)
@@ -136,11 +145,13 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
         )
         raise PlanError(
             f"{source}: 'stages' must be a list of num_stages={num_stages} lists (one per "
-            f"pipeline stage), found {found}; {_REGENERATE}"
+            f"pipeline stage), found {found}; {REGENERATE}"
         )
     stages = [
         _stage_from_json(stage, num_microbatches, source, s) for s, stage in enumerate(stages_raw)
     ]
+    if data["schedule"] not in SCHEDULES:
+        check_order(stages, str(data["schedule"]), source)
     time_s, energy_j = _predicted(data.get("predicted"), source)
     extra = {k: v for k, v in data.items() if k not in _KNOWN_KEYS}
     return Plan(
@@ -155,10 +166,7 @@ def plan_from_dict(data: Any, source: str = "<plan>") -> Plan:
 
 
 _KNOWN_KEYS = {"format", "schedule", "num_stages", "num_microbatches", "predicted", "stages"}
-_REGENERATE = "regenerate the plan with perseus-plan"
 COUNT = Range(ge=1, le=10**6, integer=True)
-MICROBATCH = Range(ge=0, lt=10**6, integer=True)
-FREQUENCY = Range(gt=0, le=100_000, integer=True, unit="MHz")
 PREDICTED = {
     "iteration_time_s": Range(gt=0.0, optional=True, unit="s"),
     "energy_j": Range(ge=0.0, optional=True, unit="J"),
@@ -169,7 +177,7 @@ def _positive_int(data: Dict[str, Any], key: str, source: str) -> int:
     value = data[key]
     problem = COUNT.problem(value)
     if problem:
-        raise PlanError(f"{source}: {key!r} is {_shown(value)}; it {problem}")
+        raise PlanError(f"{source}: {key!r} is {shown(value)}; it {problem}")
     return int(value)
 
 
@@ -179,14 +187,14 @@ def _predicted(predicted: Any, source: str) -> Tuple[Optional[float], Optional[f
     if not isinstance(predicted, dict):
         raise PlanError(
             f"{source}: 'predicted' must be an object with iteration_time_s and energy_j, "
-            f"found {_shown(predicted)}; {_REGENERATE}"
+            f"found {shown(predicted)}; {REGENERATE}"
         )
     for key, allowed in PREDICTED.items():
         problem = allowed.problem(predicted.get(key))
         if problem:
             raise PlanError(
-                f"{source}: predicted.{key} is {_shown(predicted.get(key))}; it {problem}; "
-                f"{_REGENERATE}"
+                f"{source}: predicted.{key} is {shown(predicted.get(key))}; it {problem}; "
+                f"{REGENERATE}"
             )
     return predicted.get("iteration_time_s"), predicted.get("energy_j")
 
@@ -195,24 +203,25 @@ def _stage_from_json(stage: Any, num_microbatches: int, source: str, index: int)
     where = f"{source}: stages[{index}]"
     if not isinstance(stage, list):
         raise PlanError(
-            f"{where}: expected a list of instructions in execution order, got {_shown(stage)}"
+            f"{where}: expected a list of instructions in execution order, got {shown(stage)}"
         )
     steps = []
     for i, step in enumerate(stage):
         if not isinstance(step, dict):
             raise PlanError(
                 f"{where}[{i}]: expected an object with instruction, microbatch and "
-                f"frequency_mhz, got {_shown(step)}"
+                f"frequency_mhz, got {shown(step)}"
             )
         steps.append(
-            _step(
+            step_from_values(
                 step.get("instruction"),
                 step.get("microbatch"),
                 step.get("frequency_mhz"),
                 f"{where}[{i}]",
+                step.get("pipeline_stage"),
             )
         )
-    _check_stage(steps, num_microbatches, f"{source}: stage {index}")
+    check_stage(steps, num_microbatches, f"{source}: stage {index}")
     return steps
 
 
@@ -224,28 +233,28 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
         where = f", line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
         raise PlanError(
             f"{source}{where}: not a Python literal of per-stage (instruction, frequency) lists "
-            f"({type(exc).__name__}: {_first_line(exc)}); {_REGENERATE}"
+            f"({type(exc).__name__}: {_first_line(exc)}); {REGENERATE}"
         ) from None
     if not isinstance(raw, (list, tuple)) or not raw:
         raise PlanError(
-            f"{source}: expected a non-empty list with one list per stage, found {_shown(raw)}"
+            f"{source}: expected a non-empty list with one list per stage, found {shown(raw)}"
         )
     stages: List[List[PlanStep]] = []
     for s, stage in enumerate(raw):
         if not isinstance(stage, (list, tuple)):
             raise PlanError(
                 f"{source}: stage {s} must be a list of (instruction, frequency) pairs, "
-                f"got {_shown(stage)}"
+                f"got {shown(stage)}"
             )
         counters = {name: 0 for name in INSTRUCTIONS}
         steps = []
         for i, item in enumerate(stage):
             where = f"{source}: stage {s}, item {i}"
             if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise PlanError(f"{where}: expected (instruction, frequency), got {_shown(item)}")
+                raise PlanError(f"{where}: expected (instruction, frequency), got {shown(item)}")
             name, freq = item
             mb = counters.get(name, 0)
-            steps.append(_step(name, mb, freq, where))
+            steps.append(step_from_values(name, mb, freq, where))
             counters[name] = mb + 1
         stages.append(steps)
     num_mb = sum(1 for st in stages[0] if st.instruction == "forward")
@@ -255,46 +264,8 @@ def plan_from_reference(text: str, source: str = "<reference plan>") -> Plan:
             "microbatch's forward and backward in execution order"
         )
     for s, steps in enumerate(stages):
-        _check_stage(steps, num_mb, f"{source}: stage {s}")
+        check_stage(steps, num_mb, f"{source}: stage {s}")
     return Plan(schedule="1f1b", num_stages=len(stages), num_microbatches=num_mb, stages=stages)
-
-
-def _step(instruction: Any, microbatch: Any, frequency: Any, where: str) -> PlanStep:
-    if instruction not in INSTRUCTIONS:
-        raise PlanError(
-            f"{where}: instruction {_shown(instruction)} is not one of {INSTRUCTIONS}; fix the "
-            f"entry or {_REGENERATE}"
-        )
-    problem = MICROBATCH.problem(microbatch)
-    if problem:
-        raise PlanError(f"{where}: microbatch {_shown(microbatch)} {problem}")
-    problem = FREQUENCY.problem(frequency)
-    if problem:
-        raise PlanError(f"{where}: frequency {_shown(frequency)} {problem}")
-    return PlanStep(instruction, microbatch, frequency)
-
-
-def _check_stage(steps: List[PlanStep], num_microbatches: int, where: str) -> None:
-    """Each microbatch's forward and backward the same number of times (once per model chunk)."""
-    for name in INSTRUCTIONS:
-        counts = Counter(s.microbatch for s in steps if s.instruction == name)
-        outside = sorted(m for m in counts if m >= num_microbatches)
-        missing = [m for m in range(num_microbatches) if m not in counts] if not outside else []
-        uneven = not outside and not missing and len(set(counts.values())) > 1
-        if not counts or outside or missing or uneven:
-            found = (
-                f"microbatch(es) {_few(outside)} beyond num_microbatches={num_microbatches}"
-                if outside
-                else f"no {name} of microbatch(es) {_few(missing)}"
-                if missing
-                else f"microbatches {_few(sorted(counts))} a different number of times"
-                if uneven
-                else f"no {name} at all"
-            )
-            raise PlanError(
-                f"{where}: expected every microbatch 0..{num_microbatches - 1} to have a "
-                f"{name} (once per model chunk), found {found}; {_REGENERATE}"
-            )
 
 
 def check_plan_for_job(
@@ -303,7 +274,7 @@ def check_plan_for_job(
     num_stages: int,
     num_microbatches: int,
     source: str,
-    schedule: Optional[str] = None,
+    schedule: Optional[ScheduleLike] = None,
     num_model_chunks: int = 1,
 ) -> None:
     """Check that ``plan`` fits the job it is applied to.
@@ -332,6 +303,15 @@ def check_plan_for_job(
         )
     if schedule is None:
         return
+    if isinstance(schedule, str) and schedule in ORDER_SCHEDULES:
+        # The engine says its order only once it runs; its ranks check the plan position by
+        # position. Before that, the plan must be one of this schedule's.
+        if plan.schedule != schedule:
+            raise PlanError(
+                f"plan {source} is for the {plan.schedule} schedule but the job runs "
+                f"{schedule}; plan with the job's own run (perseus-runs/<job>/plan.json)"
+            )
+        return
     orders = stage_order_chunks(schedule, num_stages, num_microbatches, num_model_chunks)
     for stage, (order, steps) in enumerate(zip(orders, plan.stages)):
         runs = [name for name, _, _ in order]
@@ -349,16 +329,6 @@ def check_plan_for_job(
             f"plan with parallelism.schedule={schedule}, or set runtime.strict=false to fall back "
             "to per-microbatch clocks"
         )
-
-
-def _few(values: List[int]) -> str:
-    shown = ", ".join(str(v) for v in values[:8])
-    return f"[{shown}{', ...' if len(values) > 8 else ''}]"
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,12 +4,14 @@ CSV contract (``docs/design.md``, "Profile CSV")::
 
     stage,instruction,frequency,time,energy[,energy_se,uncertain]
 
-``time`` in seconds and ``energy`` in joules of ONE microbatch's forward or backward on that
-stage at that SM frequency (MHz). A measured profile adds ``energy_se`` (the standard error of
-``energy``, J; empty where unknown) and ``uncertain`` (``1``: known to worse than the
-profiler's target, or clamped to the GPU's power range, or borrowed; ``0`` otherwise); both are
-optional and read when present. Other extra columns are ignored. Read and written with the
-standard ``csv`` module (the emulated GPU loads profiles inside training processes).
+``time`` in seconds and ``energy`` in joules of ONE microbatch's instruction on that stage at
+that SM frequency (MHz): ``forward``, ``backward``, and for schedules that split the backward
+(zero-bubble), its input half ``backward_input`` and weight half ``backward_weight``. A
+measured profile adds ``energy_se`` (the standard error of ``energy``, J; empty where unknown)
+and ``uncertain`` (``1``: known to worse than the profiler's target, or clamped to the GPU's
+power range, or borrowed; ``0`` otherwise); both are optional and read when present. Other
+extra columns are ignored. Read and written with the standard ``csv`` module (the emulated GPU
+loads profiles inside training processes).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from perseus.formats.profile_fields import (
 )
 from perseus.formats.text_file import read_text_file
 from perseus.numbers import Range
+from perseus.pipeline_order import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, KINDS
 
 COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 UNCERTAINTY_COLUMNS = ("energy_se", "uncertain")
-INSTRUCTIONS = ("forward", "backward")
+#: Every instruction kind a profile may have rows for.
+INSTRUCTIONS = KINDS
 RowKey = Tuple[int, str, int]
 
 
@@ -125,18 +129,28 @@ class Profile:
             raise ProfileError(f"{source}: no rows; a profile needs at least one stage")
         num_stages = 1 + max(stage for stage, _ in table)
         for stage in range(num_stages):
-            for instruction in INSTRUCTIONS:
-                if (stage, instruction) not in table:
-                    raise ProfileError(
-                        f"{source}: stage {stage} has no {instruction} rows; every stage "
-                        f"0..{num_stages - 1} needs forward and backward measurements"
-                    )
+            missing = _missing_kind(table, stage)
+            if missing:
+                raise ProfileError(
+                    f"{source}: stage {stage} has no {missing} rows; every stage "
+                    f"0..{num_stages - 1} needs forward and backward measurements (a "
+                    "zero-bubble schedule's profile may have backward_input and "
+                    "backward_weight instead of backward)"
+                )
         return cls(table, source, energy_se_j=energy_se_j, uncertain=uncertain)
 
     # -- queries ----------------------------------------------------------------------------
     def stages(self) -> range:
         """The stage indices."""
         return range(self.num_stages)
+
+    def has(self, stage: int, instruction: str) -> bool:
+        """Whether the profile has rows for ``instruction`` on ``stage``."""
+        return (stage, instruction) in self._table
+
+    def kinds(self) -> Tuple[str, ...]:
+        """The instruction kinds every stage has rows for, in :data:`INSTRUCTIONS` order."""
+        return tuple(kind for kind in INSTRUCTIONS if all(self.has(s, kind) for s in self.stages()))
 
     def measurements(self, stage: int, instruction: str) -> List[Measurement]:
         """All measurements of one (stage, instruction), highest frequency first."""
@@ -310,6 +324,16 @@ def _read_uncertainty(
             uncertain.append(key)
 
 
+def _missing_kind(table: Dict[Tuple[int, str], List[Measurement]], stage: int) -> str:
+    """The kind ``stage`` lacks: forward, and backward or both of its halves (``""``: none)."""
+    if (stage, FORWARD) not in table:
+        return FORWARD
+    halves = [k for k in (BACKWARD_INPUT, BACKWARD_WEIGHT) if (stage, k) in table]
+    if (stage, BACKWARD) in table or len(halves) == 2:
+        return ""
+    return BACKWARD if not halves else ({BACKWARD_INPUT, BACKWARD_WEIGHT} - set(halves)).pop()
+
+
 _HEADER = ",".join(COLUMNS)
 _FIX = f"a profile is a CSV with the header {_HEADER} (written by the profiler)"
 _FIX_FIRST_ROW = f"the first row must be the header {_HEADER}"
@@ -326,7 +350,8 @@ def _check_row(row: Sequence[Any], source: str, row_no: int) -> Tuple[int, str, 
     stage_i = checked(as_int(stage, where, "stage"), STAGE, where, "stage")
     if instruction not in INSTRUCTIONS:
         raise ProfileError(
-            f"{where}: instruction {short(repr(instruction))} must be 'forward' or 'backward'"
+            f"{where}: instruction {short(repr(instruction))} must be one of "
+            + ", ".join(repr(k) for k in INSTRUCTIONS)
         )
     freq_i = checked(as_int(freq, where, "frequency"), FREQUENCY, where, "frequency")
     t = checked(as_float(time_s, where, "time"), TIME, where, "time")

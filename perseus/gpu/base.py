@@ -132,7 +132,7 @@ class GPU(abc.ABC):
 
     # -- instruction marks (the emulated device uses them; real devices ignore them) -------------
     def instruction_begin(self, stage: int, instruction: str) -> None:
-        """The runtime starts ``instruction`` (forward/backward) of pipeline ``stage`` now.
+        """The runtime starts ``instruction`` (an instruction kind) of pipeline ``stage`` now.
 
         The emulated device runs it at its currently locked SM clock.
         """

@@ -1,8 +1,10 @@
 """The emulated GPU: a device model for machines without a usable NVIDIA GPU.
 
 It is driven by a *device profile* (a profile CSV: time and energy of every stage's forward
-and backward at every SM frequency; by default the published GPT-3 175B / A100 one) plus the
-power it burns while blocked (``blocking_power_w``) and while idle (``idle_power_w``).
+and backward at every SM frequency; by default the published GPT-3 175B / A100 one; a
+backward's halves, where the profile lacks them, by the rule of
+:func:`~perseus.formats.profile_split.split_backward`) plus the power it burns while blocked
+(``blocking_power_w``) and while idle (``idle_power_w``).
 
 Behaviour:
 
@@ -55,6 +57,7 @@ from typing import Callable, List, Optional, Sequence, Union
 from perseus.config_enums import EmulatedCounter
 from perseus.errors import GPUError, GPUValueError
 from perseus.formats.profile_csv import INSTRUCTIONS, Measurement, Profile
+from perseus.formats.profile_split import split_backward
 from perseus.gpu.device_profiles import (
     bundled_profile_names,
     bundled_profile_path,
@@ -173,6 +176,8 @@ class EmulatedGPU(EmulatedMeter):
                 "gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true (the queued "
                 "work takes its profiled time on the device timeline)"
             )
+        if all(profile.has(s, "backward") for s in profile.stages()):
+            profile = split_backward(profile)  # a backward's halves too (zero-bubble schedules)
         super().__init__(
             scaled,
             power_limit_min_w=power_limit_min_w,

@@ -81,7 +81,13 @@ def heaviest_power_w(profile: Profile) -> float:
 def profile_frequencies_mhz(profile: Profile) -> List[int]:
     """Every frequency of the profile, highest first."""
     return sorted(
-        {f for s in profile.stages() for i in INSTRUCTIONS for f in profile.frequencies(s, i)},
+        {
+            f
+            for s in profile.stages()
+            for i in INSTRUCTIONS
+            if profile.has(s, i)
+            for f in profile.frequencies(s, i)
+        },
         reverse=True,
     )
 

@@ -60,8 +60,9 @@ def write_plots(cfg: PerseusConfig, out_dir: Path) -> List[Path]:
 
     profile = read_profile_csv(profile_csv)
     chosen = plan_outputs.read_chosen_plan(out_dir)
+    schedule = chosen.pipeline_order() or chosen.schedule  # an engine's order: in the plan
     problem = PlanningProblem(
-        profile, chosen.num_microbatches, cfg.planner.p2p_power_w, schedule=chosen.schedule
+        profile, chosen.num_microbatches, cfg.planner.p2p_power_w, schedule=schedule
     )
     chosen_freqs = _freqs(chosen)
     assignments = [chosen_freqs] + [_freqs(p) for p in plan_outputs.read_frontier_plans(out_dir)]

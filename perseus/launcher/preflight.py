@@ -31,11 +31,12 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError, PlanError
 from perseus.models.zoo import ModelDescription, describe
+from perseus.schedule import ORDER_SCHEDULES
 from perseus.train import frameworks
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,13 @@ def check_online(cfg: PerseusConfig) -> None:
     from perseus.server.limits import job_problems
 
     par = cfg.parallelism
-    rank = RankInfo(stage=0, num_stages=par.pp, num_model_chunks=par.num_model_chunks)
+    rank = RankInfo(
+        stage=0,
+        num_stages=par.pp,
+        num_model_chunks=par.num_model_chunks,
+        schedule=par.schedule,
+        order=_order_sized_like(cfg) if par.schedule in ORDER_SCHEDULES else None,
+    )
     spec = job_spec_from_config(cfg, rank)
     own_server = not cfg.server.url
     problems = job_problems(spec, cfg.server.max_job_state_mb if own_server else None)
@@ -156,6 +163,29 @@ def check_online(cfg: PerseusConfig) -> None:
         raise ConfigError("; ".join(problems))
     if cfg.server.url:
         check_server(cfg)
+
+
+def _order_sized_like(cfg: PerseusConfig) -> Tuple[str, ...]:
+    """A stand-in for an engine's order, as long as a split-backward one, for the size checks.
+
+    The engine says its order only once it runs (the ranks send it); what the server must hold
+    for the job grows with its length: every microbatch's forward and both backward halves on
+    every chunk of every rank.
+    """
+    from perseus.pipeline_order import PipelineOrder
+
+    par = cfg.parallelism
+    ranks = []
+    for s in range(par.pp):
+        stages = [c * par.pp + s for c in range(par.num_model_chunks)]
+        actions = [
+            (kind, m, p)
+            for kind in ("forward", "backward_input", "backward_weight")
+            for p in (stages if kind == "forward" else stages[::-1])
+            for m in range(par.num_microbatches)
+        ]
+        ranks.append(actions)
+    return tuple(PipelineOrder.of(par.schedule, ranks).ranks)
 
 
 def check_server(cfg: PerseusConfig) -> None:

@@ -79,6 +79,7 @@ def select_stages(profile: Profile, stages: Sequence[int]) -> Profile:
         (new, name, m.frequency_mhz, m.time_s, m.energy_j)
         for new, src in enumerate(stages)
         for name in INSTRUCTIONS
+        if profile.has(src, name)
         for m in profile.measurements(src, name)
     ]
     return Profile.from_rows(rows, source=f"{profile.source} stages {stages}")
@@ -113,10 +114,11 @@ def deepen_profile(
         raise ConfigError(f"spread={spread}: must be in [0, 1)")
     sources = source_stages(profile.num_stages, num_stages)
     rng = np.random.default_rng(seed)
-    factors = 1.0 + spread * rng.uniform(-1.0, 1.0, size=(num_stages, len(INSTRUCTIONS)))
+    kinds = profile.kinds()
+    factors = 1.0 + spread * rng.uniform(-1.0, 1.0, size=(num_stages, len(kinds)))
     rows: List[Tuple[int, str, int, float, float]] = []
     for new, src in enumerate(sources):
-        for k, name in enumerate(INSTRUCTIONS):
+        for k, name in enumerate(kinds):
             scale = float(factors[new, k])
             for m in profile.measurements(src, name):
                 rows.append((new, name, m.frequency_mhz, m.time_s * scale, m.energy_j * scale))

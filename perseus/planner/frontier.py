@@ -82,8 +82,13 @@ class Frontier:
     def to_plan(self, point: FrontierPoint) -> Plan:
         """The point as a plan (:mod:`perseus.formats.plan_json`), with its re-simulated figures."""
         problem = self.problem
+        # A plan of an engine's order names each instruction's pipeline stage (model chunk).
+        named = not problem.is_generated
         stages = [
-            [PlanStep(name, mb, int(f)) for (name, mb), f in zip(problem.order[s], point.freqs[s])]
+            [
+                PlanStep(name, mb, int(f), stage if named else None)
+                for (name, mb, stage), f in zip(problem.pipeline_order.actions[s], point.freqs[s])
+            ]
             for s in range(problem.num_stages)
         ]
         return Plan(

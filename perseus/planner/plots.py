@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from perseus.errors import PlanError
+from perseus.pipeline_order import KINDS, LETTERS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +32,8 @@ TRACE_COLUMNS = ("step", "stage", "instruction", "microbatch", "frequency_mhz", 
 # Label boxes with F<mb>/B<mb> only while a stage has at most this many instructions.
 MAX_LABELLED_BOXES = 64
 COLORMAP = "viridis"
+#: How each instruction kind's boxes are hatched (a backward's halves apart from it).
+HATCH = {"forward": None, "backward": "///", "backward_input": "\\\\\\", "backward_weight": "..."}
 DPI = 130
 
 
@@ -301,7 +304,7 @@ def plot_timeline(
     all_freqs += [
         f
         for s in range(problem.num_stages)
-        for name in ("forward", "backward")
+        for name in problem.kinds
         for f in problem.profile.frequencies(s, name)
     ]
     norm = _frequency_norm(all_freqs)
@@ -314,7 +317,7 @@ def plot_timeline(
         ax.set_title(panel_title, fontsize=10, loc="left")
     axes[-1].set_xlabel("time within the iteration (s)")
     _colorbar(fig, axes, norm)
-    _legend(axes[0])
+    _legend(axes[0], problem.kinds)
     return _save(fig, path)
 
 
@@ -335,7 +338,6 @@ def _draw_gantt(ax: Axes, boxes: Boxes, norm: Normalize) -> None:
     label = max((len(stage) for stage in boxes), default=0) <= MAX_LABELLED_BOXES
     for stage, items in enumerate(boxes):
         for name, mb, start_s, end_s, mhz in items:
-            backward = name == "backward"
             ax.add_patch(
                 Rectangle(
                     (start_s, stage - 0.4),
@@ -344,11 +346,11 @@ def _draw_gantt(ax: Axes, boxes: Boxes, norm: Normalize) -> None:
                     facecolor=cmap(norm(mhz)) if mhz > 0 else "0.8",
                     edgecolor="black",
                     linewidth=0.5,
-                    hatch="///" if backward else None,
+                    hatch=HATCH.get(name),
                 )
             )
             if label and name:
-                _box_text(ax, f"{'B' if backward else 'F'}{mb}", start_s, end_s, stage)
+                _box_text(ax, f"{LETTERS.get(name, '?')}{mb}", start_s, end_s, stage)
     num_stages = len(boxes)
     ax.set_ylim(num_stages - 0.5, -0.5)
     ax.set_yticks(range(num_stages))
@@ -376,19 +378,18 @@ def _colorbar(fig: Any, axes: List[Axes], norm: Normalize) -> None:
     fig.colorbar(mappable, ax=axes, label="SM frequency (MHz)", fraction=0.04, pad=0.01)
 
 
-def _legend(ax: Axes) -> None:
+def _legend(ax: Axes, kinds: Sequence[str] = KINDS[:2]) -> None:
     from matplotlib.patches import Patch
 
     handles = [
-        Patch(facecolor="white", edgecolor="black", label="forward"),
-        Patch(facecolor="white", edgecolor="black", hatch="///", label="backward"),
+        Patch(facecolor="white", edgecolor="black", hatch=HATCH[kind], label=kind) for kind in kinds
     ]
     ax.legend(
         handles=handles,
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
         borderaxespad=0.2,
-        ncol=2,
+        ncol=len(handles),
         fontsize=8,
         frameon=False,
     )

@@ -8,7 +8,7 @@ against the counter equations' residual noise (so they fade as readings accumula
 
 * :func:`ratio_rows` — at every clock, backward power is close to the stage's median
   backward/forward power ratio times forward power (within ``sigma`` relative; published
-  profiles vary by a few percent across clocks).
+  profiles vary by a few percent across clocks); so is each half of a split backward.
 * :func:`smoothness_rows` — power is a smooth function of the clock: the second difference over
   three neighbouring clocks is close to zero (within ``sigma`` of the typical power).
 
@@ -23,6 +23,8 @@ import math
 import statistics
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from perseus.pipeline_order import FORWARD, KINDS
+
 TypeKey = Tuple[str, int]
 Row = Tuple[Dict[TypeKey, float], float]
 
@@ -33,7 +35,9 @@ def _typical_w(powers_w: Dict[TypeKey, float], kind: str) -> Optional[float]:
 
 
 def ratio_rows(powers_w: Dict[TypeKey, float], rms_j: float, sigma: float) -> List[Row]:
-    """Soft rows ``P_backward(f) = r * P_forward(f)``, ``r`` the median ratio of ``powers_w``.
+    """Soft rows ``P_kind(f) = r * P_forward(f)``, ``r`` the kind's median ratio in ``powers_w``.
+
+    One set per kind other than the forward (the backward, or a backward's halves).
 
     Args:
         powers_w: A first (prior-free) solution.
@@ -42,20 +46,26 @@ def ratio_rows(powers_w: Dict[TypeKey, float], rms_j: float, sigma: float) -> Li
     """
     if sigma <= 0:
         return []
-    pairs = [
-        f
-        for kind, f in powers_w
-        if kind == "forward"
-        and _valid(powers_w[(kind, f)])
-        and _valid(powers_w.get(("backward", f)))
+    rows: List[Row] = []
+    for kind in KINDS[1:]:
+        ratio = _median_ratio(powers_w, kind)
+        typical = _typical_w(powers_w, kind)
+        if ratio is None or typical is None:
+            continue
+        scale = rms_j / (sigma * typical)
+        freqs = {f for k, f in powers_w if k == FORWARD and (kind, f) in powers_w}
+        rows += [({(kind, f): scale, (FORWARD, f): -ratio * scale}, 0.0) for f in freqs]
+    return rows
+
+
+def _median_ratio(powers_w: Dict[TypeKey, float], kind: str) -> Optional[float]:
+    """Median of ``P_kind(f) / P_forward(f)`` over the clocks where both are valid."""
+    ratios = [
+        powers_w[(kind, f)] / powers_w[(k, f)]
+        for k, f in powers_w
+        if k == FORWARD and _valid(powers_w[(k, f)]) and _valid(powers_w.get((kind, f)))
     ]
-    typical = _typical_w(powers_w, "backward")
-    if not pairs or typical is None:
-        return []
-    ratio = statistics.median(powers_w[("backward", f)] / powers_w[("forward", f)] for f in pairs)
-    scale = rms_j / (sigma * typical)
-    freqs = {f for kind, f in powers_w if kind == "forward" and ("backward", f) in powers_w}
-    return [({("backward", f): scale, ("forward", f): -ratio * scale}, 0.0) for f in freqs]
+    return statistics.median(ratios) if ratios else None
 
 
 def smoothness_rows(powers_w: Dict[TypeKey, float], rms_j: float, sigma: float) -> List[Row]:
@@ -71,7 +81,7 @@ def smoothness_rows(powers_w: Dict[TypeKey, float], rms_j: float, sigma: float) 
         return []
     by_kind: Dict[str, List[int]] = {}
     for kind, freq in powers_w:
-        if kind in ("forward", "backward"):
+        if kind in KINDS:
             by_kind.setdefault(kind, []).append(int(freq))
     rows: List[Row] = []
     for kind, freqs in by_kind.items():
@@ -108,8 +118,9 @@ def fill_missing(
 
     Order of fall-backs for a key whose estimate is missing or not positive: linear
     interpolation between the nearest valid clocks of the same instruction (the nearest one
-    when only one side has any); else the other instruction's power at that clock times the
-    median backward/forward power ratio of the stage (1 when unknown).
+    when only one side has any); else, for a backward (or a half of one), the forward's power
+    at that clock times the stage's median power ratio of the two (1 when unknown), and for a
+    forward, the first other kind's power divided by its ratio.
 
     Args:
         powers_w: The solved powers (may hold bad values).
@@ -121,12 +132,7 @@ def fill_missing(
     """
     timed = sorted(set(timed))
     good = {k: p for k, p in powers_w.items() if _valid(p)}
-    ratios = [
-        good[("backward", f)] / good[("forward", f)]
-        for kind, f in good
-        if kind == "forward" and ("backward", f) in good
-    ]
-    ratio = statistics.median(ratios) if ratios else 1.0
+    ratio = {kind: _median_ratio(good, kind) or 1.0 for kind in KINDS[1:]}
     out = dict(good)
     filled: List[TypeKey] = []
     for key in timed:
@@ -156,10 +162,15 @@ def _interpolate(good: Dict[TypeKey, float], key: TypeKey) -> Optional[float]:
     return good[(kind, nearest)]
 
 
-def _from_other_kind(good: Dict[TypeKey, float], key: TypeKey, ratio: float) -> Optional[float]:
+def _from_other_kind(
+    good: Dict[TypeKey, float], key: TypeKey, ratio: Dict[str, float]
+) -> Optional[float]:
     kind, freq = key
-    other = "backward" if kind == "forward" else "forward"
-    value = _interpolate(good, (other, freq))
-    if value is None:
-        return None
-    return value * ratio if kind == "backward" else value / ratio
+    if kind != FORWARD:
+        value = _interpolate(good, (FORWARD, freq))
+        return None if value is None else value * ratio[kind]
+    for other in KINDS[1:]:
+        value = _interpolate(good, (other, freq))
+        if value is not None:
+            return value / ratio[other]
+    return None

@@ -5,12 +5,16 @@ Two modes (``profiler.mode``):
 * ``sweep`` — one window per instruction kind per iteration: every forward of the iteration runs
   at the forward's current frequency, every backward at the backward's; each kind walks down the
   clock list on its own and stops on its own.
-* ``fast`` — forward and backward sweep together and one iteration carries several frequencies:
-  the stage's instruction order is cut into contiguous blocks (each holding enough forwards and
-  backwards, and lasting at least ``min_window_s`` and the budget's share of one clock), and
-  consecutive blocks take consecutive clocks, high to low; backwards lag half a block behind
-  (see ``StageSweep._assign_fast``). Iterations left in the budget once the stop rule ended
-  both kinds re-measure the swept clocks, the least certain first.
+* ``fast`` — the kinds sweep together and one iteration carries several frequencies: the
+  stage's instruction order is cut into contiguous blocks (each holding enough instructions of
+  every kind, and lasting at least ``min_window_s`` and the budget's share of one clock), and
+  consecutive blocks take consecutive clocks, high to low; the kinds after the forward lag half
+  a block behind (see ``StageSweep._assign_fast``). Iterations left in the budget once the stop
+  rule ended every kind re-measure the swept clocks, the least certain first.
+
+The kinds are those the stage's order runs: forward and backward, or for schedules that split
+the backward, its halves ``backward_input`` and ``backward_weight`` (each swept and stopped on
+its own, like the backward).
 
 The first ``warmup_instructions`` instructions after a clock change are left out of the time
 averages: in ``fast`` mode the first ones of each block, in ``sweep`` mode the first ones of each
@@ -23,9 +27,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from perseus.pipeline_order import KINDS
 from perseus.profiler.stop import EnergyRiseStop
 from perseus.profiler.sweep_windows import (
-    KINDS,
     blocks,
     refine_order,
     warmup_positions,
@@ -99,12 +103,14 @@ class StageSweep:
         if not clocks_mhz:
             raise ValueError("no clocks to sweep")
         self.order = [(str(i), int(m)) for i, m in order]
+        used = {i for i, _ in self.order}
+        self.kinds = tuple(k for k in KINDS if k in used) or KINDS[:2]
         self.clocks_mhz = list(clocks_mhz)
         self.mode = mode
         self.warmup_instructions = max(0, int(warmup_instructions))
-        self._stop = {kind: EnergyRiseStop(patience) for kind in KINDS}
-        self.stopped_at: Dict[str, Optional[int]] = {kind: None for kind in KINDS}
-        self._cursor = {kind: 0 for kind in KINDS}  # next clock index per kind (fast: shared)
+        self._stop = {kind: EnergyRiseStop(patience) for kind in self.kinds}
+        self.stopped_at: Dict[str, Optional[int]] = {kind: None for kind in self.kinds}
+        self._cursor = {kind: 0 for kind in self.kinds}  # next clock index per kind (fast: shared)
         self._finished = False
         times = instruction_time_s or {}
         self.max_steps = max_steps
@@ -125,7 +131,7 @@ class StageSweep:
         self._window_left = 0  # iterations the current window still runs
         self._window_freqs: List[int] = []
         self._blocks = blocks(
-            self.order, self.warmup_instructions, min_per_kind, min_window_s, times
+            self.order, self.kinds, self.warmup_instructions, min_per_kind, min_window_s, times
         )
         self._refine: List[int] = []  # clocks queued for re-measurement
         self.refine_priority: Optional[List[int]] = None
@@ -147,7 +153,7 @@ class StageSweep:
         """
         if self._retry and not self._finished:
             return False
-        if not all(self._kind_finished(kind) for kind in KINDS):
+        if not all(self._kind_finished(kind) for kind in self.kinds):
             return False
         if self.mode != "fast" or self.max_steps is None or self._finished:
             return self._window_left == 0 or self._finished
@@ -209,21 +215,23 @@ class StageSweep:
         return self.clocks_mhz[index]
 
     def _assign_fast(self) -> List[int]:
-        """Forwards take their block's clock; backwards lag by half a block.
+        """Forwards take their block's clock; the other kinds lag by half a block.
 
-        The first half of a block's backwards still run at the previous block's clock (the
-        previous iteration's last one, or the highest at the start). Every clock thus meets
-        two different partner clocks, which ties the forward/backward split of neighbouring
-        clocks together in the counter equations: with short instructions alternating at
-        about the counter's update period, a split measured at one clock alone is badly
-        conditioned.
+        The first half of a block's backwards (of each later kind) still run at the previous
+        block's clock (the previous iteration's last one, or the highest at the start). Every
+        clock thus meets two different partner clocks, which ties the forward/backward split
+        of neighbouring clocks together in the counter equations: with short instructions
+        alternating at about the counter's update period, a split measured at one clock alone
+        is badly conditioned.
         """
         freqs: List[int] = []
         for begin, end in self._blocks:
-            live = [k for k in KINDS if not self._kind_finished(k)]
+            live = [k for k in self.kinds if not self._kind_finished(k)]
             clock = self._next_clock(live) if live else self._next_refine()
-            backwards = [p for p in range(begin, end) if self.order[p][0] == "backward"]
-            lagging = set(backwards[: len(backwards) // 2])
+            lagging = set()
+            for kind in self.kinds[1:]:
+                of_kind = [p for p in range(begin, end) if self.order[p][0] == kind]
+                lagging.update(of_kind[: len(of_kind) // 2])
             for pos in range(begin, end):
                 freqs.append(self._lag_clock if pos in lagging else clock)
             self._lag_clock = clock
@@ -253,11 +261,11 @@ class StageSweep:
 
         The windows left re-measure swept clocks.
         """
-        return all(self._kind_finished(kind) for kind in KINDS) and not self._finished
+        return all(self._kind_finished(kind) for kind in self.kinds) and not self._finished
 
     def _assign_sweep(self) -> List[int]:
         clock = {}
-        for kind in KINDS:
+        for kind in self.kinds:
             clock[kind] = (
                 self.clocks_mhz[0] if self._kind_finished(kind) else self._next_clock([kind])
             )
@@ -270,7 +278,7 @@ class StageSweep:
         """Assign no further clocks; pending steps still count when reported."""
         self._finished = True
         self._retry = []
-        for kind in KINDS:
+        for kind in self.kinds:
             if not self._kind_finished(kind):
                 self._cursor[kind] = len(self.clocks_mhz)
 
@@ -287,14 +295,14 @@ class StageSweep:
     @property
     def observing(self) -> bool:
         """Some kind has not stopped yet (the stop rule still wants fresh estimates)."""
-        return any(self.stopped_at[kind] is None for kind in KINDS) and not self._finished
+        return any(self.stopped_at[kind] is None for kind in self.kinds) and not self._finished
 
     def observe(self, energy_j: Dict[Tuple[str, int], float]) -> None:
         """Re-run the stop rule on the current energy estimates per (kind, frequency).
 
         Once a kind stopped it stays stopped (later estimates refine the profile only).
         """
-        for kind in KINDS:
+        for kind in self.kinds:
             if self.stopped_at[kind] is not None:
                 continue
             series = []
@@ -316,7 +324,7 @@ class StageSweep:
             "clocks_mhz": list(self.clocks_mhz),
             "mode": self.mode,
             "warmup_instructions": self.warmup_instructions,
-            "patience": self._stop["forward"].patience,
+            "patience": self._stop[self.kinds[0]].patience,
             "max_steps": self.max_steps,
             "min_window_s": self.min_window_s,
             "steps_per_window": self.steps_per_window,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("forward", "backward")
 # Counter intervals one window spans at least, and at most (more: the budget's business).
 MIN_WINDOW_UPDATES = 2
 MAX_WINDOW_UPDATES = 20
@@ -77,24 +76,29 @@ def refine_order(clocks_mhz: Sequence[int], stride: int = 3) -> List[int]:
 
 def blocks(
     order: List[Tuple[str, int]],
+    kinds: Sequence[str],
     warmup: int,
     min_per_kind: int,
     min_window_s: float,
     time_s: Dict[str, float],
 ) -> List[Tuple[int, int]]:
-    """Contiguous ``[begin, end)`` position ranges for ``fast`` mode."""
+    """Contiguous ``[begin, end)`` position ranges for ``fast`` mode.
+
+    Each holds at least ``min_per_kind`` of every one of ``kinds`` (those the order runs) after
+    its warm-up, and lasts at least ``min_window_s``.
+    """
     blocks: List[Tuple[int, int]] = []
     begin = 0
-    counts = {kind: 0 for kind in KINDS}
+    counts = {kind: 0 for kind in kinds}
     duration_s = 0.0
     for pos, (instruction, _) in enumerate(order):
         if pos - begin >= warmup:
             counts[instruction] = counts.get(instruction, 0) + 1
         duration_s += time_s.get(instruction, 0.0)
-        if all(counts[k] >= min_per_kind for k in KINDS) and duration_s >= min_window_s:
+        if all(counts[k] >= min_per_kind for k in kinds) and duration_s >= min_window_s:
             blocks.append((begin, pos + 1))
             begin = pos + 1
-            counts = {kind: 0 for kind in KINDS}
+            counts = {kind: 0 for kind in kinds}
             duration_s = 0.0
     if begin < len(order):
         if blocks:

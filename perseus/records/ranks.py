@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,12 @@ class RankInfo:
             (``None``: the adapter could not tell).
         dp: Data-parallel size (pipeline replicas) of the engine (``None``: unknown).
         tp: Tensor-parallel size of the engine (``None``: unknown).
-        schedule: The engine's pipeline schedule (``1f1b``, ``gpipe``, ``interleaved_1f1b``;
-            ``None``: unknown).
+        schedule: The engine's pipeline schedule (``1f1b``, ``gpipe``, ``interleaved_1f1b``,
+            or a name of :data:`perseus.schedule.ORDER_SCHEDULES`; ``None``: unknown).
+        order: The schedule as the engine's own actions, where the engine says
+            (``torch.distributed.pipelining``): per pipeline rank, its actions in the text of
+            :class:`perseus.pipeline_order.PipelineOrder` (``"0F0,0F1,0B0,..."``); ``None``:
+            Perseus generates the order from ``schedule``.
 
     The engine is the source of truth for the job's shape: :mod:`perseus.runtime.job_shape`
     fills unset configuration keys from these fields and rejects keys that disagree.
@@ -42,3 +46,4 @@ class RankInfo:
     dp: Optional[int] = None
     tp: Optional[int] = None
     schedule: Optional[str] = None
+    order: Optional[Tuple[str, ...]] = None

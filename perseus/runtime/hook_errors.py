@@ -41,10 +41,10 @@ def bad_begin(
 
 
 def unknown_instruction(name: str) -> ScheduleMismatchError:
-    """An instruction name other than ``forward`` / ``backward``."""
+    """An instruction name that is not one of the instruction kinds."""
     return ScheduleMismatchError(
-        f"on_instruction_begin({name!r}): the instruction must be 'forward' or 'backward'; fix "
-        "the adapter's call"
+        f"on_instruction_begin({name!r}): the instruction must be 'forward' or 'backward' (or a "
+        "backward's halves 'backward_input', 'backward_weight'); fix the adapter's call"
     )
 
 

@@ -38,6 +38,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
+from perseus.pipeline_order import KINDS
 from perseus.records import EnergySeries, InstructionRecord, RankInfo, StepEnergy, StepRecord
 from perseus.runtime import hook_errors
 from perseus.runtime.types import FrequencySource
@@ -103,7 +104,7 @@ class HookRuntime:
         self._step = -1
         self._in_step = False
         self._position = 0
-        self._counts: Dict[str, int] = {"forward": 0, "backward": 0}
+        self._counts: Dict[str, int] = dict.fromkeys(KINDS, 0)
         self._open: Optional[hook_errors.Opened] = None
         self._t_open = 0.0
         self._wait_t0: Optional[float] = None  # a wait inside the open instruction began then
@@ -133,14 +134,14 @@ class HookRuntime:
         self._in_step = True
         self._wait_t0 = None
         self._position = 0
-        self._counts = {"forward": 0, "backward": 0}
+        self._counts = dict.fromkeys(KINDS, 0)
         self._raw = []
         self._applied = []
         self._sync()  # the stamp below sees the device's finished work
         self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
-        """``name`` (forward/backward) of the next microbatch starts on this stage."""
+        """``name`` (an instruction kind) of the next microbatch starts on this stage."""
         ctrl = self._controller
         if ctrl is not None and ctrl.error is not None:
             ctrl.check()

@@ -8,14 +8,19 @@ names.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, Optional, Type
+from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple, Type, Union
 
 from perseus.errors import ConfigError
+from perseus.pipeline_order import PipelineOrder
 from perseus.records import RankInfo
+from perseus.schedule import pipeline_order
 from perseus.wire import EnergySettings, JobSpec, ProfilerSettings
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
+
+# The schedules the coordination server generates from their name.
+GENERATED: Tuple[Literal["1f1b", "gpipe"], ...] = ("1f1b", "gpipe")
 
 
 def job_spec_from_config(
@@ -31,11 +36,7 @@ def job_spec_from_config(
             value outside the server's bounds.
     """
     par = cfg.parallelism
-    if par.schedule not in ("1f1b", "gpipe") or rank.num_model_chunks != 1:
-        raise ConfigError(
-            f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
-            f"chunk, not {par.schedule!r}; profile offline and use runtime.mode=plan instead"
-        )
+    schedule = _schedule(par.schedule, rank)
     p2p = cfg.planner.p2p_power_w
     p2p_w = float(p2p) if isinstance(p2p, (int, float)) else sum(p2p) / max(1, len(p2p))
     try:
@@ -43,7 +44,7 @@ def job_spec_from_config(
             job_id=job_id,
             num_stages=rank.num_stages,
             num_microbatches=par.num_microbatches,
-            schedule=par.schedule,  # type: ignore[arg-type]  # checked above
+            schedule=schedule,
             dp=par.dp,
             tp=par.tp,
             energy=EnergySettings(**_same_named(EnergySettings, cfg.energy)),
@@ -53,6 +54,29 @@ def job_spec_from_config(
         )
     except ValueError as exc:
         raise ConfigError(f"runtime.mode=online: {exc}") from None
+
+
+def _schedule(name: str, rank: RankInfo) -> Union[Literal["1f1b", "gpipe"], PipelineOrder]:
+    """The job's schedule as the server takes it: ``1f1b``/``gpipe``, or the engine's order.
+
+    An engine that gives its order (``torch.distributed.pipelining``) sends it, unless it is
+    the order Perseus generates for the schedule's name (the server then plans that order
+    with everything it knows about it).
+    """
+    if rank.order is not None:
+        order = PipelineOrder(rank.schedule or "custom", list(rank.order))
+        for generated in GENERATED:
+            if order == pipeline_order(generated, order.num_ranks, order.num_microbatches):
+                return generated
+        return order
+    if name not in GENERATED or rank.num_model_chunks != 1:
+        raise ConfigError(
+            f"runtime.mode=online supports parallelism.schedule=1f1b or gpipe with one model "
+            f"chunk, or any schedule of an engine that gives its own order "
+            f"(torch.distributed.pipelining), not {name!r} here; profile offline and use "
+            "runtime.mode=plan instead"
+        )
+    return "gpipe" if name == "gpipe" else "1f1b"
 
 
 def _same_named(model: Type[Any], section: Any) -> Dict[str, Any]:

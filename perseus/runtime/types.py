@@ -22,7 +22,11 @@ class Hooks(Protocol):
         """The training iteration ended."""
 
     def on_instruction_begin(self, name: str) -> None:
-        """A ``forward`` or ``backward`` of one microbatch starts on this stage."""
+        """A ``forward`` or ``backward`` of one microbatch starts on this stage.
+
+        Schedules that split a backward report its halves as ``backward_input`` and
+        ``backward_weight`` (:data:`perseus.pipeline_order.KINDS`).
+        """
 
     def on_instruction_end(self, name: str) -> None:
         """That instruction ended (adapters call this in ``finally``)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional
 
+from perseus.pipeline_order import PipelineOrder
 from perseus.wire import MAX_RANKS, JobSpec
 
 Scope = MutableMapping[str, Any]
@@ -28,7 +29,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MB = 1024 * 1024
 # Fixed cost of any job (its objects, event log, summary) in bytes.
 JOB_BYTES = 64 * 1024
-# Per position of the job's instruction orders (stages x 2 x microbatches): the orders and
+# Per position of the job's instruction orders (stages x 2 x microbatches, or the engine's
+# order's actions): the orders and
 # the encoded sequences, the sweep's assignments per profiling iteration, and the frontier's
 # plans (up to FRONTIER_PLANS of them, one clock per position each).
 ORDER_BYTES_PER_POSITION = 120
@@ -41,6 +43,9 @@ RANK_BYTES = 1024
 
 def job_positions(spec: JobSpec) -> int:
     """Instructions per iteration over all stages."""
+    order = spec.schedule
+    if isinstance(order, PipelineOrder):
+        return sum(len(actions) for actions in order.actions)
     return spec.num_stages * 2 * spec.num_microbatches
 
 

@@ -41,6 +41,7 @@ REGISTRY: Dict[Framework, str] = {
     Framework.megatron: "perseus.train.megatron_job",
     Framework.merak: "perseus.train.merak_job",
     Framework.torch: "perseus.train.torch_job",
+    Framework.torch_pipelining: "perseus.train.torch_pipelining_job",
 }
 
 

@@ -52,7 +52,10 @@ def _convert(hint: Any, value: Any) -> Any:
     if origin is Union:
         if value is None:
             return None
-        return _convert(next(a for a in args if a is not type(None)), value)
+        options = [a for a in args if a is not type(None)]
+        if isinstance(value, dict):  # an object: the member that is a model
+            options = [a for a in options if dataclasses.is_dataclass(a)] or options
+        return _convert(options[0], value)
     if origin in (list, List):
         return [_convert(args[0], v) for v in value]
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):

@@ -15,15 +15,16 @@ MAX_STAGES = 512
 MAX_MICROBATCHES = 4096
 MAX_RANKS = 65536
 MAX_CLOCKS = 1024
-MAX_INSTRUCTIONS = 2 * MAX_MICROBATCHES * 8
+# Per rank and step: a forward and a backward (or its two halves) per microbatch and chunk.
+MAX_INSTRUCTIONS = 3 * MAX_MICROBATCHES * 8
 MAX_STEP = 10**12
 # Earlier iterations' energies in one step report, and energy counter updates (~10 a second
 # on real GPUs; a report is sent per iteration).
 MAX_ENERGIES = 4096
 MAX_UPDATES = 65536
-# A step sequence ("F0,F1,B0,..."): at most this many characters.
+# A step sequence ("F0,F1,B0,..."; I and W: a backward's halves): at most this many characters.
 MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
-SEQUENCE_PATTERN = r"^([FB][0-9]{1,6}(,[FB][0-9]{1,6})*)?$"
+SEQUENCE_PATTERN = r"^([FBIW][0-9]{1,6}(,[FBIW][0-9]{1,6})*)?$"
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
 Mhz = Annotated[int, Bound.of(MHZ)]

@@ -9,10 +9,11 @@ of :mod:`perseus.bounds`, the configuration's too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from perseus.bounds import ENERGY_SETTINGS, P2P_POWER_W, PROFILER_SETTINGS, SOLVER_NAME_PATTERN
 from perseus.config_enums import EnergyPolicy, ProfilerMode
+from perseus.pipeline_order import PipelineOrder
 from perseus.wire.fields import (
     FORBID_EXTRA,
     MAX_MICROBATCHES,
@@ -73,14 +74,20 @@ class ProfilerSettings(Checked):
 
 @dataclass(frozen=True)
 class JobSpec(Checked):
-    """``POST /jobs``: a job, as every one of its ranks registers it (identical is idempotent)."""
+    """``POST /jobs``: a job, as every one of its ranks registers it (identical is idempotent).
+
+    ``schedule`` is a schedule Perseus generates (``1f1b``, ``gpipe``) or the engine's own
+    order (:class:`~perseus.pipeline_order.PipelineOrder`: ``{"name": ..., "ranks": [...]}``,
+    each rank's actions ``"0F0,0F1,0I0,..."``); :func:`perseus.schedule.stage_order` gives each
+    stage's ``(instruction, microbatch)`` sequence of either.
+    """
 
     __pydantic_config__ = FORBID_EXTRA
 
     num_stages: Annotated[int, Bound(ge=1, le=MAX_STAGES)]
     num_microbatches: Annotated[int, Bound(ge=1, le=MAX_MICROBATCHES)]
     job_id: Optional[JobId] = None
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Union[Literal["1f1b", "gpipe"], PipelineOrder] = "1f1b"
     dp: Annotated[int, Bound(ge=1, le=MAX_RANKS)] = 1
     tp: Annotated[int, Bound(ge=1, le=MAX_RANKS)] = 1
     energy: EnergySettings = field(default_factory=EnergySettings)
@@ -88,6 +95,19 @@ class JobSpec(Checked):
     solver: Annotated[str, Bound(pattern=SOLVER_NAME_PATTERN)] = "lp"
     # Blocking power used where the profiler could not measure it (W).
     p2p_power_w: Annotated[float, Bound.of(P2P_POWER_W)] = 83.64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        order = self.schedule
+        if isinstance(order, PipelineOrder):
+            shape = (order.num_ranks, order.num_microbatches)
+            if shape != (self.num_stages, self.num_microbatches):
+                raise ValueError(
+                    f"JobSpec: the schedule's order ({order.name}) has {order.num_ranks} rank(s) "
+                    f"and {order.num_microbatches} microbatch(es), the job {self.num_stages} "
+                    f"stage(s) and {self.num_microbatches}"
+                )
+            order.check()
 
 
 @dataclass(frozen=True)

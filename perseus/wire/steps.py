@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional, Sequence, Tuple
 
+from perseus.pipeline_order import KIND_OF_LETTER, LETTERS
 from perseus.wire.fields import (
     FORBID_EXTRA,
     MAX_ENERGIES,
@@ -63,7 +64,7 @@ class InstructionReport:
     __pydantic_config__ = FORBID_EXTRA
 
     position: Annotated[int, Bound(ge=0, lt=MAX_INSTRUCTIONS)]
-    instruction: Literal["forward", "backward"]
+    instruction: Literal["forward", "backward", "backward_input", "backward_weight"]
     microbatch: Annotated[int, Bound(ge=0, lt=MAX_MICROBATCHES * 8)]
     start_s: Annotated[float, Bound(allow_inf_nan=False)]
     end_s: Annotated[float, Bound(allow_inf_nan=False)]
@@ -113,7 +114,7 @@ class SequenceMismatch:
 
     rank: RankId
     position: Annotated[int, Bound(ge=0, le=MAX_INSTRUCTIONS)]
-    got: Annotated[str, Bound(pattern=r"^([FB][0-9]{1,6}|end)$")]
+    got: Annotated[str, Bound(pattern=r"^([FBIW][0-9]{1,6}|end)$")]
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,11 @@ class StepReport:
 
 
 def encode_sequence(pairs: Sequence[Tuple[str, int]]) -> str:
-    """``[("forward", 0), ("backward", 0)]`` -> ``"F0,B0"`` (the wire form of a sequence)."""
-    return ",".join(("F" if name == "forward" else "B") + str(int(mb)) for name, mb in pairs)
+    """``[("forward", 0), ("backward", 0)]`` -> ``"F0,B0"`` (the wire form of a sequence).
+
+    A backward's halves are ``I`` (``backward_input``) and ``W`` (``backward_weight``).
+    """
+    return ",".join(LETTERS[name] + str(int(mb)) for name, mb in pairs)
 
 
 def first_difference(expected: str, got: str) -> Optional[Tuple[int, str, str]]:
@@ -193,4 +197,4 @@ def describe_item(item: str) -> str:
     """``"F3"`` -> ``"forward of microbatch 3"`` (``"end"``: the end of the iteration)."""
     if item == "end":
         return "the end of the iteration"
-    return f"{'forward' if item[0] == 'F' else 'backward'} of microbatch {item[1:]}"
+    return f"{KIND_OF_LETTER.get(item[0], item[0])} of microbatch {item[1:]}"

@@ -183,7 +183,7 @@ def build_specs(
     p_block_w = problem.p2p_power_w
     candidates: Dict[SpecKey, Any] = {}
     for stage in range(problem.num_stages):
-        for name in ("forward", "backward"):
+        for name in problem.kinds:
             options = [
                 ExecutionOption[int](
                     real_time=m.time_s, unit_time=time_unit_s, cost=m.energy_j, knob=m.frequency_mhz
@@ -264,7 +264,13 @@ def build_dag(
     from lowtime.perseus.instruction import Backward, Forward
 
     pdag = problem.dag
-    kinds = ((Forward, "forward"), (Backward, "backward"))
+    # By kind index (pipeline_order.KINDS); a backward's halves are backward operations.
+    kinds = (
+        (Forward, "forward"),
+        (Backward, "backward"),
+        (Backward, "backward_input"),
+        (Backward, "backward_weight"),
+    )
     dag = nx.DiGraph()
     ops: List[List[Any]] = []
     for stage in range(problem.num_stages):

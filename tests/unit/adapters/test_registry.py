@@ -31,8 +31,8 @@ def ds_engine() -> Iterator[Any]:
     yield engine_module
 
 
-def test_available_lists_the_three_frameworks() -> None:
-    assert adapters.available() == ["deepspeed", "megatron", "merak"]
+def test_available_lists_the_four_frameworks() -> None:
+    assert adapters.available() == ["deepspeed", "megatron", "merak", "torch_pipelining"]
 
 
 def test_unknown_framework_is_named() -> None:

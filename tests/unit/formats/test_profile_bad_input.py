@@ -72,7 +72,7 @@ BAD_ROWS = [
     ("1.5,forward,1410,0.1,3", ["row 7", "stage 1.5 must be an integer"]),
     ("x,forward,1410,0.1,3", ["row 7", "stage 'x' is not a number"]),
     ("10000000,forward,1410,0.1,3", ["row 7", "stage 10000000"]),
-    ("1,Forward,1410,0.1,3", ["row 7", "instruction 'Forward' must be 'forward' or 'backward'"]),
+    ("1,Forward,1410,0.1,3", ["row 7", "instruction 'Forward' must be one of 'forward'"]),
     ("1,fwd,1410,0.1,3", ["row 7", "instruction 'fwd'"]),
     ("1,,1410,0.1,3", ["row 7", "instruction ''"]),
     ("1,forward,1410,0.1,3", ["row 7", "duplicate of row 5", "one measurement per frequency"]),

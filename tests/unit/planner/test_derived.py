@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.formats.profile_csv import INSTRUCTIONS, read_profile_csv
+from perseus.formats.profile_csv import read_profile_csv
 from perseus.planner.cases import case_profile, profile_path
 from perseus.planner.derived import (
     deepen_profile,
@@ -34,7 +34,7 @@ def test_select_stages_renumbers() -> None:
     picked = select_stages(profile, [3, 1])
     assert picked.num_stages == 2
     for new, src in enumerate([3, 1]):
-        for name in INSTRUCTIONS:
+        for name in profile.kinds():
             assert picked.measurements(new, name) == profile.measurements(src, name)
     with pytest.raises(ConfigError):
         select_stages(profile, [4])
@@ -49,7 +49,7 @@ def test_deepen_profile_is_deterministic_and_keeps_power() -> None:
     assert deep.rows() != deepen_profile(source, 16, seed=1, spread=0.03).rows()
     assert case_profile("gpt3-175b+a100_sxm_bf16", 16).rows() == deep.rows()
     for new, src in enumerate(source_stages(8, 16)):
-        for name in INSTRUCTIONS:
+        for name in source.kinds():
             pairs = zip(deep.measurements(new, name), source.measurements(src, name))
             for got, orig in pairs:
                 scale = got.time_s / orig.time_s

@@ -167,3 +167,38 @@ def test_refinement_ends_when_no_row_is_uncertain() -> None:
     assert not sweep.exhausted and 1395 in sweep.frequencies_for_step(3)
     sweep.prioritize([])  # every row certain enough
     assert sweep.exhausted
+
+
+def test_a_split_backwards_halves_are_swept_and_stopped_as_kinds_of_their_own() -> None:
+    from perseus.pipeline_order import PipelineOrder
+
+    # Rank 0 of a two-rank zero-bubble V over 8 microbatches.
+    ranks = [
+        ",".join(f"{s}{k}{m}" for m in range(8) for s in (0, 3) for k in ("F", "I", "W")),
+        ",".join(f"{s}{k}{m}" for m in range(8) for s in (1, 2) for k in ("F", "I", "W")),
+    ]
+    order = PipelineOrder("custom", ranks).sequences()[0]
+    clocks = list(range(1410, 1000, -15))
+    sweep = StageSweep(order, clocks, mode="fast", warmup_instructions=1, min_per_kind=2)
+    assert sweep.kinds == ("forward", "backward_input", "backward_weight")
+    step0 = sweep.frequencies_for_step(0)
+    by_kind = {k: [f for (i, _), f in zip(order, step0) if i == k] for k in sweep.kinds}
+    assert by_kind["forward"][0] == 1410 and len(set(by_kind["forward"])) >= 2
+    for kind in ("backward_input", "backward_weight"):
+        # Each later kind lags half a block: every forward clock but the newest ran it too.
+        assert set(by_kind["forward"][:-1]) <= set(by_kind[kind])
+    swept = StageSweep(order, [1410, 1395, 1380, 1365], mode="sweep", patience=1)
+    energies = {}
+    for step, rises in enumerate([(10, 5, 5), (9, 6, 4), (8, 7, 3)]):
+        clock = swept.clocks_mhz[step]
+        freqs = swept.frequencies_for_step(step)
+        # The input half stopped after step 1: from then on it runs at the highest clock.
+        for kind in swept.kinds:
+            ran = {f for (i, _), f in zip(order, freqs) if i == kind}
+            assert ran == ({1410} if kind == "backward_input" and step == 2 else {clock})
+        energies.update({(k, clock): e for k, e in zip(swept.kinds, rises)})
+        swept.mark_reported(step)
+        swept.observe(energies)
+    assert swept.stopped_at == {"forward": None, "backward_input": 1395, "backward_weight": None}
+    state = swept.to_state()
+    assert StageSweep.from_state(order, state).to_state() == state

@@ -14,6 +14,7 @@ from perseus.config import ServerConfig
 from perseus.errors import ConfigError
 from perseus.server.app import create_app
 from perseus.server.process import check_exposure, is_loopback
+from perseus.wire import MAX_INSTRUCTIONS
 
 SPEC = {"job_id": "job-a", "num_stages": 2, "num_microbatches": 4}
 RANK = {"rank": 0, "stage": 0, "supported_clocks_mhz": [1410, 1395, 1380]}
@@ -72,7 +73,7 @@ def test_oversized_and_malformed_bodies_are_rejected(client: TestClient) -> None
         "instructions": [
             {"position": 0, "instruction": "forward", "microbatch": 0, "start_s": 0.0, "end_s": 1.0}
         ]
-        * 70000,
+        * (MAX_INSTRUCTIONS + 1),
     }
     assert client.post("/jobs/job-a/steps", json=huge).status_code == 422
     assert client.post("/jobs/job-a/steps", content=b"\xff\x00").status_code == 422

@@ -115,7 +115,7 @@ def periodic_layout(problem: PlanningProblem, margin: int) -> Layout:
         The layout; the identity when the interior would be shorter than
         ``MIN_INTERIOR_PAIRS`` pairs.
     """
-    if problem.schedule != "1f1b" or problem.num_model_chunks != 1:
+    if not problem.is_generated_1f1b:
         return identity_layout(problem)
     num_stages, num_mb = problem.num_stages, problem.num_microbatches
     first = max(0, int(margin))

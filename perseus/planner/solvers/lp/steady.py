@@ -80,8 +80,12 @@ def applies_to(
 
 
 def applies(problem: PlanningProblem) -> bool:
-    """Whether ``problem`` is 1F1B with enough steady pairs to splice a pattern into."""
-    return applies_to(
+    """Whether ``problem`` is 1F1B with enough steady pairs to splice a pattern into.
+
+    Only Perseus's own 1F1B order (or an engine's order with the same actions): other
+    schedules skip the steady-state phases.
+    """
+    return problem.is_generated_1f1b and applies_to(
         problem.num_stages, problem.num_microbatches, problem.schedule, problem.num_model_chunks
     )
 
