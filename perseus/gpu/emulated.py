@@ -155,6 +155,8 @@ class EmulatedGPU(EmulatedMeter):
         dry_run: bool = False,
     ) -> None:
         realistic = counter_kind(counter) == EmulatedCounter.realistic
+        if all(profile.has(s, "backward") for s in profile.stages()):
+            profile = split_backward(profile)  # a backward's halves too (zero-bubble schedules)
         scaled = profile.scaled(time_scale, time_scale)
         if power_limit_max_w is None:
             power_limit_max_w = (
@@ -176,8 +178,6 @@ class EmulatedGPU(EmulatedMeter):
                 "gpu.emulated.asynchronous=true needs gpu.emulated.sleep=true (the queued "
                 "work takes its profiled time on the device timeline)"
             )
-        if all(profile.has(s, "backward") for s in profile.stages()):
-            profile = split_backward(profile)  # a backward's halves too (zero-bubble schedules)
         super().__init__(
             scaled,
             power_limit_min_w=power_limit_min_w,

@@ -110,9 +110,9 @@ def test_server_serves_exactly_the_wire_routes(tmp_path: Any) -> None:
         (lambda: RankRegistration(rank=0, stage=0, supported_clocks_mhz=[0]), "item 0 (0)"),
         (
             lambda: RankRegistration(
-                rank=0, stage=0, supported_clocks_mhz=[1410], energy_update_period_s=0.0
+                rank=0, stage=0, supported_clocks_mhz=[1410], power_limit_w=0.0
             ),
-            "energy_update_period_s=0.0",
+            "power_limit_w=0.0",
         ),
         (lambda: IterationTime(iteration_time_s=float("nan")), "iteration_time_s=nan"),
     ],

@@ -59,12 +59,21 @@ def test_server_needed_only_online_without_url() -> None:
         needs_local_server(cfg)
 
 
-def test_report_from_summary_computes_fractions() -> None:
+def test_report_from_summary_gives_the_savings_with_their_intervals() -> None:
     summary = {
         "job_id": "train-1",
         "phase": "watching",
-        "baseline": {"iteration_time_s": 2.0, "energy_j": 1000.0, "num_steps": 3},
-        "plan": {"iteration_time_s": 2.01, "energy_j": 900.0, "num_steps": 5},
+        "baseline": {"iteration_time_s": 2.0, "energy_j": 1000.0, "num_steps": 8},
+        "plan": {"iteration_time_s": 2.01, "energy_j": 900.0, "num_steps": 8},
+        "savings": {
+            "energy_fraction": 0.1,
+            "energy_saving_ci95": [0.09, 0.11],
+            "energy_saving_measurable": True,
+            "slowdown_fraction": 0.005,
+            "slowdown_ci95": [-0.001, 0.011],
+            "num_block_pairs": 4,
+            "block_steps": 2,
+        },
         "predicted": {
             "plan_id": 7,
             "iteration_time_s": 2.0,
@@ -76,7 +85,10 @@ def test_report_from_summary_computes_fractions() -> None:
     }
     report = report_from_summary(summary)
     assert report["energy_saving"] == pytest.approx(0.1)
+    assert report["energy_saving_ci95"] == [0.09, 0.11] and report["energy_saving_measurable"]
     assert report["slowdown"] == pytest.approx(0.005)
+    assert report["slowdown_ci95"] == [-0.001, 0.011]
+    assert report["block_steps"] == 2 and report["num_block_pairs"] == 4
     assert report["plan"]["predicted_energy_j"] == 905.0
     assert report["plan"]["predicted_iteration_time_s"] == 2.0
     assert report["predicted_energy_saving"] == pytest.approx(0.095)
@@ -88,6 +100,19 @@ def test_report_from_summary_computes_fractions() -> None:
 def test_report_without_plan_has_no_fractions() -> None:
     report = report_from_summary({"baseline": {"iteration_time_s": 1.0, "energy_j": 5.0}})
     assert report["plan"] is None and "energy_saving" not in report
+
+
+def test_a_saving_that_is_not_measurable_is_no_number() -> None:
+    savings = {
+        "energy_fraction": None,
+        "energy_saving_ci95": [-0.012, 0.009],
+        "energy_saving_measurable": False,
+        "slowdown_fraction": 0.001,
+        "slowdown_ci95": [-0.002, 0.004],
+    }
+    report = report_from_summary({"phase": "watching", "savings": savings})
+    assert report["energy_saving"] is None and not report["energy_saving_measurable"]
+    assert report["energy_saving_ci95"] == [-0.012, 0.009]
 
 
 def _write_steps(out: Path, rank: int, times: list, energies: list) -> None:
