@@ -96,7 +96,8 @@ def needs_local_server(cfg: PerseusConfig, nnodes: int = 1) -> bool:
         raise ConfigError(
             f"train.nnodes={nnodes} with runtime.mode=online needs a shared "
             "coordination server: start `perseus-server server.host=0.0.0.0 server.token=...` "
-            "on one node and pass server.url=http://<host>:<port> (and server.token) to every node"
+            "on one node and pass server.url=http://<host>:<port> (and server.token) to every node "
+            "(under Slurm, examples/slurm/perseus_train.sbatch does this)"
         )
     return True
 

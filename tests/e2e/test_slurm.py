@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
 TRAIN = str(VENV_BIN / "perseus-train")
 HOLD_GPUS = REPO / "tests" / "e2e" / "_support" / "hold_gpus.py"
-SWEEP_TIMEOUT_S = 1500  # a hang guard: four runs share two cores here
+SWEEP_TIMEOUT_S = 840  # a hang guard (pytest stops a test at 900 s): four runs share two cores
 
 
 # The README's commands (its Slurm section shows them; test_readme_shows_the_tested_commands).
@@ -136,11 +136,16 @@ def test_two_sweeps_whose_runs_share_nodes(local: Cluster, tmp_path: Path) -> No
             assert "(a free port: server.port unset; set it to choose one)" in log
             assert "rendezvous 127.0.0.1:" in log and "(a free port: one node)" in log
         (array_job,) = array_jobs
-        allocations = run(["sacct", "-n", "-X", "-P", "-j", array_job, "-o", "JobID,NodeList"])
+        allocations = run(
+            ["sacct", "-n", "-X", "-P", "-j", array_job, "-o", "JobID,NodeList,AllocTRES"]
+        )
         print(
             f"sweep on {node}:\n{allocations.stdout}{(sweep_dir / 'sweep_summary.csv').read_text()}"
         )
-        assert [line.split("|")[1] for line in allocations.stdout.split()] == [node, node]
+        allocated = [line.split("|") for line in allocations.stdout.split()]
+        assert [a[1] for a in allocated] == [node, node]
+        # Each run asked Slurm for the GPUs its ranks use: pp=2 on one node.
+        assert all("gres/gpu=2" in a[2].split(",") for a in allocated), allocated
 
 
 def test_own_deepspeed_script_on_two_nodes_in_zero_configuration(

@@ -27,7 +27,7 @@ VENV_BIN = Path(sys.executable).parent
 # The stand-in NVML of the nodes' emulated GPUs (see nvml_driver/sitecustomize.py).
 NVML_SITE = Path(__file__).resolve().parent / "nvml_driver"
 DONE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
-JOB_WAIT_S = 1200.0  # a hang guard: a job here takes seconds to a few minutes
+JOB_WAIT_S = 840.0  # a hang guard (pytest stops a test at 900 s); a job here takes minutes
 
 
 @dataclass(frozen=True)
