@@ -7,10 +7,10 @@ a 1F1B order: the engine, not the configuration, says what the job's shape is.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 from perseus.records import RankInfo
+from perseus.runtime import slurm
 
 
 def grid_rank_info(engine: Any) -> RankInfo:
@@ -72,4 +72,4 @@ def _local_gpu_index(engine: Any) -> int:
     local_rank = getattr(engine, "local_rank", None)
     if isinstance(local_rank, int) and local_rank >= 0:
         return local_rank
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return slurm.local_rank()  # LOCAL_RANK, else SLURM_LOCALID

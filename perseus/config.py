@@ -230,6 +230,10 @@ class PlannerConfig:
     max_solve_s: float = 600.0
 
 
+# perseus-server's port when server.port is unset.
+DEFAULT_SERVER_PORT = 7787
+
+
 @dataclass
 class ServerConfig:
     """Coordination server (config group ``server``)."""
@@ -238,7 +242,10 @@ class ServerConfig:
     # (perseus-train on its node; in an own script, global rank 0).
     url: Optional[str] = None
     host: str = "127.0.0.1"
-    port: int = 7787
+    # None: perseus-train's own server (and a launch's, started by global rank 0) takes any free
+    # port, so that jobs sharing a node never collide; perseus-server listens on
+    # DEFAULT_SERVER_PORT. A port given here is used as is (an error when it is taken).
+    port: Optional[int] = None
     token: Optional[str] = None
     dump_dir: Optional[str] = None
     request_timeout_s: float = 10.0
@@ -304,10 +311,13 @@ class TrainConfig:
     max_steps: int = 200
     seed: int = 1234
     lr: float = 1e-3
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    # Several nodes (None: from the environment, see perseus.launcher.nodes: NNODES / NODE_RANK /
+    # MASTER_ADDR / MASTER_PORT, else the Slurm job step's, else one node).
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    master_addr: Optional[str] = None
+    # The rendezvous port of a job on several nodes (one node always takes a free port).
+    master_port: Optional[int] = None
     nproc_per_node: Optional[int] = None
     progress: bool = True
     # Interpreter the ranks run (None = the launcher's own); framework=merak needs Merak's

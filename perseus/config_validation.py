@@ -77,7 +77,8 @@ def _watts(optional: bool = False, positive: bool = False) -> Range:
     return Range(ge=0.0, le=MAX_POWER_W, optional=optional, unit="W")
 
 
-PORT = Range(ge=1, le=65535, integer=True)
+# A TCP port; None: any free one (see ServerConfig.port, TrainConfig.master_port).
+PORT = Range(ge=1, le=65535, integer=True, optional=True)
 SEED = Range(ge=0, le=2**32 - 1, integer=True)
 
 RANGES: Dict[str, Range] = {
@@ -146,8 +147,8 @@ RANGES: Dict[str, Range] = {
     "train.max_steps": _count(1, MAX_STEPS),
     "train.seed": SEED,
     "train.lr": Range(ge=0.0, le=1e6),
-    "train.nnodes": _count(1, 100_000),
-    "train.node_rank": _count(0, 100_000),
+    "train.nnodes": _count(1, 100_000, optional=True),
+    "train.node_rank": _count(0, 100_000, optional=True),
     "train.master_port": PORT,
     "train.nproc_per_node": _count(1, 100_000, optional=True),
 }
@@ -251,11 +252,8 @@ def _pair_problems(cfg: PerseusConfig, valid: Dict[str, Any]) -> List[str]:
             f"gpu.emulated.power_limit_max_w={em.power_limit_max_w}: the lowest power limit "
             "must not exceed the highest"
         )
-    if have("train.nnodes", "train.node_rank") and train.node_rank >= train.nnodes:
-        problems.append(
-            f"train.node_rank={train.node_rank}: must be in 0..{train.nnodes - 1} "
-            f"(train.nnodes={train.nnodes})"
-        )
+    if have("train.nnodes", "train.node_rank"):
+        problems += _node_rank_problems(train.nnodes, train.node_rank)
     fixed_loop = cfg.runtime.mode != "online" and cfg.energy.policy != "power_limit"
     if fixed_loop and have("train.warmup_steps", "train.measure_steps", "train.max_steps"):
         fixed = train.warmup_steps + train.measure_steps
@@ -265,6 +263,13 @@ def _pair_problems(cfg: PerseusConfig, valid: Dict[str, Any]) -> List[str]:
                 f"train.measure_steps = {fixed} iterations: raise train.max_steps"
             )
     return problems
+
+
+def _node_rank_problems(nnodes: Optional[int], node_rank: Optional[int]) -> List[str]:
+    """``train.node_rank`` within ``train.nnodes`` (when both are set)."""
+    if nnodes is None or node_rank is None or node_rank < nnodes:
+        return []
+    return [f"train.node_rank={node_rank}: must be in 0..{nnodes - 1} (train.nnodes={nnodes})"]
 
 
 def _runtime_problems(cfg: PerseusConfig) -> List[str]:
@@ -288,7 +293,7 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
     if server.job_id is not None and not re.fullmatch(JOB_ID_PATTERN, server.job_id):
         problems.append(f"server.job_id={server.job_id!r}: 1 to 64 letters, digits, '_' or '-'")
     for key, value in (("server.host", server.host), ("train.master_addr", cfg.train.master_addr)):
-        if not str(value).strip():
+        if value is not None and not str(value).strip():
             problems.append(f"{key} is empty: give a host name or address")
     if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
         problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")

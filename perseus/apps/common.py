@@ -28,9 +28,24 @@ Converter = Callable[[Any], PerseusConfig]
 logger = logging.getLogger(__name__)
 
 
+def register_resolvers() -> None:
+    """The OmegaConf resolvers Perseus's configs use (again in a Slurm job that composes them).
+
+    ``perseus_gpus_per_node``: the GPUs each node's ranks use
+    (:func:`perseus.launcher.nodes.gpus_per_node`), for ``hydra/launcher=perseus_slurm``.
+    """
+    from omegaconf import OmegaConf
+
+    from perseus.launcher.nodes import gpus_per_node
+
+    OmegaConf.register_new_resolver("perseus_gpus_per_node", gpus_per_node, replace=True)
+
+
 def register_configs(schemas: Optional[Dict[str, Any]] = None) -> None:
     """Register the configuration schema (and an app's own ``schemas``) in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
+
+    register_resolvers()
 
     store = ConfigStore.instance()
     store.store(name="perseus_schema", node=PerseusConfig)

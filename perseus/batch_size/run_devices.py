@@ -203,9 +203,13 @@ class RunDevices:
 
 
 def _local_device_index() -> int:
-    """The index of this process's GPU: ``LOCAL_RANK`` under torchrun, else 0."""
-    value = os.environ.get("LOCAL_RANK", "0")
+    """The index of this process's GPU.
+
+    ``LOCAL_RANK`` under torchrun, ``SLURM_LOCALID`` in a task ``srun`` started, else 0.
+    """
+    key = next((k for k in ("LOCAL_RANK", "SLURM_LOCALID") if os.environ.get(k)), None)
+    value = os.environ.get(key, "0") if key else "0"
     try:
         return int(value)
     except ValueError as exc:
-        raise ConfigError(f"LOCAL_RANK={value!r}: not an integer") from exc
+        raise ConfigError(f"{key}={value!r}: not an integer") from exc

@@ -2,9 +2,8 @@
 
 Every rank runs ``python -m perseus.train.worker`` with env ``PERSEUS_CONFIG`` pointing at the
 resolved configuration the launcher wrote. Single node by default (``nproc = pp * dp * tp``);
-several nodes with ``train.nnodes`` / ``train.node_rank`` / ``train.master_addr`` /
-``train.master_port`` (static rendezvous, as ``torchrun --node_rank``; a single node uses any
-free port). If any rank fails the agent
+several nodes as :mod:`perseus.launcher.nodes` finds them (static rendezvous, as ``torchrun
+--node_rank``; a single node uses any free port). If any rank fails the agent
 stops the others, and :class:`RankFailedError` carries the failing rank's traceback tail.
 """
 
@@ -23,6 +22,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError, PerseusError
+from perseus.launcher.nodes import Nodes
 from perseus.launcher.ports import free_port
 from perseus.train.worker import RANK_STORE_PORT_ENV
 
@@ -57,37 +57,35 @@ class LaunchPlan:
         return self.nnodes * self.nproc_per_node
 
 
-def plan_launch(cfg: PerseusConfig, run_id: str) -> LaunchPlan:
+def plan_launch(cfg: PerseusConfig, run_id: str, nodes: Nodes) -> LaunchPlan:
     """Work out how many ranks this node starts and where they meet.
+
+    Args:
+        cfg: The configuration.
+        run_id: The rendezvous's run id (the job id).
+        nodes: This run's nodes (:func:`perseus.launcher.nodes.resolve`).
 
     Raises:
         ConfigError: the geometry does not add up (naming the keys to change).
     """
     train, par = cfg.train, cfg.parallelism
     world = par.pp * par.dp * par.tp
-    if train.nnodes < 1 or not (0 <= train.node_rank < train.nnodes):
-        raise ConfigError(
-            f"train.nnodes={train.nnodes}, train.node_rank={train.node_rank}: need nnodes >= 1 "
-            "and 0 <= node_rank < nnodes"
-        )
-    nproc = train.nproc_per_node or -(-world // train.nnodes)
-    if nproc * train.nnodes != world:
+    nproc = train.nproc_per_node or -(-world // nodes.nnodes)
+    if nproc * nodes.nnodes != world:
         raise ConfigError(
             f"parallelism pp*dp*tp = {world} ranks cannot be split over train.nnodes="
-            f"{train.nnodes} nodes x train.nproc_per_node={nproc}: make nnodes * nproc_per_node "
+            f"{nodes.nnodes} nodes x train.nproc_per_node={nproc}: make nnodes * nproc_per_node "
             "equal pp * dp * tp"
         )
-    port = train.master_port
-    if train.nnodes == 1:
-        # One node: the rendezvous is local, so any free port will do (a fixed one such as
-        # 29500 collides with other jobs on the machine).
-        port = free_port(train.master_addr)
+    # One node: the rendezvous is local, so any free port will do (a fixed one such as 29500
+    # collides with other jobs on the machine).
+    port = free_port(nodes.master_addr) if nodes.master_port is None else nodes.master_port
     python, store_port = sys.executable, None
     if train.python:
         python = str(Path(train.python).expanduser().absolute())
-        store_port = free_port(train.master_addr) if train.nnodes == 1 else port + 1
+        store_port = free_port(nodes.master_addr) if nodes.nnodes == 1 else port + 1
     return LaunchPlan(
-        train.nnodes, train.node_rank, nproc, train.master_addr, port, run_id, python, store_port
+        nodes.nnodes, nodes.node_rank, nproc, nodes.master_addr, port, run_id, python, store_port
     )
 
 

@@ -22,6 +22,8 @@ from typing import Any, Dict, Iterator, Optional
 from perseus.config import PerseusConfig, RuntimeMode
 from perseus.errors import ConfigError
 from perseus.formats import plan_outputs
+from perseus.launcher import nodes
+from perseus.launcher.nodes import Nodes
 from perseus.launcher.preflight import check_job
 from perseus.launcher.ranks import launch_ranks, plan_launch
 from perseus.launcher.report import (
@@ -30,6 +32,7 @@ from perseus.launcher.report import (
     report_from_summary,
     write_report,
 )
+from perseus.runtime import slurm
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +45,25 @@ SERVER_FILES = (
 )
 
 
-def new_job_id(cfg: Optional[PerseusConfig] = None) -> str:
-    """A job id (the server accepts ``[A-Za-z0-9_-]{1,64}``).
+def new_job_id(nodes: Optional[Nodes] = None) -> str:
+    """A job id (the server accepts ``[A-Za-z0-9_-]{1,64}``), with Slurm's job id when there is one.
 
-    Random on one node; on several nodes every node must agree without talking, so it is derived
-    from the rendezvous (``train.master_addr``, ``train.master_port``, ``train.nnodes``).
+    Random on one node (``train-<random>``, in Slurm ``slurm-<job>-<random>``); on several nodes
+    every node must agree without talking, so it is derived from the rendezvous (address,
+    port, node count) and the Slurm job step.
     """
-    if cfg is not None and cfg.train.nnodes > 1:
-        t = cfg.train
-        seed = f"{t.master_addr}:{t.master_port}:{t.nnodes}"
-        return "train-" + hashlib.sha256(seed.encode()).hexdigest()[:12]
-    return "train-" + uuid.uuid4().hex[:12]
+    label = slurm.job_label()
+    base = f"slurm-{label}" if label else "train"
+    if nodes is not None and nodes.nnodes > 1:
+        step = nodes.slurm.step_id if nodes.slurm else ""
+        seed = f"{nodes.master_addr}:{nodes.master_port}:{nodes.nnodes}:{label}:{step}"
+        return f"{base}-{hashlib.sha256(seed.encode()).hexdigest()[:12]}"
+    return f"{base}-{uuid.uuid4().hex[:12]}"
 
 
-def prepare_config(cfg: PerseusConfig, out_dir: Path) -> PerseusConfig:
+def prepare_config(
+    cfg: PerseusConfig, out_dir: Path, nodes: Optional[Nodes] = None
+) -> PerseusConfig:
     """The configuration the ranks get: run directory, job id, framework-specific modes."""
     cfg = copy.deepcopy(cfg)
     cfg.output_dir = str(out_dir)
@@ -63,43 +71,55 @@ def prepare_config(cfg: PerseusConfig, out_dir: Path) -> PerseusConfig:
         # The power-limit optimizer drives the GPU itself; the hooks only measure.
         cfg.runtime.mode = RuntimeMode.measure
     if not cfg.server.job_id:
-        cfg.server.job_id = new_job_id(cfg)
+        cfg.server.job_id = new_job_id(nodes)
     return cfg
 
 
-def write_config(cfg: PerseusConfig, out_dir: Path) -> Path:
-    """Write ``cfg`` as YAML (fully resolved) for the ranks."""
+def write_config(cfg: PerseusConfig, out_dir: Path, node_rank: int = 0) -> Path:
+    """Write ``cfg`` as YAML (fully resolved) for the ranks.
+
+    One file per node: the nodes of a Slurm job share the run directory.
+    """
     from omegaconf import OmegaConf
 
-    path = out_dir / CONFIG_FILE
+    name = CONFIG_FILE if node_rank == 0 else CONFIG_FILE.replace(".yaml", f"-node{node_rank}.yaml")
+    path = out_dir / name
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True))
     return path
 
 
-def needs_local_server(cfg: PerseusConfig) -> bool:
+def needs_local_server(cfg: PerseusConfig, nnodes: int = 1) -> bool:
     """True when this node must start the coordination server."""
     if cfg.runtime.mode != "online" or cfg.server.url:
         return False
-    if cfg.train.nnodes > 1:
+    if nnodes > 1:
         raise ConfigError(
-            f"train.nnodes={cfg.train.nnodes} with runtime.mode=online needs a shared "
+            f"train.nnodes={nnodes} with runtime.mode=online needs a shared "
             "coordination server: start `perseus-server server.host=0.0.0.0 server.token=...` "
-            "on one node and pass server.url=http://<host>:<port> (and server.token) to every node"
+            "on one node and pass server.url=http://<host>:<port> (and server.token) to every node "
+            "(under Slurm, examples/slurm/perseus_train.sbatch does this)"
         )
     return True
 
 
 @contextmanager
-def coordination_server(cfg: PerseusConfig, out_dir: Path) -> Iterator[Optional[Any]]:
+def coordination_server(
+    cfg: PerseusConfig, out_dir: Path, nnodes: int = 1
+) -> Iterator[Optional[Any]]:
     """Start (and finally stop) the local server when needed; sets ``cfg.server.url``."""
-    if not needs_local_server(cfg):
+    if not needs_local_server(cfg, nnodes):
         yield None
         return
     from perseus.server.process import start_local_server
 
     handle = start_local_server(cfg.server, out_dir / "server")
     cfg.server.url = handle.url
-    logger.info("coordination server at %s", handle.url)
+    how = (
+        f"server.port={cfg.server.port}"
+        if cfg.server.port
+        else "a free port: server.port unset; set it to choose one"
+    )
+    logger.info("coordination server at %s (%s)", handle.url, how)
     try:
         yield handle
     finally:
@@ -109,18 +129,24 @@ def coordination_server(cfg: PerseusConfig, out_dir: Path) -> Iterator[Optional[
 def run_job(cfg: PerseusConfig, out_dir: Path) -> Dict[str, Any]:
     """Run the whole job on this node; returns the report (written on node rank 0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = prepare_config(cfg, out_dir)
+    place = nodes.resolve(cfg)
+    cfg = prepare_config(cfg, out_dir, place)
     job_id = str(cfg.server.job_id)
-    launch = plan_launch(cfg, run_id=job_id)
+    launch = plan_launch(cfg, run_id=job_id, nodes=place)
+    nodes.check_slurm_gpus(cfg, place, launch.nproc_per_node)
+    nodes.check_port_free(place)
     check_job(cfg, launch.nproc_per_node)
     summary: Optional[Dict[str, Any]] = None
-    with coordination_server(cfg, out_dir):
-        config_path = write_config(cfg, out_dir)
+    with coordination_server(cfg, out_dir, place.nnodes):
+        config_path = write_config(cfg, out_dir, place.node_rank)
         logger.info(
-            "starting %d rank(s) on node %d/%d (run dir %s)",
+            "job %s: starting %d rank(s), %s; rendezvous %s:%d (%s); run dir %s",
+            job_id,
             launch.nproc_per_node,
-            launch.node_rank,
-            launch.nnodes,
+            place.origin,
+            launch.master_addr,
+            launch.master_port,
+            place.rendezvous,
             out_dir,
         )
         launch_ranks(launch, config_path, out_dir / "logs")
@@ -128,7 +154,7 @@ def run_job(cfg: PerseusConfig, out_dir: Path) -> Dict[str, Any]:
             summary = _fetch_summary(cfg, job_id)
         if summary:
             _copy_server_files(summary.get("files") or {}, out_dir)
-    if cfg.train.node_rank != 0:
+    if place.node_rank != 0:
         return {}
     report = report_from_summary(summary) if summary else report_from_steps(cfg, out_dir)
     report["job"] = {"model": cfg.model.name, "framework": cfg.framework.name}

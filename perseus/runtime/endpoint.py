@@ -14,6 +14,8 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from perseus.runtime import slurm
+
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
 
@@ -48,13 +50,17 @@ def explicit_job_id(cfg: PerseusConfig) -> Optional[str]:
 
 
 def new_job_id() -> str:
-    """A fresh job id for this launch: the launcher's run id when meaningful, plus a random part.
+    """A fresh job id for this launch, with a random part.
 
-    Matches the server's ``[A-Za-z0-9_-]{1,64}``.
+    It starts with the Slurm job (``slurm-<id>``) and the launcher's run id when there are (once
+    when they are the same). Matches the server's ``[A-Za-z0-9_-]{1,64}``.
     """
+    parts = []
+    label = slurm.job_label()
+    if label:
+        parts.append(f"slurm-{label}")
     run_id = os.environ.get(RUN_ID_ENV, "")
-    base = "job"
-    if run_id and run_id.lower() != "none":
-        cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", run_id).strip("-")[:40]
-        base = cleaned or base
-    return f"{base}-{secrets.token_hex(4)}"
+    if run_id and run_id.lower() != "none" and run_id != label:
+        parts.append(run_id)
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", "-".join(parts)).strip("-")[:48]
+    return f"{cleaned or 'job'}-{secrets.token_hex(4)}"

@@ -2,8 +2,9 @@
 
 When no server is configured, global rank 0 starts one as a child process
 (:mod:`perseus.runtime.server_spawn`; nothing of the server is imported here) with a random
-token: on loopback when every rank runs on its node, else on its address towards
-``MASTER_ADDR`` (where the other nodes reach it), never without the token. Its files go to
+token, on any free port (``server.port`` when set): on loopback when every rank runs on its
+node, else on its address towards ``MASTER_ADDR`` (or the Slurm step's first node: where the
+other nodes reach it), never without the token. Its files go to
 ``server.dump_dir``, else ``perseus-runs/`` under ``output_dir`` (or the working directory); it
 stops when rank 0 exits. :mod:`perseus.runtime.rendezvous` shares what it answers.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from perseus.errors import RendezvousError
+from perseus.runtime import slurm
 from perseus.runtime.endpoint import TOKEN_ENV, URL_ENV, Endpoint
 
 if TYPE_CHECKING:
@@ -29,7 +31,11 @@ RUNS_DIR = "perseus-runs"
 
 
 def single_node(world_size: int) -> bool:
-    """Whether every rank of the launch runs on this machine (from the launchers' variables)."""
+    """Whether every rank of the launch runs on this machine (from the launchers' variables).
+
+    torchrun's and the deepspeed launcher's first, then the Slurm step's (ranks started by
+    ``srun`` itself), then whether ``MASTER_ADDR`` is this machine.
+    """
     for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun, the deepspeed launcher
         local = os.environ.get(key)
         if local and local.isdigit():
@@ -37,7 +43,16 @@ def single_node(world_size: int) -> bool:
     cross = os.environ.get("CROSS_SIZE")
     if cross and cross.isdigit():
         return int(cross) <= 1
+    step = slurm.step()
+    if step is not None:
+        return step.num_nodes <= 1
     return _is_loopback(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+
+
+def master_addr() -> str:
+    """``MASTER_ADDR``, else the Slurm step's first node, else ``""``."""
+    step = slurm.step()
+    return os.environ.get("MASTER_ADDR") or (step.head_node if step is not None else "")
 
 
 def _is_loopback(host: str) -> bool:
@@ -85,7 +100,7 @@ def start_launch_server(
     if single_node(world_size):
         host, reach = "127.0.0.1", "loopback, this node only"
     else:
-        master = os.environ.get("MASTER_ADDR", "")
+        master = master_addr()
         if not master:
             raise RendezvousError(
                 "several nodes but no MASTER_ADDR to find the address the other nodes reach; "
@@ -113,7 +128,7 @@ def start_launch_server(
         handle = start_server_process(
             server_cfg,
             dump_dir,
-            port=0,
+            port=cfg.server.port or 0,  # any free port unless one is configured
             token=secrets.token_urlsafe(24),
             log_path=dump_dir / f"{job_id}-server.log",
             exit_with_parent=True,
@@ -124,5 +139,6 @@ def start_launch_server(
         ) from None
     start_s = time.perf_counter() - t0
     url = handle.url if url_host is None else f"http://{url_host}:{handle.port}"
-    where = f"server {url} started by global rank 0 ({reach}); files in {dump_dir / job_id}"
+    port = f"server.port={cfg.server.port}" if cfg.server.port else "a free port"
+    where = f"server {url} started by global rank 0 ({reach}, {port}); files in {dump_dir / job_id}"
     return Endpoint(url, handle.token, job_id, where, str(dump_dir / job_id)), handle, start_s

@@ -172,7 +172,8 @@ def start_server_process(
         cfg: The server's configuration (``host``, budgets, workers; ``url`` is ignored).
         dump_dir: Job directories and the state file (a restart on the same directory goes on
             with the jobs it holds).
-        port: Port to listen on (0: any free port; ``None``: ``cfg.port``).
+        port: Port to listen on (0: any free port; ``None``: ``cfg.port``, any free port when
+            that is unset).
         token: Token clients must send (``None``: ``cfg.token``); travels in the environment,
             never on the command line.
         log_path: The child's output (default ``<dump_dir>/perseus-server-output.log``, appended).
@@ -192,9 +193,9 @@ def start_server_process(
             f"({sys.executable}) lacks: install them with `pip install 'perseus-energy[server]'`"
         )
     token = token if token is not None else cfg.token
-    child_cfg = dataclasses.replace(
-        cfg, port=cfg.port if port is None else int(port), token=None, url=None
-    )
+    if port is None:
+        port = cfg.port or 0
+    child_cfg = dataclasses.replace(cfg, port=int(port), token=None, url=None)
     check_exposure(dataclasses.replace(child_cfg, token=token))
     dump_dir = prepare_dump_dir(Path(dump_dir))
     log_path = Path(log_path) if log_path else dump_dir / "perseus-server-output.log"
@@ -236,18 +237,11 @@ def start_server_process(
 
 
 def start_local_server(cfg: ServerConfig, dump_dir: Path) -> ServerHandle:
-    """A server for this node's ranks: ``cfg.port`` when free, any free port otherwise."""
-    port = cfg.port if cfg.port and not _port_busy(cfg.host, cfg.port) else 0
-    return start_server_process(cfg, dump_dir, port=port)
+    """A server for this node's ranks, on ``cfg.port`` when set (an error when it is taken).
 
-
-def _port_busy(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+    Else on any free port, which the server binds itself: jobs sharing a node never collide.
+    """
+    return start_server_process(cfg, dump_dir, port=cfg.port or 0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

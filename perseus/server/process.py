@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from perseus import process_exit
-from perseus.config import ServerConfig
+from perseus.config import DEFAULT_SERVER_PORT, ServerConfig
 from perseus.errors import ConfigError, ServerError
 from perseus.runtime.server_spawn import (
     PARENT_PID_ENV,
@@ -117,7 +117,8 @@ def serve(
     Args:
         cfg: The server's configuration (``host``, ``port``, budgets, workers).
         dump_dir: Job directories and the state file.
-        sock: A socket already bound (else ``cfg.host:cfg.port`` is bound here).
+        sock: A socket already bound (else ``cfg.host:cfg.port`` is bound here, ``cfg.port``
+            unset: :data:`~perseus.config.DEFAULT_SERVER_PORT`).
         on_ready: Called with the server's URL once it restored its jobs and serves.
 
     Raises:
@@ -128,7 +129,8 @@ def serve(
     check_exposure(cfg)
     limit_blas_threads(cfg.blas_threads)  # before numpy is imported in this process
     dump_dir = prepare_dump_dir(dump_dir)
-    sock = sock or bind_socket(cfg.host, cfg.port)
+    port = DEFAULT_SERVER_PORT if cfg.port is None else cfg.port
+    sock = sock or bind_socket(cfg.host, port)
     url = url_of(sock, cfg.host)
 
     import uvicorn

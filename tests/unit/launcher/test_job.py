@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.launcher import nodes
 from perseus.launcher.report import (
     measured_from_steps,
     report_from_steps,
@@ -37,7 +38,9 @@ def test_job_id_random_on_one_node_shared_on_several(tmp_path: Path) -> None:
     multi.train.nnodes, multi.train.master_addr = 2, "node0"
     node1 = PerseusConfig()
     node1.train.nnodes, node1.train.node_rank, node1.train.master_addr = 2, 1, "node0"
-    ids = {prepare_config(c, tmp_path).server.job_id for c in (multi, node1)}
+    ids = {
+        prepare_config(c, tmp_path, nodes.resolve(c, env={})).server.job_id for c in (multi, node1)
+    }
     assert len(ids) == 1 and next(iter(ids)).startswith("train-")
 
 
@@ -54,9 +57,9 @@ def test_server_needed_only_online_without_url() -> None:
     assert not needs_local_server(cfg)
     cfg.server.url, cfg.runtime.mode = None, "measure"
     assert not needs_local_server(cfg)
-    cfg.runtime.mode, cfg.train.nnodes = "online", 2
+    cfg.runtime.mode = "online"
     with pytest.raises(ConfigError, match="server.url"):
-        needs_local_server(cfg)
+        needs_local_server(cfg, nnodes=2)
 
 
 def test_report_from_summary_gives_the_savings_with_their_intervals() -> None:

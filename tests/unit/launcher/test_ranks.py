@@ -9,7 +9,8 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.launcher.ranks import RankFailedError, launch_ranks, plan_launch
+from perseus.launcher import nodes
+from perseus.launcher.ranks import LaunchPlan, RankFailedError, launch_ranks, plan_launch
 from perseus.launcher.train_run import prepare_config, write_config
 
 
@@ -21,14 +22,19 @@ def make_cfg(**train: object) -> PerseusConfig:
     return cfg
 
 
+def plan_for(cfg: PerseusConfig, run_id: str = "job") -> LaunchPlan:
+    """The launch of ``cfg`` outside any Slurm job."""
+    return plan_launch(cfg, run_id=run_id, nodes=nodes.resolve(cfg, env={}))
+
+
 def test_single_node_takes_every_rank() -> None:
-    plan = plan_launch(make_cfg(), run_id="job")
+    plan = plan_for(make_cfg())
     assert (plan.nnodes, plan.nproc_per_node, plan.world_size) == (1, 4, 4)
 
 
 def test_multi_node_splits_ranks() -> None:
     cfg = make_cfg(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400)
-    plan = plan_launch(cfg, run_id="job")
+    plan = plan_for(cfg)
     assert (plan.nproc_per_node, plan.node_rank, plan.master_addr, plan.master_port) == (
         2,
         1,
@@ -40,14 +46,14 @@ def test_multi_node_splits_ranks() -> None:
 @pytest.mark.parametrize(
     ("train", "message"),
     [
-        ({"nnodes": 3}, "cannot be split over train.nnodes=3"),
+        ({"nnodes": 3, "master_addr": "node0"}, "cannot be split over train.nnodes=3"),
         ({"nnodes": 2, "node_rank": 2}, "0 <= node_rank < nnodes"),
         ({"nproc_per_node": 3}, "nproc_per_node=3"),
     ],
 )
 def test_bad_geometry_names_the_keys(train: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        plan_launch(make_cfg(**train), run_id="job")
+        plan_for(make_cfg(**train))
 
 
 @pytest.mark.timeout(180)  # the other ranks are stopped, not waited for
@@ -58,7 +64,7 @@ def test_failing_rank_shows_its_perseus_error_once_without_traceback(tmp_path: P
     cfg.framework.name = "torch"  # type: ignore[assignment]
     cfg.runtime.mode = "measure"  # type: ignore[assignment]
     path = write_config(cfg, tmp_path)
-    plan = plan_launch(cfg, run_id="failing")
+    plan = plan_for(cfg, run_id="failing")
     with pytest.raises(RankFailedError) as err:
         launch_ranks(plan, path, tmp_path / "logs")
     message = str(err.value)
@@ -82,7 +88,7 @@ def test_failing_rank_shows_another_error_with_one_traceback(tmp_path: Path, cap
     model.name, model.family, model.num_layers = "wrn-tiny", "wide_resnet", 50
     model.image_size, model.base_channels, model.width_factor, model.num_classes = 1, 4, 1, 10
     path = write_config(cfg, tmp_path)
-    plan = plan_launch(cfg, run_id="failing")
+    plan = plan_for(cfg, run_id="failing")
     with pytest.raises(RankFailedError) as err:
         launch_ranks(plan, path, tmp_path / "logs")
     message = str(err.value)

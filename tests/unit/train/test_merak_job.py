@@ -9,6 +9,7 @@ import pytest
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.launcher import nodes
 from perseus.launcher.preflight import check_job
 from perseus.launcher.ranks import plan_launch
 from perseus.train import merak_job, merak_probe
@@ -68,7 +69,10 @@ def test_an_interpreter_without_merak_is_refused_with_what_it_lacks(tmp_path: Pa
 def test_ranks_in_another_interpreter_meet_on_their_own_store() -> None:
     cfg = merak_cfg()
     cfg.train.python = "relative/python"
-    plan = plan_launch(cfg, run_id="job")
+    plan = plan_launch(cfg, run_id="job", nodes=nodes.resolve(cfg, env={}))
     assert plan.python == str(Path("relative/python").absolute())
     assert plan.rank_store_port is not None and plan.rank_store_port != plan.master_port
-    assert plan_launch(PerseusConfig(), run_id="job").rank_store_port is None
+    plain = PerseusConfig()
+    assert (
+        plan_launch(plain, run_id="job", nodes=nodes.resolve(plain, env={})).rank_store_port is None
+    )
