@@ -7,9 +7,10 @@ Units are in the names: ``_mhz`` clocks, ``_mw`` power, ``_mj`` energy, ``_s`` t
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 
 class GPU(abc.ABC):
@@ -38,6 +39,8 @@ class GPU(abc.ABC):
     energy_source: str = "counter"
     # True for the emulated device: its times and energies come from a profile, not hardware.
     emulated: bool = False
+    # The dry run's changes said so far (see log_dry_run).
+    _dry_run_said: Optional[Set[str]] = None
 
     def ownership_key(self) -> str:
         """A file-name-safe key naming the physical device, for the one-owner lock.
@@ -112,6 +115,18 @@ class GPU(abc.ABC):
         change (on an H100 it shows a short window's average from a few ms before its update).
         """
         return None
+
+    def log_dry_run(self, log: logging.Logger, where: str, description: str) -> None:
+        """A change a dry run does not make: logged at INFO the first time, then at DEBUG.
+
+        A plan changes clocks at every instruction; saying each would flood the log from the
+        training thread, and saying each kind of change once is what a user reads.
+        """
+        if self._dry_run_said is None:
+            self._dry_run_said = set()
+        level = logging.DEBUG if description in self._dry_run_said else logging.INFO
+        self._dry_run_said.add(description)
+        log.log(level, "[dry run] %s: would %s", where, description)
 
     def sm_clock_mhz(self) -> Optional[int]:
         """The SM clock the device runs at now, read back from it (None: cannot be read)."""

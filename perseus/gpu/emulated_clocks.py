@@ -214,5 +214,5 @@ class EmulatedClocks(GPU):
     def _dry(self, description: str) -> bool:
         """In a dry run, log the change instead of making it (returns True)."""
         if self.dry_run:
-            logger.info("[dry run] emulated GPU %s: would %s", self.index, description)
+            self.log_dry_run(logger, f"emulated GPU {self.index}", description)
         return self.dry_run

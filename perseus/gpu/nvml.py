@@ -339,7 +339,7 @@ class NVMLGPU(GPU):
 
     def _change(self, description: str, name: str, *args: Any) -> None:
         if self.dry_run:
-            logger.info("[dry run] %s: would %s", self._where, description)
+            self.log_dry_run(logger, self._where, description)
             return
         logger.debug("%s: %s", self._where, description)
         self._call(name, *args)

@@ -295,5 +295,8 @@ def test_dry_run_changes_nothing_so_plan_and_max_speed_cost_the_same(caplog):
     assert iteration(dry_run=True, planned_mhz=1005) == max_speed  # an A/A run: no saving
     assert "[dry run] emulated GPU 0: would lock SM clocks to [1005, 1005] MHz" in caplog.text
     assert "would set power limit to 100000 mW" in caplog.text
+    # Each kind of change is said once at INFO (a plan changes clocks at every instruction).
+    said = [r for r in caplog.records if "would lock SM clocks to [1005, 1005]" in r.message]
+    assert [r.levelno for r in said] == [logging.INFO]
     time_s, energy_j = iteration(dry_run=False, planned_mhz=1005)  # really changed: it differs
     assert time_s > max_speed[0] and energy_j < max_speed[1]
