@@ -5,8 +5,9 @@ CSV contract (``docs/design.md``, "Profile CSV")::
     stage,instruction,frequency,time,energy
 
 ``time`` in seconds and ``energy`` in joules of ONE microbatch's forward or backward on that
-stage at that SM frequency (MHz). Extra columns are ignored. Read and written with the standard
-``csv`` module (the emulated GPU loads profiles inside training processes).
+stage at that SM frequency (MHz). Extra columns are ignored; spaces around column names and
+values (``stage, instruction, ...``) are trimmed. Read and written with the standard ``csv``
+module (the emulated GPU loads profiles inside training processes).
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def parse_profile_csv(text: str, source: str = "<profile>") -> Profile:
                 continue
             if len(fields) != len(header):
                 raise ProfileError(_width_problem(source, reader.line_num, fields, header))
-            rows.append((reader.line_num, tuple(fields[index[c]] for c in COLUMNS)))
+            rows.append((reader.line_num, tuple(fields[index[c]].strip() for c in COLUMNS)))
     except csv.Error as exc:
         raise ProfileError(
             f"{source}, row {reader.line_num}: cannot parse as CSV ({exc}); {_FIX}"
@@ -224,23 +225,22 @@ FINITE_POWER_W = Range(ge=0.0, unit="W")
 
 
 def _column_index(header: List[str], where: str) -> Dict[str, int]:
-    """Where each column is; the header found and the one expected when it does not fit."""
+    """Where each column is (names trimmed); the header as read and the fix when it does not fit.
+
+    The message shows the header's text and each column name as read (``repr``: a stray
+    character in a name that looks right is visible).
+    """
+    names = [name.strip() for name in header]
     found = _short(",".join(header))
-    twice = sorted({name for name in header if name in COLUMNS and header.count(name) > 1})
+    twice = sorted({name for name in names if name in COLUMNS and names.count(name) > 1})
     if twice:
         raise ProfileError(f"{where}: column(s) {twice} appear more than once in {found!r}")
-    index = {name: i for i, name in enumerate(header)}
+    index = {name: i for i, name in enumerate(names)}
     missing = [c for c in COLUMNS if c not in index]
     if not missing:
         return index
-    cleaned = {name.strip().lower() for name in header}
-    if all(c in cleaned for c in COLUMNS):
-        fixes = []
-        if any(name != name.strip() for name in header):
-            fixes.append("remove the spaces around the column names (after the commas)")
-        if any(name.strip() != name.strip().lower() for name in header):
-            fixes.append("write the column names in lower case")
-        fix = " and ".join(fixes)
+    if all(c in {name.lower() for name in names} for c in COLUMNS):
+        fix = "write the column names in lower case"
     elif len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
         sep = next(sep for sep in ";\t|" if sep in header[0])
         fix = f"separate the columns with commas, not {sep!r}"
@@ -249,8 +249,8 @@ def _column_index(header: List[str], where: str) -> Dict[str, int]:
     else:
         fix = f"missing column(s) {missing}"
     raise ProfileError(
-        f"{where}: the header is {found!r}, expected the columns {_HEADER} (in any order; "
-        f"extra columns are ignored): {fix}"
+        f"{where}: the header is {found!r}, read as the columns {_short(repr(header), 200)}; "
+        f"expected the columns {_HEADER} (in any order; extra columns are ignored): {fix}"
     )
 
 
@@ -268,8 +268,8 @@ def _width_problem(source: str, line: int, fields: List[str], header: List[str])
     return f"{source}, row {line}: {len(fields)} fields ({found!r}) but {expected}: {hint}"
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def _number(text: str) -> bool:
