@@ -110,7 +110,8 @@ class _Request:
         self.declared_length = int(length) if length is not None and length.isdigit() else None
         self.awaits_continue = headers.get(b"expect", b"").lower() == b"100-continue"
         self.seen = 0
-        self.complete = False
+        # Without Content-Length or Transfer-Encoding a request has no body (a GET, mostly).
+        self.complete = length is None and b"transfer-encoding" not in headers
         self.asked = False
         self.refused = False
 
