@@ -29,6 +29,7 @@ import atexit
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -136,6 +137,38 @@ def exit_with_parent(parent_pid: Optional[int] = None, period_s: float = 1.0) ->
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="perseus-parent-watch").start()
+
+
+def exit_without_finalizing(code: int = 0) -> None:
+    """End a training process after its clean teardown, without interpreter finalization.
+
+    torch's gloo backend runs worker threads per process group for the group's whole life
+    (DeepSpeed keeps its groups referenced until the process ends, so ``destroy_process_group``
+    does not stop them). After a collective returns, its worker thread may still hold the last
+    reference to a tensor that Python has already dropped; releasing it takes the GIL. Once
+    the interpreter is finalizing, CPython ends any thread that asks for the GIL by unwinding
+    it, which through that C++ destructor calls ``std::terminate``: the process dies with
+    SIGABRT ("terminate called without an active exception") after a successful run, and the
+    elastic agent fails the job. So the process joins its non-daemon threads and runs the exit
+    hooks (these closers included) while the interpreter is fully alive, so that threads get
+    the GIL as usual, flushes its output, and leaves with ``os._exit``.
+
+    Args:
+        code: Exit status of the process.
+    """
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()  # as interpreter shutdown would
+        atexit._run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def _install_signal_handlers() -> None:

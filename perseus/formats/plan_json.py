@@ -291,15 +291,17 @@ def check_plan_for_job(
     Raises:
         PlanError: naming what the plan has, what the job runs and the setting to change.
     """
+    shape = []  # every count that differs, so that one message names them all
     if plan.num_stages != num_stages:
-        raise PlanError(
-            f"plan {source} has {plan.num_stages} stages but the job runs {num_stages} "
-            "(parallelism.pp); plan for this pipeline with perseus-plan"
-        )
+        shape.append(f"{plan.num_stages} stages but the job runs {num_stages} (parallelism.pp)")
     if plan.num_microbatches != num_microbatches:
+        shape.append(
+            f"{plan.num_microbatches} microbatches per iteration but the job runs "
+            f"{num_microbatches} (parallelism.num_microbatches)"
+        )
+    if shape:
         raise PlanError(
-            f"plan {source} has {plan.num_microbatches} microbatches per iteration but "
-            f"parallelism.num_microbatches={num_microbatches}; plan for this job with perseus-plan"
+            f"plan {source} has {', and '.join(shape)}; plan for this job with perseus-plan"
         )
     if schedule is None:
         return

@@ -10,8 +10,9 @@ that SM frequency (MHz): ``forward``, ``backward``, and for schedules that split
 measured profile adds ``energy_se`` (the standard error of ``energy``, J; empty where unknown)
 and ``uncertain`` (``1``: known to worse than the profiler's target, or clamped to the GPU's
 power range, or borrowed; ``0`` otherwise); both are optional and read when present. Other
-extra columns are ignored. Read and written with the standard ``csv`` module (the emulated GPU
-loads profiles inside training processes).
+extra columns are ignored; spaces around column names and values (``stage, instruction, ...``)
+are trimmed. Read and written with the standard ``csv`` module (the emulated GPU loads profiles
+inside training processes).
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ def parse_profile_csv(text: str, source: str = "<profile>") -> Profile:
                 continue
             if len(fields) != len(header):
                 raise ProfileError(width_problem(source, reader.line_num, fields, header))
-            row = tuple(fields[index[c]] for c in COLUMNS)
+            row = tuple(fields[index[c]].strip() for c in COLUMNS)
             rows.append((reader.line_num, row))
             _read_uncertainty(row, fields, index, f"{source}, row {reader.line_num}", se, uncertain)
     except csv.Error as exc:

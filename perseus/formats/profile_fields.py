@@ -16,7 +16,11 @@ from perseus.numbers import Range
 def column_index(
     header: List[str], where: str, columns: Sequence[str], fix_header: str
 ) -> Dict[str, int]:
-    """Where each column is; the header found and the one expected when it does not fit.
+    """Where each column is (names trimmed); the header as read when it does not fit.
+
+    Spaces around a name carry no meaning (``stage, instruction, ...`` is the same header).
+    A header that does not fit is shown with its text and each column as read (``repr``: a
+    stray character in a name that looks right is visible), with the fix.
 
     Args:
         header: The header row read.
@@ -25,22 +29,17 @@ def column_index(
         fix_header: How to fix a header that is not one (the whole line to write).
     """
     expected = ",".join(columns)
+    names = [name.strip() for name in header]
     found = short(",".join(header))
-    twice = sorted({name for name in header if name in columns and header.count(name) > 1})
+    twice = sorted({name for name in names if name in columns and names.count(name) > 1})
     if twice:
         raise ProfileError(f"{where}: column(s) {twice} appear more than once in {found!r}")
-    index = {name: i for i, name in enumerate(header)}
+    index = {name: i for i, name in enumerate(names)}
     missing = [c for c in columns if c not in index]
     if not missing:
         return index
-    cleaned = {name.strip().lower() for name in header}
-    if all(c in cleaned for c in columns):
-        fixes = []
-        if any(name != name.strip() for name in header):
-            fixes.append("remove the spaces around the column names (after the commas)")
-        if any(name.strip() != name.strip().lower() for name in header):
-            fixes.append("write the column names in lower case")
-        fix = " and ".join(fixes)
+    if all(c in {name.lower() for name in names} for c in columns):
+        fix = "write the column names in lower case"
     elif len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
         sep = next(sep for sep in ";\t|" if sep in header[0])
         fix = f"separate the columns with commas, not {sep!r}"
@@ -49,8 +48,8 @@ def column_index(
     else:
         fix = f"missing column(s) {missing}"
     raise ProfileError(
-        f"{where}: the header is {found!r}, expected the columns {expected} (in any order; "
-        f"extra columns are ignored): {fix}"
+        f"{where}: the header is {found!r}, read as the columns {short(repr(header), 200)}; "
+        f"expected the columns {expected} (in any order; extra columns are ignored): {fix}"
     )
 
 
@@ -69,9 +68,11 @@ def width_problem(source: str, line: int, fields: List[str], header: List[str]) 
     return f"{source}, row {line}: {len(fields)} fields ({found!r}) but {expected}: {hint}"
 
 
-def short(text: str) -> str:
-    """``text``, shortened for a message."""
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+def short(text: str, limit: int = 60) -> str:
+    """``text``, shortened for a message (to about ``limit`` characters)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def is_number(text: str) -> bool:

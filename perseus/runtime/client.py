@@ -6,7 +6,8 @@ Every request has a timeout; connection failures and 5xx answers are retried a b
 of times with exponential backoff, so one call never takes longer than about
 ``(max_retries + 1) * timeout_s + backoff_s * 2 ** max_retries``. A kept-alive connection the
 server closed while it was idle is replaced at once, without counting as an attempt. 4xx
-answers are not retried.
+answers are not retried; 413 (a body over the server's ``server.max_body_mb``) is
+:class:`RequestTooLarge`, also when the server answered it before the body was sent in full.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class ServerRefused(ServerError):
         super().__init__(message)
         self.status = status
         self.detail = detail
+
+
+class RequestTooLarge(ServerRefused):
+    """The server answered 413: the body is over its ``server.max_body_mb`` (never retried)."""
 
 
 class ServerClient:
@@ -114,7 +119,7 @@ class ServerClient:
         for fresh_try in (False, True):
             conn, reused = self._connection()
             try:
-                conn.request(method, target, body=data, headers=headers)
+                _send(conn, method, target, data, headers)
                 resp = conn.getresponse()
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as exc:
@@ -178,6 +183,14 @@ class ServerClient:
             if status >= 500:
                 last = ServerError(f"HTTP {status}: {_detail(raw)}")
                 continue
+            if status == 413:
+                detail = _detail(raw)
+                raise RequestTooLarge(
+                    f"{method} {path}: the request body ({len(data or b'')} bytes) is larger "
+                    f"than the server accepts (HTTP 413: {detail})",
+                    status,
+                    detail,
+                )
             if status >= 400:
                 detail = _detail(raw)
                 raise ServerRefused(
@@ -200,6 +213,26 @@ class ServerClient:
     def post(self, path: str, body: Any = None) -> Any:
         """POST a JSON body."""
         return self.request("POST", path, body if body is not None else {})
+
+
+def _send(
+    conn: http.client.HTTPConnection,
+    method: str,
+    target: str,
+    data: Optional[bytes],
+    headers: Dict[str, str],
+) -> None:
+    """Send one request; a server that stopped reading it may still have answered.
+
+    A server refuses a body it will not read (too large) by answering and closing: the rest of
+    the body then fails to send (reset, broken pipe), while the answer already sits in the
+    socket. The caller reads it as for any request; without one, reading fails as the send did.
+    """
+    try:
+        conn.request(method, target, body=data, headers=headers)
+    except (BrokenPipeError, ConnectionResetError):
+        if conn.sock is None:  # never connected: there is nothing to read
+            raise
 
 
 def _detail(raw: bytes) -> str:

@@ -17,7 +17,8 @@ Handlers run on the event loop and only do short work under a job's lock: estima
 planning run in worker processes, the state reaches disk through a writer thread. One job
 therefore never delays another's requests or ``/healthz``, and a rank counts as heard from when
 its request is handled, right as it arrives. Malformed requests get 4xx, bodies over
-``server.max_body_mb`` (streamed or not) 413.
+``server.max_body_mb`` (streamed or not) 413, and every answer reaches a client still sending
+its body (:mod:`perseus.server.bodies`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from fastapi.responses import JSONResponse
 
 from perseus.config import ServerConfig
 from perseus.errors import ServerError
-from perseus.server.limits import MB, BodyLimit
+from perseus.server.bodies import RequestBodies
+from perseus.server.limits import MB
 from perseus.server.registry import JobRegistry
 from perseus.wire import (
     JOB_ID_PATTERN,
@@ -73,7 +75,7 @@ def create_app(
     app.state.registry = registry
     auth = _auth_dependency(cfg.token)
     _install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=int(cfg.max_body_mb * MB))
+    app.add_middleware(RequestBodies, max_bytes=int(cfg.max_body_mb * MB))
 
     @app.get(Route.HEALTHZ)
     async def healthz() -> Dict[str, str]:

@@ -1,8 +1,8 @@
 """What one request, one job, and all jobs together may cost the server.
 
-* Request bodies: :class:`BodyLimit` counts the bytes as they stream in, ``Content-Length`` or
-  chunked, and answers 413 as soon as a body passes ``server.max_body_mb`` (nothing more is
-  read or kept).
+* Request bodies: :class:`~perseus.server.bodies.RequestBodies` counts the bytes as they stream
+  in, ``Content-Length`` or chunked, and answers 413 once a body passes ``server.max_body_mb``
+  (nothing of it is kept).
 * Job state: :func:`job_state_bytes` estimates the memory a job's state needs on the server from
   its shape (stages x microbatches: orders, sweeps, plans) and the ranks registered so far
   (never from the capacity it declares but does not use). A job above
@@ -14,17 +14,10 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional
+from typing import List, Optional
 
 from perseus.pipeline_order import PipelineOrder
 from perseus.wire import MAX_RANKS, JobSpec
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MB = 1024 * 1024
 # Fixed cost of any job (its objects, event log, summary) in bytes.
@@ -90,83 +83,3 @@ def job_problems(spec: JobSpec, max_job_state_mb: Optional[float]) -> List[str]:
             "server.max_job_state_mb on the server"
         )
     return problems
-
-
-class BodyLimit:
-    """ASGI middleware: request bodies above ``max_bytes`` are answered 413, streamed or not.
-
-    Args:
-        app: The application.
-        max_bytes: The largest body accepted.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = int(max_bytes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one request, refusing its body once it passes the limit."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers: Dict[bytes, bytes] = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await _too_large(send, self.max_bytes)
-            return
-        seen = 0
-        started = False
-        refused = False
-
-        async def counting_receive() -> Message:
-            nonlocal seen, refused
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    refused = True
-                    raise _BodyTooLarge()
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if refused:  # whatever the app answers to a body it could not read: 413
-                if message["type"] == "http.response.start" and not started:
-                    started = True
-                    await _too_large(send, self.max_bytes)
-                return
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await _too_large(send, self.max_bytes)
-        except Exception:
-            if refused and not started:  # the app wrapped our signal into another error
-                await _too_large(send, self.max_bytes)
-                return
-            raise
-
-
-class _BodyTooLarge(Exception):
-    """Raised inside the app's receive(): the body passed the limit."""
-
-
-async def _too_large(send: Send, max_bytes: int) -> None:
-    detail = f"request body larger than {max_bytes} bytes (server.max_body_mb); send less"
-    body = json.dumps({"detail": detail}, allow_nan=False).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
+from perseus.process_exit import exit_without_finalizing
 from perseus.train import frameworks
 
 logger = logging.getLogger("perseus.train")
@@ -44,7 +45,8 @@ def _setup_logging(cfg: PerseusConfig) -> None:
 def main() -> None:
     """Run this rank (wrapped by torch's ``record`` so failures reach the launcher).
 
-    A rank that finished cleanly ends through :func:`exit_without_finalizing`. A failing rank
+    A rank that finished cleanly ends through
+    :func:`~perseus.process_exit.exit_without_finalizing`. A failing rank
     started by the launcher exits with status 1 once ``record`` has written its error file
     (the launcher shows the error); started any other way, it raises as usual.
     """
@@ -93,40 +95,6 @@ def _teardown() -> None:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def exit_without_finalizing(code: int = 0) -> None:
-    """End the rank after its clean teardown without CPython's interpreter finalization.
-
-    torch's gloo backend runs two worker threads per process group for the group's whole life
-    (DeepSpeed keeps its groups referenced until the process ends, so ``destroy_process_group``
-    does not stop them). After a collective returns, its worker thread may still hold the last
-    reference to a tensor that Python has already dropped; releasing it takes the GIL. Once
-    the interpreter is finalizing, CPython ends any thread that asks for the GIL by unwinding
-    it, which through that C++ destructor calls ``std::terminate``: the rank dies with SIGABRT
-    after a successful run, and the elastic agent fails the job. So the rank runs the exit
-    hooks while the interpreter is fully alive (threads get the GIL as usual), flushes its
-    output, and leaves with ``os._exit``; everything Perseus owns was closed by then.
-
-    Args:
-        code: Exit status of the process.
-    """
-    import atexit
-    import threading
-
-    try:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()  # as interpreter shutdown would
-        atexit._run_exitfuncs()
-    finally:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
 
 
 if __name__ == "__main__":

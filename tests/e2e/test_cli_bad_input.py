@@ -72,6 +72,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     out: Dict[str, str] = {}
     out["plan_3_stages"] = write_plan(root / "p3.json", "1f1b", 3, 4)
     out["plan_8_mb"] = write_plan(root / "p8.json", "1f1b", 2, 8)
+    out["plan_12_mb"] = write_plan(root / "p12.json", "1f1b", 3, 12)
     out["plan_gpipe"] = write_plan(root / "gpipe.json", "gpipe", 2, 4)
     good = json.loads(Path(write_plan(root / "good.json", "1f1b", 2, 4)).read_text())
     text = json.dumps(good).replace('"energy_j": 100.0', '"energy_j": NaN')
@@ -101,10 +102,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     out["data_text"] = str(root / "text.npy")
     (root / "data_dir.npy").mkdir()
     out["data_dir"] = str(root / "data_dir.npy")
-    (root / "spaces.csv").write_text(
-        "stage, instruction, frequency, time, energy\n0, forward, 1410, 0.1, 20\n"
+    (root / "upper.csv").write_text(
+        "Stage, Instruction, Frequency, Time, Energy\n0, forward, 1410, 0.1, 20\n"
     )
-    out["profile_spaces"] = str(root / "spaces.csv")
+    out["profile_upper"] = str(root / "upper.csv")
     (root / "trailing.csv").write_text(PROFILE_HEADER + "0,forward,1410,0.1,20,\n")
     out["profile_trailing"] = str(root / "trailing.csv")
     (root / "nan.csv").write_text(PROFILE_HEADER + PROFILE_ROWS + "0,forward,1200,nan,3\n")
@@ -143,7 +144,15 @@ TRAIN_CASES = [
     (["train.max_steps=-1"], "train.max_steps=-1"),
     (["server.request_timeout_s=-1"], "server.request_timeout_s=-1.0"),
     # Plans.
-    (["runtime.mode=plan", "runtime.plan={plan_8_mb}"], "has 8 microbatches per iteration"),
+    (
+        ["runtime.mode=plan", "runtime.plan={plan_8_mb}"],
+        "has 8 microbatches per iteration but the job runs 4 (parallelism.num_microbatches)",
+    ),
+    (  # both counts differ: one message names both
+        ["runtime.mode=plan", "runtime.plan={plan_12_mb}"],
+        "has 3 stages but the job runs 2 (parallelism.pp), and 12 microbatches per iteration "
+        "but the job runs 4 (parallelism.num_microbatches)",
+    ),
     (["runtime.mode=plan", "runtime.plan={plan_gpipe}"], "does not follow the job's schedule"),
     (["runtime.mode=plan", "runtime.plan={plan_nan}"], "NaN is not a JSON number"),
     (["runtime.mode=plan", "runtime.plan={plan_binary}"], "byte 0x89 is not UTF-8"),
@@ -163,8 +172,8 @@ TRAIN_CASES = [
     (["model.dataset={data_dir}"], "data_dir.npy' is a directory"),
     # GPUs, frameworks, models.
     (
-        ["gpu.emulated.profile={profile_spaces}", "gpu.emulated.blocking_power_w=80"],
-        "remove the spaces around the column names",
+        ["gpu.emulated.profile={profile_upper}", "gpu.emulated.blocking_power_w=80"],
+        "write the column names in lower case",
     ),
     (["gpu.emulated.profile={profile_dir}"], "profile_dir' is a directory"),
     (["gpu.emulated.profile=no-such-gpu"], "gpu.emulated.profile='no-such-gpu': no such file"),
@@ -235,7 +244,7 @@ def test_train_lists_every_config_problem_one_line_each(tmp_path: Path) -> None:
     [
         (["planner.profile={profile_dir}"], "profile_dir is a directory, not a file"),
         (["planner.profile={root}/none.csv"], "none.csv does not exist"),
-        (["planner.profile={profile_spaces}"], "the header is 'stage, instruction,"),
+        (["planner.profile={profile_upper}"], "read as the columns ['Stage', ' Instruction',"),
         (["planner.profile={profile_trailing}"], "remove the trailing comma"),
         (["planner.profile={profile_nan}"], "row 4: time is nan"),
         (["planner.profile={profile_latin1}"], "line 3 column 1: byte 0xe9 is not UTF-8"),

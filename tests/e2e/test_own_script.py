@@ -5,6 +5,13 @@ at all unless a test says otherwise: the job starts its own coordination server,
 baseline, profiling, planning and the plan, and trains exactly as the same script without the
 import. Whatever goes wrong (a microbatch count that disagrees with the engine, a server that
 never answers) ends in one warning, default clocks and the same losses.
+
+Every launch, the plain reference as well, runs the script unchanged through
+``_support/run_script.py``, which ends each rank as perseus-train ends its ranks: exit hooks
+(Perseus's closers) run with the interpreter alive, then ``os._exit``. A plain DeepSpeed/gloo
+job's rank may otherwise abort after a successful run, during interpreter finalization, when a
+gloo worker thread releases a tensor at that moment (torch and CPython, not Perseus; see
+:func:`perseus.process_exit.exit_without_finalizing`). Each launch gets its own rendezvous port.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import pytest
 
 from tests.e2e.test_train_e2e import processes_mentioning
+from tests.integration._support.launch import free_port
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 SCRIPT = Path(__file__).parent / "_support" / "user_ds_pipeline.py"
+RUN_SCRIPT = Path(__file__).parent / "_support" / "run_script.py"
 IMPORT_LINE = "import perseus.adapters.deepspeed  # noqa: F401  (the one import)\n"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 # With the defaults (no configuration) the whole loop ends by about step 66 on this 2-stage,
@@ -48,7 +57,16 @@ def torchrun(
 ) -> subprocess.CompletedProcess:
     """Run ``script STEPS`` under torchrun in ``cwd``, with a clean Perseus environment."""
     return subprocess.run(
-        [str(TORCHRUN), *launcher_args, str(script), str(steps), *args],
+        [
+            str(TORCHRUN),
+            "--master-port",
+            str(free_port()),
+            *launcher_args,
+            str(RUN_SCRIPT),
+            str(script),
+            str(steps),
+            *args,
+        ],
         cwd=cwd,
         env=user_env(env),
         capture_output=True,
@@ -251,8 +269,6 @@ def test_configured_server_down_warns_once_per_rank(
 
 
 def test_two_nodes_find_the_server_through_the_store(tmp_path: Path, plain: List[str]) -> None:
-    from tests.integration._support.launch import free_port
-
     rendezvous = [
         "--nnodes",
         "2",
@@ -265,7 +281,7 @@ def test_two_nodes_find_the_server_through_the_store(tmp_path: Path, plain: List
         "--rdzv-id",
         "twonodes",
     ]
-    cmd = [str(TORCHRUN), *rendezvous, str(SCRIPT), "8"]
+    cmd = [str(TORCHRUN), *rendezvous, str(RUN_SCRIPT), str(SCRIPT), "8"]
     nodes = [
         subprocess.Popen(
             cmd,

@@ -1,4 +1,5 @@
-"""The process exit registry: last registered closes first, failures do not stop the rest."""
+"""The process exit registry: last registered closes first, failures do not stop the rest; the
+clean exit of a training process runs hooks and threads and skips interpreter finalization."""
 
 from __future__ import annotations
 
@@ -68,3 +69,39 @@ def test_an_ignored_signal_is_left_ignored_and_restores_nothing() -> None:
     assert proc.returncode == 0, proc.stderr
     # Nothing restored while the process lives on; the closers run at its normal exit.
     assert proc.stdout.split() == ["alive", "True", "optimizer", "guard-restore", "device"]
+
+
+# -- the clean exit without finalization ---------------------------------------------------
+EXIT_CHILD = """
+import atexit, sys, threading, time
+from perseus.process_exit import exit_without_finalizing
+
+atexit.register(lambda: print("exit hook ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
+# Would print at finalization; exit_without_finalizing must skip it.
+class Finalized:
+    def __del__(self):
+        print("finalized")
+keep = Finalized()
+sys.stdout.write("buffered output")
+exit_without_finalizing(int(sys.argv[1]))
+"""
+
+
+def _exit_child(code: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", EXIT_CHILD, str(code)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_exit_runs_hooks_joins_threads_and_skips_finalization() -> None:
+    proc = _exit_child(0)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "buffered output" in out  # flushed before os._exit
+    assert out.index("thread finished") < out.index("exit hook ran")
+    assert "finalized" not in out
+
+
+def test_exit_keeps_the_status() -> None:
+    assert _exit_child(3).returncode == 3

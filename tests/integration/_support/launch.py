@@ -153,6 +153,6 @@ def _child_main(argv: List[str]) -> None:
 if __name__ == "__main__":
     _child_main(sys.argv[1:])
     # As perseus-train's ranks do: gloo worker threads must not meet interpreter finalization.
-    from perseus.train.worker import exit_without_finalizing
+    from perseus.process_exit import exit_without_finalizing
 
     exit_without_finalizing(0)

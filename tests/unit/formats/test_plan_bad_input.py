@@ -202,7 +202,15 @@ def test_reference_plan_that_is_not_utf8(tmp_path: Path) -> None:
     ("job", "fragment"),
     [
         ({"num_stages": 4}, "has 2 stages but the job runs 4 (parallelism.pp)"),
-        ({"num_microbatches": 3}, "has 2 microbatches per iteration but"),
+        (
+            {"num_microbatches": 3},
+            "has 2 microbatches per iteration but the job runs 3 (parallelism.num_microbatches)",
+        ),
+        (
+            {"num_stages": 4, "num_microbatches": 8},
+            "has 2 stages but the job runs 4 (parallelism.pp), and 2 microbatches per iteration "
+            "but the job runs 8 (parallelism.num_microbatches); plan for this job",
+        ),
         ({"schedule": "gpipe"}, "stage 1, position 1 has backward where the job runs forward"),
         (
             {"schedule": "interleaved_1f1b", "num_model_chunks": 2},

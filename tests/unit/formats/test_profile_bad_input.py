@@ -99,17 +99,18 @@ BAD_FILES = [
     (HEADER.encode() + b"\n", ["no rows", "at least one stage"]),
     (b"\xef\xbb\xbf" + HEADER.encode() + b"\n", ["no rows"]),  # BOM: header still read
     (
-        GOOD.replace(HEADER, "stage, instruction, frequency, time, energy").encode(),
+        GOOD.replace(HEADER, "Stage, Instruction, Frequency, Time, Energy").encode(),
         [
             "row 1",
-            "the header is 'stage, instruction, frequency, time, energy'",
+            "the header is 'Stage, Instruction, Frequency, Time, Energy'",
+            "read as the columns ['Stage', ' Instruction', ' Frequency', ' Time', ' Energy']",
             "expected the columns stage,instruction,frequency,time,energy",
-            "remove the spaces around the column names (after the commas)",
+            "write the column names in lower case",
         ],
     ),
     (
-        GOOD.replace(HEADER, "Stage,Instruction,Frequency,Time,Energy").encode(),
-        ["the header is 'Stage,Instruction,", "write the column names in lower case"],
+        GOOD.replace(HEADER, "stage,\u00a0instruction,frequency,time,energy\u200b").encode(),
+        ["'energy\\u200b'", "missing column(s) ['energy']"],  # no-break space trimmed
     ),
     (
         GOOD.replace(HEADER, "stage,instruction,frequency,time").encode(),

@@ -37,6 +37,12 @@ def test_load_good_profile_with_extra_column(tmp_path: Path) -> None:
     assert profile.max_frequency_mhz(0, "forward") == 1410
 
 
+def test_spaces_around_names_and_values_are_trimmed(tmp_path: Path) -> None:
+    spaced = "".join(" " + line.replace(",", " , ") + "\n" for line in GOOD.splitlines())
+    path = _write(tmp_path, spaced, header="stage, instruction, frequency, time, energy \n")
+    assert read_profile_csv(path).rows() == read_profile_csv(_write(tmp_path, GOOD)).rows()
+
+
 def test_round_trip(tmp_path: Path) -> None:
     profile = read_profile_csv(_write(tmp_path, GOOD))
     again = read_profile_csv(profile.write(tmp_path / "out" / "p.csv"))
