@@ -70,7 +70,7 @@ def check_job(cfg: PerseusConfig, num_local_ranks: Optional[int] = None) -> None
 
 
 def local_ranks(cfg: PerseusConfig) -> int:
-    """How many ranks this node starts (as :func:`perseus.launcher.ranks.plan_launch` does)."""
+    """How many ranks this node starts (as :func:`~perseus.launcher.rank_processes.plan_launch`)."""
     par, train = cfg.parallelism, cfg.train
     return train.nproc_per_node or -(-(par.pp * par.dp * par.tp) // max(1, train.nnodes or 1))
 

@@ -25,7 +25,7 @@ from perseus.formats import plan_outputs
 from perseus.launcher import nodes
 from perseus.launcher.nodes import Nodes
 from perseus.launcher.preflight import check_job
-from perseus.launcher.ranks import launch_ranks, plan_launch
+from perseus.launcher.rank_processes import launch_ranks, plan_launch
 from perseus.launcher.report import (
     apply_power_limit,
     report_from_steps,

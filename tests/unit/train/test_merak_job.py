@@ -11,7 +11,7 @@ from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
 from perseus.launcher.preflight import check_job
-from perseus.launcher.ranks import plan_launch
+from perseus.launcher.rank_processes import plan_launch
 from perseus.train import merak_job, merak_probe
 
 

@@ -10,7 +10,7 @@ import pytest
 from perseus.config import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
-from perseus.launcher.ranks import LaunchPlan, RankFailedError, launch_ranks, plan_launch
+from perseus.launcher.rank_processes import LaunchPlan, RankFailedError, launch_ranks, plan_launch
 from perseus.launcher.train_run import prepare_config, write_config
 
 
@@ -104,7 +104,7 @@ def test_rank_killed_by_a_signal_shows_its_stderr_tail(tmp_path: Path) -> None:
     # The elastic agent's own failure record for a rank that died without a Python error.
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from perseus.launcher.ranks import describe_failure
+    from perseus.launcher.rank_processes import describe_failure
 
     rank_dir = tmp_path / "logs" / "train-x_abc" / "attempt_0" / "1"
     rank_dir.mkdir(parents=True)
