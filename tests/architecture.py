@@ -35,7 +35,6 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.config",
             "perseus.config_enums",
             "perseus.config_validation",
-            "perseus.numbers",
             "perseus.schedule",
             "perseus.pipeline_order",
             "perseus.process_exit",

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, List, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Tuple
 
 from perseus.config import GPUOnUnsupported, RuntimeMode
 from perseus.errors import (
@@ -118,9 +117,6 @@ class Capabilities:
         return "\n".join(lines) + "\nFix: " + "; ".join(fixes)
 
 
-_checked: weakref.WeakKeyDictionary[GPU, Capabilities] = weakref.WeakKeyDictionary()
-
-
 def describe(gpu: GPU) -> str:
     """``GPU 0 (NVIDIA A100-SXM4-40GB, GPU-...)``."""
     uuid = f", {gpu.uuid}" if gpu.uuid else ""
@@ -181,36 +177,38 @@ def check_capabilities(
 
 def preflight_config(
     cfg: PerseusConfig, gpu: GPU, guard: Optional[GPUGuard] = None
-) -> PerseusConfig:
-    """Check ``gpu`` once for what ``cfg`` needs; returns the configuration to run with.
+) -> Tuple[PerseusConfig, Capabilities]:
+    """Check ``gpu`` for what ``cfg`` needs; the configuration to run with, and the verdict.
 
-    ``guard``: the GPU's guard when the caller already holds one (the check goes through it).
+    Run once per GPU, by whoever builds its device (:func:`perseus.runtime.device.build_device`,
+    which keeps the verdict on the device). ``guard``: the GPU's guard when the caller already
+    holds one (the check goes through it).
 
-    ``cfg`` itself when all is well; with ``gpu.on_unsupported=measure_only`` and a problem, a
-    copy with ``runtime.mode=measure`` (no clock or power-limit changes).
+    The configuration is ``cfg`` itself when all is well; with ``gpu.on_unsupported=measure_only``
+    and a problem, :func:`measure_only_config` of it.
 
     Raises:
         GPUPreflightError: a problem and ``gpu.on_unsupported=error``.
     """
-    caps = _checked.get(gpu)
-    if caps is None:
-        state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
-        caps = check_capabilities(gpu, needs_for(cfg), state_dir=state_dir, guard=guard)
-        for warning in caps.warnings:
-            logger.warning("%s", warning)
-        if caps.problems:
-            if cfg.gpu.on_unsupported != GPUOnUnsupported.measure_only:
-                raise GPUPreflightError(caps.message())
-            caps.measure_only = True
-            logger.warning(
-                "%s: %s; continuing in measure-only mode (gpu.on_unsupported=measure_only): "
-                "clocks and power limits stay as they are, time and energy are measured",
-                caps.gpu,
-                "; ".join(f"cannot {c.name} ({c.detail})" for c in caps.problems),
-            )
-        _checked[gpu] = caps
-    if not caps.measure_only:
-        return cfg
+    state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
+    caps = check_capabilities(gpu, needs_for(cfg), state_dir=state_dir, guard=guard)
+    for warning in caps.warnings:
+        logger.warning("%s", warning)
+    if caps.problems:
+        if cfg.gpu.on_unsupported != GPUOnUnsupported.measure_only:
+            raise GPUPreflightError(caps.message())
+        caps.measure_only = True
+        logger.warning(
+            "%s: %s; continuing in measure-only mode (gpu.on_unsupported=measure_only): "
+            "clocks and power limits stay as they are, time and energy are measured",
+            caps.gpu,
+            "; ".join(f"cannot {c.name} ({c.detail})" for c in caps.problems),
+        )
+    return (measure_only_config(cfg) if caps.measure_only else cfg), caps
+
+
+def measure_only_config(cfg: PerseusConfig) -> PerseusConfig:
+    """``cfg`` for a GPU that only measures: ``runtime.mode=measure``, no memory-clock lock."""
     return dataclasses.replace(
         cfg,
         runtime=dataclasses.replace(cfg.runtime, mode=RuntimeMode.measure),
@@ -218,16 +216,8 @@ def preflight_config(
     )
 
 
-def capabilities_of(gpu: GPU) -> Optional[Capabilities]:
-    """What the start-up check found for ``gpu`` (None: not checked in this process)."""
-    return _checked.get(gpu)
-
-
 def lock_memory_clock(guard: GPUGuard) -> bool:
     """Lock the memory clock at its highest; where unsupported, warn and skip (returns False)."""
-    caps = _checked.get(guard.gpu)
-    if caps is not None and caps.memory_lock_supported is False:
-        return False  # the start-up check warned already
     try:
         mem_mhz = max(guard.gpu.supported_memory_clocks_mhz())
         guard.lock_memory_clocks_mhz(mem_mhz, mem_mhz)

@@ -4,7 +4,8 @@ Global rank 0 prints one line when Perseus starts (mode, where the server is, th
 plainly when it is emulated), one line per phase of an online job, and a summary at the end.
 A problem that stops Perseus (never the training) is one warning: on rank 0 when every rank
 has it (a shape mismatch, no server for the job), on its own rank otherwise. Every line starts
-with ``[perseus]`` so it can be found in a framework's output.
+with ``[perseus]`` so it can be found in a framework's output. The one warning is the process's
+rank session's to say (:class:`Announcer`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
     from perseus.gpu.base import GPU
 
 PREFIX = "[perseus]"
-
-_lock = threading.Lock()
-_warned = False
 
 # What each online phase means, for the phase lines.
 PHASE_WORDS: Dict[str, str] = {
@@ -41,31 +39,34 @@ def say(message: str) -> None:
         pass
 
 
-def warn_once(message: str) -> bool:
-    """Print ``message`` as the process's one Perseus warning; False if one was printed."""
-    global _warned
-    with _lock:
-        if _warned:
-            return False
-        _warned = True
-    say(f"WARNING: {message}")
-    return True
+class Announcer:
+    """What a process says about Perseus: at most one warning, the start line on rank 0."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._warned = False
 
-def reset() -> None:
-    """Forget that a warning was printed (tests)."""
-    global _warned
-    with _lock:
-        _warned = False
+    def warn_once(self, message: str) -> bool:
+        """Print ``message`` as the process's one Perseus warning; False if one was printed."""
+        with self._lock:
+            if self._warned:
+                return False
+            self._warned = True
+        say(f"WARNING: {message}")
+        return True
+
+    def started(self, mode: str, gpu: GPU, server: Optional[str] = None) -> None:
+        """Say that Perseus is active and how (:func:`start_line`)."""
+        say(start_line(mode, gpu, server))
 
 
 def gpu_words(gpu: GPU) -> str:
     """The GPU backend in words; says plainly when the GPU is emulated."""
-    if getattr(gpu, "emulated", False):
+    if gpu.emulated:
         return "emulated GPU — energy figures are synthetic (no usable NVIDIA GPU here)"
-    name = getattr(gpu, "name", "") or type(gpu).__name__
-    dry = " (dry run: clock changes are only logged)" if getattr(gpu, "dry_run", False) else ""
-    return f"NVML GPU {getattr(gpu, 'index', 0)} {name}{dry}"
+    name = gpu.name or type(gpu).__name__
+    dry = " (dry run: clock changes are only logged)" if gpu.dry_run else ""
+    return f"NVML GPU {gpu.index} {name}{dry}"
 
 
 def start_line(mode: str, gpu: GPU, server: Optional[str] = None) -> str:

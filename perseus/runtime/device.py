@@ -12,11 +12,12 @@ This is the one place where they are built and closed:
 
 Every device has an energy sampler (:mod:`perseus.gpu.energy_sampler`): a thread of its own that
 watches the GPU's energy counter, so that no hook ever reads it. A device closes in the reverse
-order of building, through one :class:`contextlib.ExitStack`: controller stopped, clocks and
-power limit restored and the guard released, sampler stopped, GPU closed. It is
-also registered with :mod:`perseus.process_exit`, so that it closes at interpreter exit when its
-owner never did. What a :class:`RankDevice` was built with from outside stays the caller's (see
-``docs/design.md``, "Ownership and exit").
+order of building, through one :class:`contextlib.ExitStack`: controller stopped, clocks and power
+limit restored and the guard released, sampler stopped, GPU closed. A device built from the
+configuration keeps the verdict of its GPU's start-up check (checked once, when it is built): its
+``capabilities`` and whether it only measures. Its owner closes it (the process's rank session, or
+the optimizer built with it), also at interpreter exit. What a :class:`RankDevice` was built with
+from outside stays the caller's (see ``docs/design.md``, "Ownership and exit").
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from perseus import process_exit
 from perseus.gpu.energy_sampler import EnergySampler
 from perseus.records import EnergySeries, RankInfo
 from perseus.runtime.controller import ClockController
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from perseus.config import PerseusConfig
     from perseus.gpu.base import GPU
     from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.preflight import Capabilities
 
 
 class RankDevice:
@@ -50,6 +51,10 @@ class RankDevice:
 
     Attributes:
         gpu, guard, controller, sampler: As given.
+        energy: The GPU's energy counter updates, as its sampler records them (``None``:
+            energy is not measured).
+        capabilities: The verdict of the GPU's start-up check (``None``: not checked, e.g. a
+            device opened on a GPU at hand).
     """
 
     def __init__(
@@ -65,21 +70,19 @@ class RankDevice:
         self.guard = guard
         self.controller = controller
         self.sampler = sampler
+        self.energy: Optional[EnergySeries] = None if sampler is None else sampler.series
+        self.capabilities: Optional[Capabilities] = None
+        # The start-up check found the GPU cannot do what the job needs: it only measures.
+        self.measure_only = False
         self._exit = ExitStack()
         if closing is not None:
             self._exit.enter_context(closing)
         self._closed = False
-        process_exit.at_exit(self.close)
 
     @property
     def controls_clocks(self) -> bool:
         """Whether this device changes clocks (measure-only devices do not)."""
         return self.controller is not None
-
-    @property
-    def energy(self) -> Optional[EnergySeries]:
-        """The GPU's energy counter updates (``None``: energy is not measured)."""
-        return None if self.sampler is None else self.sampler.series
 
     @property
     def closed(self) -> bool:
@@ -94,7 +97,6 @@ class RankDevice:
         if self._closed:
             return
         self._closed = True
-        process_exit.cancel(self.close)
         self._exit.close()
 
     def __enter__(self) -> RankDevice:
@@ -163,8 +165,9 @@ def build_device(cfg: PerseusConfig, rank: RankInfo) -> RankDevice:
 
     Before anything is handed out, the start-up check (:mod:`perseus.gpu.preflight`) tries once
     what the configuration will need from the GPU (locked clocks, power limits, the energy
-    counter). ``runtime.mode=measure``, or a failed check with
-    ``gpu.on_unsupported=measure_only``, takes no guard (clocks are never touched).
+    counter); its verdict stays on the device (``capabilities``, ``measure_only``).
+    ``runtime.mode=measure``, or a failed check with ``gpu.on_unsupported=measure_only``, takes
+    no guard (clocks are never touched).
 
     Raises:
         ConfigError: bad ``gpu.*`` settings. GPUError: the GPU cannot be opened or owned.
@@ -175,18 +178,21 @@ def build_device(cfg: PerseusConfig, rank: RankInfo) -> RankDevice:
 
     gpu = build_gpu(cfg.gpu, rank.local_gpu_index, num_pipeline_stages=rank.num_stages)
     try:
-        cfg = preflight_config(cfg, gpu)  # raises, or a measure-only configuration
+        cfg, caps = preflight_config(cfg, gpu)  # raises, or a measure-only configuration
     except BaseException:
         gpu.close()
         raise
-    return open_device(
+    device = open_device(
         gpu,
         control_clocks=cfg.runtime.mode != "measure",
         state_dir=Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None,
         owner=f"perseus rank {rank.rank}",
-        lock_memory_clock=cfg.gpu.lock_memory_clock,
+        # Where the check found no memory-clock locking it warned already: not tried again.
+        lock_memory_clock=cfg.gpu.lock_memory_clock and caps.memory_lock_supported is not False,
         name=f"-gpu{rank.local_gpu_index}",
     )
+    device.capabilities, device.measure_only = caps, caps.measure_only
+    return device
 
 
 class DeviceTable:

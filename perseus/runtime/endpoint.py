@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
 
 from perseus.runtime import slurm
 
@@ -25,9 +24,8 @@ TOKEN_ENV = "PERSEUS_SERVER_TOKEN"
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where this launch's job is served.
+class Endpoint(NamedTuple):
+    """Where this launch's job is served (a plain record).
 
     Attributes:
         url: The server's base URL.
@@ -47,6 +45,18 @@ class Endpoint:
 def explicit_job_id(cfg: PerseusConfig) -> Optional[str]:
     """``server.job_id``, else ``PERSEUS_JOB_ID``, else ``None``."""
     return cfg.server.job_id or os.environ.get(JOB_ID_ENV) or None
+
+
+def launch_job_id(cfg: PerseusConfig, fresh: bool) -> Tuple[Optional[str], bool]:
+    """The launch's job id and whether it was given (:func:`explicit_job_id`).
+
+    Where none was given: a fresh one (:func:`new_job_id`) when ``fresh`` (the rank that
+    makes it for the launch), else ``None`` (the others learn it from that rank).
+    """
+    given = explicit_job_id(cfg)
+    if given is not None:
+        return given, True
+    return (new_job_id() if fresh else None), False
 
 
 def new_job_id() -> str:

@@ -7,21 +7,22 @@ data- and tensor-parallel sizes, schedule, model chunks) into
 engine, and rejects every key the user set to another value, naming both values: a plan or a
 server job for 8 microbatches must never be applied to an engine that runs 4.
 
-Which keys count as set (``explicit``): under ``perseus-train`` all of them (the launcher built
-the engine from them); with ``PERSEUS_CONFIG`` the keys that file names; with
-``perseus.runtime.context.configure(cfg)`` the keys whose value differs from the default.
+Which keys count as set depends on where the configuration came from (:class:`Origin`): under
+``perseus-train`` all of them (the launcher built the engine from them); with ``PERSEUS_CONFIG``
+the keys that file names; with ``perseus.runtime.context.configure(cfg)`` the keys whose value
+differs from the default; with the defaults none.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, FrozenSet, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, List, Mapping, NamedTuple, Optional, Tuple
 
 from perseus.errors import JobShapeError
-
-__all__ = ["JobShapeError", "apply_engine_shape", "keys_in_yaml", "keys_off_default"]
 from perseus.records import RankInfo
+
+__all__ = ["JobShapeError", "Origin", "apply_engine_shape", "keys_in_yaml", "keys_off_default"]
 
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
@@ -58,24 +59,46 @@ def keys_off_default(cfg: PerseusConfig) -> FrozenSet[str]:
     )
 
 
-def apply_engine_shape(
-    cfg: PerseusConfig,
-    rank: RankInfo,
-    explicit: Optional[FrozenSet[str]],
-    where: str = "the configuration",
-) -> PerseusConfig:
+class Origin(NamedTuple):
+    """Where a configuration came from, which says which shape keys its user set.
+
+    Attributes:
+        where: In words, for messages (``"perseus-train's configuration"``).
+        managed: ``perseus-train`` built the engine from it: every key counts as set.
+        file_content: The loaded ``PERSEUS_CONFIG`` file: the keys it names are set.
+        configured: ``configure(cfg)``: the keys off their default are set.
+    """
+
+    where: str
+    managed: bool = False
+    file_content: Any = None
+    configured: bool = False
+
+
+def explicit_keys(cfg: PerseusConfig, origin: Origin) -> Optional[FrozenSet[str]]:
+    """The shape keys the user of ``cfg`` set (``None``: every key)."""
+    if origin.managed:
+        return None
+    if origin.file_content is not None:
+        return keys_in_yaml(origin.file_content)
+    if origin.configured:
+        return keys_off_default(cfg)
+    return frozenset()
+
+
+def apply_engine_shape(cfg: PerseusConfig, rank: RankInfo, origin: Origin) -> PerseusConfig:
     """``cfg`` with its job shape taken from the engine (a copy when anything changes).
 
     Args:
         cfg: The configuration optimizers are built from.
         rank: What the adapter read from the engine (``None`` fields: the engine did not say).
-        explicit: The shape keys the user set (``None``: every key, as under perseus-train).
-        where: Where the configuration came from, for the message.
+        origin: Where the configuration came from (which keys the user set, for messages).
 
     Raises:
         JobShapeError: naming every key set to another value than the engine runs, both
             values, and the fix.
     """
+    explicit, where = explicit_keys(cfg, origin), origin.where
     problems: List[str] = []
     updates: List[Tuple[str, Any]] = []
     for key, attr, words in SHAPE_KEYS:

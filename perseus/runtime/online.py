@@ -36,7 +36,6 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from perseus import process_exit
 from perseus.errors import ServerError
 from perseus.numbers import finite_or_none
 from perseus.records import EnergyUpdate, RankInfo, StepEnergy, StepRecord
@@ -141,9 +140,6 @@ class OnlineSource:
                 max_queued_reports=max_queued_reports,
                 on_message=self._notice,
             )
-        # Flush the last reports and tell the server this rank finished, also when the
-        # training script never closes the source itself.
-        process_exit.at_exit(self.close)
 
     @property
     def failed(self) -> bool:
@@ -308,7 +304,6 @@ class OnlineSource:
             if self._closed:
                 return
             self._closed = True
-        process_exit.cancel(self.close)
         self._finish_exchange()
         link = self.link
         if link is None:

@@ -11,13 +11,10 @@ exchange and, for the stage leader, the server client.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Optional
 
 from perseus.records import RankInfo
-from perseus.runtime import rendezvous
 from perseus.runtime.client import ServerClient
-from perseus.runtime.endpoint import TOKEN_ENV, Endpoint
 from perseus.runtime.job_spec import job_spec_from_config
 from perseus.runtime.online import OnlineSource
 from perseus.runtime.stage_exchange import torch_stage_exchange
@@ -25,12 +22,14 @@ from perseus.runtime.stage_exchange import torch_stage_exchange
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
     from perseus.gpu.base import GPU
+    from perseus.runtime.rendezvous import Launch
 
 
 def build_online_source(
     cfg: PerseusConfig,
     rank: RankInfo,
     gpu: GPU,
+    launch: Launch,
     *,
     url: Optional[str] = None,
     token: Optional[str] = None,
@@ -47,6 +46,7 @@ def build_online_source(
         cfg: The configuration.
         rank: This rank's place in the job.
         gpu: This rank's GPU (its supported clocks and power limit are registered).
+        launch: The process's launch (its server and job id, the ranks' agreement).
         url: Overrides ``server.url`` / ``PERSEUS_SERVER_URL``.
         token: Overrides ``server.token`` / ``PERSEUS_SERVER_TOKEN``.
         job_id: Overrides ``server.job_id`` / ``PERSEUS_JOB_ID``.
@@ -58,23 +58,19 @@ def build_online_source(
         ConfigError: an unsupported schedule.
         RendezvousError: no server for this launch, or a rank gave up (every rank falls back).
     """
-    job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
-    if url and job_id:
-        token = token or cfg.server.token or os.environ.get(TOKEN_ENV)
-        found = Endpoint(url, token, job_id, f"server {url} (configured)")
-    else:
-        if url or token or job_id:
-            server = dataclasses.replace(
-                cfg.server,
-                url=url or cfg.server.url,
-                token=token or cfg.server.token,
-                job_id=job_id or cfg.server.job_id,
-            )
-            cfg = dataclasses.replace(cfg, server=server)
-        found = rendezvous.endpoint(cfg, rank)
-    spec = job_spec_from_config(cfg, rank, found.job_id)
-    # Every rank decides alike whether the job runs online (the exchange below is collective).
-    rendezvous.agree(rank)
+    spec = job_spec_from_config(cfg, rank)  # an unsupported schedule: before any server
+    if url or token or job_id:
+        server = dataclasses.replace(
+            cfg.server,
+            url=url or cfg.server.url,
+            token=token or cfg.server.token,
+            job_id=job_id or cfg.server.job_id,
+        )
+        cfg = dataclasses.replace(cfg, server=server)
+    # The server and job id, once every rank decided alike to run online (the exchange below
+    # is collective).
+    found = launch.join(cfg, rank)
+    spec = dataclasses.replace(spec, job_id=found.job_id)
     clocks = [int(c) for c in gpu.supported_sm_clocks_mhz()]
     power_limit_w = gpu.power_limit_mw() / 1000.0
     exchange = None

@@ -24,6 +24,7 @@ from perseus.formats.trace_csv import TraceWriter, trace_path
 from perseus.records import RankInfo
 from perseus.runtime.device import RankDevice, build_device, open_device
 from perseus.runtime.hook_runtime import HookRuntime
+from perseus.runtime.rendezvous import Launch
 from perseus.runtime.sources import build_source
 from perseus.runtime.types import FrequencySource
 
@@ -46,7 +47,9 @@ class PerseusOptimizer(HookRuntime):
         trace_dir: Write ``trace-rank{R}.csv`` there (``None``: no trace).
         max_steps_kept: How many recent :class:`StepRecord` objects :attr:`steps` keeps.
         closing: What to close after the optimizer itself (e.g. the device
-            :meth:`from_config` built for it).
+            :meth:`from_config` built for it). An optimizer that owns something this way also
+            closes at interpreter exit; one that owns nothing is its owner's to close (the
+            process's rank session).
 
     Attributes:
         device: As given.
@@ -96,7 +99,8 @@ class PerseusOptimizer(HookRuntime):
             energy=device.energy,
             max_steps_kept=max_steps_kept,
         )
-        process_exit.at_exit(self.close)  # before its device closes
+        if closing is not None:  # it owns something (its device): it closes at exit too
+            process_exit.at_exit(self.close)
         logger.debug(
             "PerseusOptimizer rank %d stage %d: source %s, clocks %s",
             rank.rank,
@@ -115,28 +119,39 @@ class PerseusOptimizer(HookRuntime):
     # -- construction from the configuration ---------------------------------------------------
     @classmethod
     def from_config(
-        cls, cfg: PerseusConfig, rank: RankInfo, *, device: Optional[RankDevice] = None
+        cls,
+        cfg: PerseusConfig,
+        rank: RankInfo,
+        *,
+        device: Optional[RankDevice] = None,
+        launch: Optional[Launch] = None,
     ) -> PerseusOptimizer:
         """Build the frequency source and the trace from ``cfg``, and the device if not given.
 
-        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`),
-        after the GPU's start-up check (:func:`~perseus.gpu.preflight.preflight_config`);
-        the trace goes to ``cfg.output_dir`` (or the working directory). A ``device`` given stays
-        the caller's; otherwise one is built (``build_device``) and closed with the optimizer.
+        ``cfg.runtime.mode`` picks the source (:func:`~perseus.runtime.sources.build_source`;
+        online, it joins ``launch``, the process's launch, or one of its own, closed with it),
+        measure-only where the GPU's start-up check said so (``device.measure_only``: checked
+        once, when the device was built); the trace goes to ``cfg.output_dir`` (or the working
+        directory). A ``device`` given stays the caller's; otherwise one is built
+        (``build_device``) and closed with the optimizer.
         """
-        from perseus.gpu.preflight import preflight_config
-
+        owns = device is None or launch is None
         with ExitStack() as owned:
             if device is None:
                 device = owned.enter_context(build_device(cfg, rank))
-            # The start-up check (once per GPU; build_device ran it already) may turn the run
-            # measure-only: gpu.on_unsupported=measure_only on a GPU that cannot change clocks.
-            cfg = preflight_config(cfg, device.gpu, device.guard)
-            source = build_source(cfg, rank, device.gpu)
+            if device.measure_only:  # gpu.on_unsupported=measure_only on a GPU that cannot
+                from perseus.gpu.preflight import measure_only_config
+
+                cfg = measure_only_config(cfg)
+            if launch is None:
+                launch = Launch()
+                owned.callback(launch.close)
+            source = build_source(cfg, rank, device.gpu, launch)
             trace_dir = None
             if cfg.runtime.trace:
                 trace_dir = Path(cfg.output_dir) if cfg.output_dir else Path.cwd()
-            return cls(rank, device, source, trace_dir=trace_dir, closing=owned.pop_all())
+            closing = owned.pop_all() if owns else None
+            return cls(rank, device, source, trace_dir=trace_dir, closing=closing)
         raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
     @classmethod
@@ -221,4 +236,5 @@ class PerseusOptimizer(HookRuntime):
         if ctrl is None or ctrl.error is not None or ctrl.requested_mhz is None:
             return
         # Bounded like the guard's restore: a hung driver must not hang the close.
-        ctrl.unlock(getattr(self.device.guard, "restore_timeout_s", None))
+        guard = self.device.guard
+        ctrl.unlock(None if guard is None else guard.restore_timeout_s)

@@ -20,23 +20,25 @@ first training step, when the optimizers are built.
   not set Perseus up (:func:`give_up`) makes every rank fall back to default clocks. Rank 0
   always publishes an answer (the endpoint, or why there is none), so no rank waits longer than
   rank 0's server start (``server.start_timeout_s``) beyond reaching its first step.
+
+What a process learns and starts for its launch is kept by one :class:`Launch`, owned by the
+process's rank session (:mod:`perseus.runtime.session`), which closes it (stopping a server
+started here) after the optimizers sent their last reports.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from perseus.errors import RendezvousError
 from perseus.formats.strict_json import dumps
-from perseus.runtime.endpoint import TOKEN_ENV, URL_ENV, Endpoint, explicit_job_id, new_job_id
+from perseus.runtime.endpoint import TOKEN_ENV, URL_ENV, Endpoint, launch_job_id
 from perseus.runtime.launch_server import start_launch_server
 
 if TYPE_CHECKING:
@@ -52,40 +54,6 @@ VERDICT_KEY = "verdict"
 # Longest wait for the other ranks' answers through the store (rank 0 reaching its first step,
 # then starting the server): as long as the job's own first collective would wait.
 STORE_WAIT_S = 1800.0
-
-
-@dataclass
-class _State:
-    endpoint: Optional[Endpoint] = None
-    failure: Optional[RendezvousError] = None
-    answered: bool = False  # rank 0 published the endpoint (or why there is none)
-    arrived: bool = False  # this rank reported in
-    verdict: Optional[str] = None
-    handle: Optional[ServerHandle] = None
-    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-_lock = threading.RLock()
-_state = _State()
-
-
-def timings() -> Dict[str, float]:
-    """Seconds this process spent setting up the launch's job.
-
-    ``endpoint_s``: finding the server (on rank 0 including ``server_start_s``, starting it);
-    ``agree_s``: the ranks' agreement.
-    """
-    return dict(_state.timings)
-
-
-def reset() -> None:
-    """Forget this process's rendezvous (tests); a server started here is stopped."""
-    global _state
-    with _lock:
-        handle = _state.handle
-        _state = _State()
-    if handle is not None:
-        handle.stop()
 
 
 def job_store() -> Optional[Any]:
@@ -107,91 +75,188 @@ def job_store() -> Optional[Any]:
         return None
 
 
-def endpoint(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
-    """The server and job id of this launch (once per process; see the module docstring).
+class Launch:
+    """A process's part of its launch: the job's server and id, and the ranks' agreement.
 
-    Raises:
-        RendezvousError: no way to share a server or job id, or the server could not start;
-            ``shared`` when every rank gets the same answer.
+    Found once per process (every optimizer of the process shares it); a server started here
+    is stopped by :meth:`close`. Thread-safe.
+
+    Attributes:
+        timings: Seconds this process spent setting up the launch's job: ``endpoint_s``
+            (finding the server; on rank 0 including ``server_start_s``, starting it) and
+            ``agree_s`` (the ranks' agreement).
     """
-    url = cfg.server.url or os.environ.get(URL_ENV) or None
-    job_id = explicit_job_id(cfg)
-    if url and job_id:  # nothing to find or share
-        token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
-        return Endpoint(url, token, job_id, f"server {url} (configured)")
-    with _lock:
-        if _state.endpoint is not None:
-            return _state.endpoint
-        if _state.failure is not None:
-            raise _state.failure
-        t0 = time.perf_counter()
-        try:
-            found = _find(cfg, rank)
-        except RendezvousError as exc:
-            _state.failure = exc
-            raise
-        finally:
-            _state.timings["endpoint_s"] = time.perf_counter() - t0
-        _state.endpoint = found
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._endpoint: Optional[Endpoint] = None
+        self._failure: Optional[RendezvousError] = None
+        self._answered = False  # rank 0 published the endpoint (or why there is none)
+        self._arrived = False  # this rank reported in
+        self._verdict: Optional[str] = None
+        self._handle: Optional[ServerHandle] = None
+        self.timings: Dict[str, float] = {}
+
+    # -- the one call of the start-up path ------------------------------------------------------
+    def join(self, cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
+        """The launch's server and job id, once every rank agreed to run online.
+
+        Raises:
+            RendezvousError: no server for this launch, or a rank gave up (every rank falls
+                back); ``shared`` when every rank gets the same answer.
+        """
+        found = self.endpoint(cfg, rank)
+        self.agree(rank)
         return found
 
+    def endpoint(self, cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
+        """The server and job id of this launch (once per process; see the module docstring).
 
-def _find(cfg: PerseusConfig, rank: RankInfo) -> Endpoint:
-    url = cfg.server.url or os.environ.get(URL_ENV) or None
-    token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
-    job_id = explicit_job_id(cfg)
-    store = job_store()
-    if store is None and rank.world_size > 1:
-        need = "server.job_id (or PERSEUS_JOB_ID)" if url else "server.url (or PERSEUS_SERVER_URL)"
-        raise RendezvousError(
-            f"the {rank.world_size} ranks of this job cannot find one coordination server: "
-            "torch.distributed is not initialized at the first training step. Call "
-            "torch.distributed.init_process_group (deepspeed.init_distributed) before "
-            f"training, or set {need} on every rank",
-            shared=True,
-        )
-    if rank.rank != 0 and store is not None:
-        answer = _wait_json(store, ENDPOINT_KEY, "global rank 0's server address")
-        if "error" in answer:
-            raise RendezvousError(str(answer["error"]), shared=True)
-        return Endpoint(
-            str(answer["url"]), answer.get("token"), str(answer["job_id"]), str(answer["where"])
-        )
-    try:
-        found = _rank0_endpoint(cfg, rank, url, token, job_id)
-    except RendezvousError as exc:
-        _publish(store, {"error": str(exc)})
-        raise
-    except Exception as exc:  # anything else rank 0 hits is every rank's problem too
-        failure = RendezvousError(f"global rank 0 could not start Perseus: {exc}", shared=True)
-        _publish(store, {"error": str(failure)})
-        raise failure from exc
-    _publish(store, dataclasses.asdict(found))
-    return found
+        Raises:
+            RendezvousError: no way to share a server or job id, or the server could not start;
+                ``shared`` when every rank gets the same answer.
+        """
+        url = cfg.server.url or os.environ.get(URL_ENV) or None
+        # Global rank 0 makes the launch's job id where none was given.
+        job_id, given = launch_job_id(cfg, fresh=rank.rank == 0)
+        if url and given:  # nothing to find or share
+            token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
+            return Endpoint(url, token, str(job_id), f"server {url} (configured)")
+        with self._lock:
+            if self._endpoint is not None:
+                return self._endpoint
+            if self._failure is not None:
+                raise self._failure
+            t0 = time.perf_counter()
+            try:
+                found = self._find(cfg, rank, url, job_id)
+            except RendezvousError as exc:
+                self._failure = exc
+                raise
+            finally:
+                self.timings["endpoint_s"] = time.perf_counter() - t0
+            self._endpoint = found
+            return found
 
+    def _find(
+        self, cfg: PerseusConfig, rank: RankInfo, url: Optional[str], job_id: Optional[str]
+    ) -> Endpoint:
+        token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
+        store = job_store()
+        if store is None and rank.world_size > 1:
+            need = (
+                "server.job_id (or PERSEUS_JOB_ID)" if url else "server.url (or PERSEUS_SERVER_URL)"
+            )
+            raise RendezvousError(
+                f"the {rank.world_size} ranks of this job cannot find one coordination server: "
+                "torch.distributed is not initialized at the first training step. Call "
+                "torch.distributed.init_process_group (deepspeed.init_distributed) before "
+                f"training, or set {need} on every rank",
+                shared=True,
+            )
+        if rank.rank != 0 and store is not None:
+            answer = _wait_json(store, ENDPOINT_KEY, "global rank 0's server address")
+            if "error" in answer:
+                raise RendezvousError(str(answer["error"]), shared=True)
+            return Endpoint(
+                str(answer["url"]), answer.get("token"), str(answer["job_id"]), str(answer["where"])
+            )
+        try:
+            found = self._rank0_endpoint(cfg, rank, url, token, job_id)
+        except RendezvousError as exc:
+            self._publish(store, {"error": str(exc)})
+            raise
+        except Exception as exc:  # anything else rank 0 hits is every rank's problem too
+            failure = RendezvousError(f"global rank 0 could not start Perseus: {exc}", shared=True)
+            self._publish(store, {"error": str(failure)})
+            raise failure from exc
+        self._publish(store, found._asdict())
+        return found
 
-def _rank0_endpoint(
-    cfg: PerseusConfig,
-    rank: RankInfo,
-    url: Optional[str],
-    token: Optional[str],
-    job_id: Optional[str],
-) -> Endpoint:
-    job_id = job_id or new_job_id()
-    if url:
-        return Endpoint(url, token, job_id, f"server {url} (configured)")
-    found, handle, start_s = start_launch_server(cfg, rank.world_size, job_id)
-    _state.timings["server_start_s"] = start_s
-    _state.handle = handle
-    return found
+    def _rank0_endpoint(
+        self,
+        cfg: PerseusConfig,
+        rank: RankInfo,
+        url: Optional[str],
+        token: Optional[str],
+        job_id: Optional[str],
+    ) -> Endpoint:
+        assert job_id is not None  # made by launch_job_id for rank 0
+        if url:
+            return Endpoint(url, token, job_id, f"server {url} (configured)")
+        found, handle, start_s = start_launch_server(cfg, rank.world_size, job_id)
+        self.timings["server_start_s"] = start_s
+        self._handle = handle
+        return found
 
+    def _publish(self, store: Optional[Any], answer: Dict[str, Any]) -> None:
+        with self._lock:
+            if store is None or self._answered:
+                return
+            self._answered = True
+        store.set(ENDPOINT_KEY, dumps(answer, what="the rendezvous endpoint"))
 
-def _publish(store: Optional[Any], answer: Dict[str, Any]) -> None:
-    with _lock:
-        if store is None or _state.answered:
+    # -- agreement ------------------------------------------------------------------------------
+    def agree(self, rank: RankInfo) -> None:
+        """Report in as ready; returns once every rank did, if none gave up.
+
+        Nothing to agree on without a store (a single process).
+
+        Raises:
+            RendezvousError: a rank gave up (``shared``: every rank raises it).
+        """
+        self._report(rank, ok=True, why=None)
+
+    def give_up(self, rank: RankInfo, why: str) -> None:
+        """Report that this rank cannot run Perseus: every rank will fall back (never raises).
+
+        Rank 0 also answers the ranks waiting for the server's address.
+        """
+        try:
+            store = job_store()
+            if rank.rank == 0:
+                self._publish(store, {"error": f"global rank 0 could not start Perseus: {why}"})
+            self._report(rank, ok=False, why=why)
+        except Exception:  # giving up must never fail the training step
             return
-        _state.answered = True
-    store.set(ENDPOINT_KEY, dumps(answer, what="the rendezvous endpoint"))
+
+    def _report(self, rank: RankInfo, ok: bool, why: Optional[str]) -> None:
+        with self._lock:
+            verdict = self._verdict if self._arrived else None
+        store = job_store()
+        if store is None or rank.world_size <= 1:
+            return
+        if verdict is None:
+            t0 = time.perf_counter()
+            with self._lock:
+                first = not self._arrived
+                self._arrived = True
+            if first:
+                if not ok:
+                    store.add(FAILED_KEY, 1)
+                if int(store.add(ARRIVED_KEY, 1)) == rank.world_size:
+                    failed = int(store.add(FAILED_KEY, 0))
+                    store.set(VERDICT_KEY, "ok" if failed == 0 else f"{failed} rank(s) gave up")
+            if not ok:
+                return
+            answer = _wait_json_raw(store, VERDICT_KEY)
+            with self._lock:
+                self._verdict = verdict = answer
+                self.timings["agree_s"] = time.perf_counter() - t0
+        if verdict != "ok":
+            raise RendezvousError(
+                f"{verdict} while setting Perseus up (see the warning on those ranks); every "
+                "rank runs at default GPU clocks",
+                shared=True,
+            )
+
+    # -- the end --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the server this process started for the launch, if any; idempotent."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.stop()
 
 
 def _wait_json(store: Any, key: str, what: str) -> Dict[str, Any]:
@@ -206,62 +271,6 @@ def _wait_json(store: Any, key: str, what: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise RendezvousError(f"{what}: unexpected answer {data!r} in the store")
     return data
-
-
-def agree(rank: RankInfo) -> None:
-    """Report in as ready; returns once every rank did, if none gave up.
-
-    Nothing to agree on without a store (a single process).
-
-    Raises:
-        RendezvousError: a rank gave up (``shared``: every rank raises it).
-    """
-    _report(rank, ok=True, why=None)
-
-
-def give_up(rank: RankInfo, why: str) -> None:
-    """Report that this rank cannot run Perseus: every rank will fall back (never raises).
-
-    Rank 0 also answers the ranks waiting for the server's address.
-    """
-    try:
-        store = job_store()
-        if rank.rank == 0:
-            _publish(store, {"error": f"global rank 0 could not start Perseus: {why}"})
-        _report(rank, ok=False, why=why)
-    except Exception:  # giving up must never fail the training step
-        return
-
-
-def _report(rank: RankInfo, ok: bool, why: Optional[str]) -> None:
-    with _lock:
-        verdict = _state.verdict if _state.arrived else None
-    store = job_store()
-    if store is None or rank.world_size <= 1:
-        return
-    if verdict is None:
-        t0 = time.perf_counter()
-        with _lock:
-            first = not _state.arrived
-            _state.arrived = True
-        if first:
-            if not ok:
-                store.add(FAILED_KEY, 1)
-            if int(store.add(ARRIVED_KEY, 1)) == rank.world_size:
-                failed = int(store.add(FAILED_KEY, 0))
-                store.set(VERDICT_KEY, "ok" if failed == 0 else f"{failed} rank(s) gave up")
-        if not ok:
-            return
-        answer = _wait_json_raw(store, VERDICT_KEY)
-        with _lock:
-            _state.verdict = verdict = answer
-            _state.timings["agree_s"] = time.perf_counter() - t0
-    if verdict != "ok":
-        raise RendezvousError(
-            f"{verdict} while setting Perseus up (see the warning on those ranks); every rank "
-            "runs at default GPU clocks",
-            shared=True,
-        )
 
 
 def _wait_json_raw(store: Any, key: str) -> str:

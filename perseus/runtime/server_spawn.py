@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
-from perseus import process_exit
 from perseus.config import ServerConfig
 from perseus.errors import ConfigError, ServerError
 from perseus.runtime.endpoint import TOKEN_ENV
@@ -135,7 +134,6 @@ class ServerHandle:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after ``timeout_s``); idempotent."""
-        process_exit.cancel(self.stop)
         proc = self.process
         if proc.poll() is None:
             proc.terminate()
@@ -231,9 +229,9 @@ def start_server_process(
         answer = _read_ready(read_fd, proc, timeout_s or cfg.start_timeout_s, log_path)
     finally:
         os.close(read_fd)
-    handle = ServerHandle(str(answer["url"]), proc, log_path, token or None)
-    process_exit.at_exit(handle.stop)
-    return handle
+    # Its starter stops it (the launcher, a launch's rank 0); it also exits by itself when the
+    # process that started it is gone (exit_with_parent).
+    return ServerHandle(str(answer["url"]), proc, log_path, token or None)
 
 
 def start_local_server(cfg: ServerConfig, dump_dir: Path) -> ServerHandle:

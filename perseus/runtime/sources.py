@@ -24,6 +24,7 @@ from perseus.runtime.types import FrequencySource
 if TYPE_CHECKING:
     from perseus.config import PerseusConfig
     from perseus.gpu.base import GPU
+    from perseus.runtime.rendezvous import Launch
 
 
 class _LocalSource:
@@ -196,15 +197,15 @@ def _occurrence_table(names: List[str], freqs_mhz: List[int]) -> Dict[Tuple[str,
     return table
 
 
-def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySource:
-    """The frequency source ``cfg.runtime.mode`` asks for.
+def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU, launch: Launch) -> FrequencySource:
+    """The frequency source ``cfg.runtime.mode`` asks for (``launch``: the process's launch).
 
     * ``measure``: no clock changes at all;
     * ``max_speed``: every instruction at the GPU's highest SM clock;
     * ``plan``: ``runtime.plan`` (a ``perseus-plan/1`` JSON or a reference
       ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp``,
       ``parallelism.num_microbatches`` and the clocks the GPU supports;
-    * ``online``: the coordination server's profiler and plans
+    * ``online``: the coordination server's profiler and plans, joining ``launch``
       (:func:`perseus.runtime.online_build.build_online_source`, imported only for this mode).
     """
     mode = cfg.runtime.mode
@@ -217,7 +218,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> FrequencySourc
     if mode == "online":
         from perseus.runtime.online_build import build_online_source
 
-        return build_online_source(cfg, rank, gpu)
+        return build_online_source(cfg, rank, gpu, launch)
     raise ConfigError(f"runtime.mode={mode!r}: choose measure, max_speed, plan or online")
 
 

@@ -78,7 +78,7 @@ def combined_report(
     for member, row in zip(members, rows):
         replicas[member.dp_rank] = max(replicas.get(member.dp_rank, 0.0), row.compute_time_s)
     # The server uses instruction records in the baseline and while profiling only.
-    with_records = phase is not None and phase.wants_energy
+    with_records = phase is not None and phase.wants_instructions
     return StepReport(
         rank=rank,
         step=record.step,

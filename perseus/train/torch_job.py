@@ -153,14 +153,13 @@ def run(cfg: PerseusConfig) -> int:
 
 
 def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
-    from perseus.gpu.preflight import capabilities_of
     from perseus.power_limit import PowerLimitOptimizer
+    from perseus.runtime.optimizer import PerseusOptimizer
 
-    gpu = getattr(hooks, "gpu", None)
-    if gpu is None:
+    if not isinstance(hooks, PerseusOptimizer):
         raise ConfigError("energy=power_limit needs the Perseus optimizer's GPU (runtime hooks)")
-    caps = capabilities_of(gpu)
-    if caps is not None and caps.measure_only:
+    gpu = hooks.gpu
+    if hooks.device.measure_only:
         logger.warning("energy=power_limit: measure-only mode, the power limit stays as it is")
         return None
     state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None

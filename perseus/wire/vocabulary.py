@@ -40,8 +40,8 @@ class Phase(ConfigChoice):
     failed = "failed"
 
     @property
-    def wants_energy(self) -> bool:
-        """The server's profiler uses per-instruction energy readings in this phase."""
+    def wants_instructions(self) -> bool:
+        """The server uses the ranks' per-instruction records (times, clocks) in this phase."""
         return self in (Phase.baseline, Phase.profiling)
 
     @property

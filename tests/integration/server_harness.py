@@ -95,6 +95,7 @@ def rank_main(
     from perseus.records import RankInfo
     from perseus.runtime.online_build import build_online_source
     from perseus.runtime.optimizer import PerseusOptimizer
+    from perseus.runtime.rendezvous import Launch
     from perseus.schedule import stage_order
 
     stage, dp_rank = rank % setup.pp, rank // setup.pp
@@ -112,7 +113,8 @@ def rank_main(
             rank=rank,
             world_size=setup.pp * setup.dp,
         )
-    source = build_online_source(cfg, info, gpu)
+    launch = Launch()  # the server is the harness's: the launch only names it
+    source = build_online_source(cfg, info, gpu, launch)
     opt = PerseusOptimizer.on_gpu(info, gpu, source)
     order = stage_order("1f1b", setup.pp, setup.num_microbatches)[stage]
     fwd_in = queues.get(f"f{dp_rank}-{stage - 1}")
@@ -159,6 +161,7 @@ def rank_main(
     finally:
         opt.close()
         source.close()
+        launch.close()
     result = {
         "rank": rank,
         "steps": completed,

@@ -61,3 +61,6 @@ def test_each_stage_exchanges_through_its_own_gloo_group(python: str) -> None:
         assert result["clocks"] == [[1410, 1395 - 15 * r] for r in (stage, stage + 2)]
         assert result["next"] == [1410, 1395, 1410, None]  # the leader's schedule, everywhere
         assert result["times"] == [1.0 + stage, 3.0 + stage]
+        assert result["energies"] == [  # every member's late energies, in member order
+            [[0, 2.0 + r], [1, 2.5 + r]] for r in (stage, stage + 2)
+        ]

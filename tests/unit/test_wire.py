@@ -76,7 +76,7 @@ def test_step_report_rejects_non_finite_times() -> None:
 
 
 def test_phases() -> None:
-    assert [p for p in Phase if p.wants_energy] == [Phase.baseline, Phase.profiling]
+    assert [p for p in Phase if p.wants_instructions] == [Phase.baseline, Phase.profiling]
     assert [p for p in Phase if p.report_ready] == [Phase.watching, Phase.failed]
     schedule = from_json(Schedule, {"step": 1, "phase": "running", "frequencies_mhz": [1, None]})
     assert schedule.phase is Phase.running  # unknown keys would be ignored, bad phases raise

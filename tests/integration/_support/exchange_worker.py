@@ -15,6 +15,7 @@ def main() -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    from perseus.records import StepEnergy
     from perseus.runtime import stage_payload as payloads
     from perseus.runtime.stage_exchange import torch_stage_exchange
     from perseus.wire import Phase, Schedule
@@ -28,10 +29,10 @@ def main() -> None:
     mine = payloads.pack(
         size,
         scheduled=True,
-        step=0,
+        step=2,
         iteration_time_s=1.0 + rank,
         compute_time_s=0.5,
-        energy_j=2.0,
+        energies=[StepEnergy(0, 2.0 + rank), StepEnergy(1, 2.5 + rank)],  # now covered
         mismatch=None,
         num_positions=4,
         next_schedule=upcoming if exchange.index == 0 else None,
@@ -48,6 +49,7 @@ def main() -> None:
                 "clocks": [list(m.clocks_mhz) for m in exchange.members],
                 "next": nxt.frequencies_mhz,
                 "times": [payloads.measured(p).iteration_time_s for p in everyone],
+                "energies": [[list(e) for e in payloads.measured(p).energies] for p in everyone],
             }
         ),
         flush=True,

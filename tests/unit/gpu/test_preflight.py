@@ -18,7 +18,7 @@ import pytest
 from perseus.config import PerseusConfig
 from perseus.errors import GPUPreflightError, PlanError
 from perseus.gpu.nvml import NVMLGPU
-from perseus.gpu.preflight import GPUNeeds, capabilities_of, check_capabilities
+from perseus.gpu.preflight import GPUNeeds, check_capabilities
 from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
@@ -109,8 +109,8 @@ def test_measure_only_trains_without_clock_changes_and_one_warning(tmp_path, cap
     with patched_pynvml(m):
         hooks = context.optimizer_for(RANK, key="engine")
         assert isinstance(hooks, PerseusOptimizer) and isinstance(hooks.source, MeasureSource)
-        caps = capabilities_of(hooks.gpu)
-        assert caps is not None and caps.measure_only
+        caps = hooks.device.capabilities  # the start-up check's verdict, kept on the device
+        assert caps is not None and caps.measure_only and hooks.device.measure_only
         m.reset_mock()
         m.energy_read_threads.clear()  # the start-up check's read, before step 1
         run_iteration(hooks, one_f_one_b(1, 0, 2))

@@ -119,7 +119,9 @@ def test_online_mode_imports_the_online_source_lazily(
 ) -> None:
     seen = []
 
-    def build_online_source(cfg: PerseusConfig, rank: RankInfo, gpu: Any) -> MaxSpeedSource:
+    def build_online_source(
+        cfg: PerseusConfig, rank: RankInfo, gpu: Any, launch: Any
+    ) -> MaxSpeedSource:
         seen.append((cfg.runtime.mode, rank, gpu))
         return MaxSpeedSource(1005)
 

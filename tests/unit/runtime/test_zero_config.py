@@ -14,11 +14,13 @@ from perseus.errors import JobShapeError, RendezvousError
 from perseus.records import RankInfo
 from perseus.runtime import announce, context, rendezvous
 from perseus.runtime.endpoint import URL_ENV
-from perseus.runtime.job_shape import apply_engine_shape, keys_in_yaml, keys_off_default
+from perseus.runtime.job_shape import Origin, apply_engine_shape, keys_in_yaml
 from perseus.runtime.optimizer import PerseusOptimizer
+from perseus.runtime.rendezvous import Launch
 
 pytestmark = pytest.mark.usefixtures("clean_context")
 
+MANAGED = Origin("perseus-train's configuration", managed=True)
 ENGINE = RankInfo(
     stage=1, num_stages=2, rank=1, world_size=2, num_microbatches=4, dp=1, tp=1, schedule="1f1b"
 )
@@ -27,7 +29,7 @@ ENGINE = RankInfo(
 # -- the engine is the source of truth for the job's shape -----------------------------------
 def test_unset_keys_are_filled_from_the_engine() -> None:
     cfg = PerseusConfig()  # pp=4, num_microbatches=8 by default
-    filled = apply_engine_shape(cfg, ENGINE, keys_off_default(cfg), "the defaults")
+    filled = apply_engine_shape(cfg, ENGINE, Origin("the defaults"))
     assert (filled.parallelism.pp, filled.parallelism.num_microbatches) == (2, 4)
     assert cfg.parallelism.num_microbatches == 8  # the caller's object is left alone
 
@@ -37,7 +39,7 @@ def test_a_set_key_that_disagrees_names_both_values() -> None:
     cfg.parallelism.num_microbatches = 6
     cfg.parallelism.pp = 3
     with pytest.raises(JobShapeError) as info:
-        apply_engine_shape(cfg, ENGINE, keys_off_default(cfg), "the configure() call")
+        apply_engine_shape(cfg, ENGINE, Origin("the configure() call", configured=True))
     text = str(info.value)
     assert "parallelism.num_microbatches=6 in the configure() call" in text
     assert "runs 4 microbatches per iteration" in text
@@ -49,9 +51,9 @@ def test_under_perseus_train_every_key_must_agree() -> None:
     cfg = PerseusConfig()
     cfg.parallelism.pp = 2
     with pytest.raises(JobShapeError, match="num_microbatches=8"):
-        apply_engine_shape(cfg, ENGINE, None, "perseus-train's configuration")
+        apply_engine_shape(cfg, ENGINE, MANAGED)
     cfg.parallelism.num_microbatches = 4
-    assert apply_engine_shape(cfg, ENGINE, None) is cfg
+    assert apply_engine_shape(cfg, ENGINE, MANAGED) is cfg
 
 
 def test_keys_named_by_a_partial_yaml_are_the_set_ones() -> None:
@@ -63,7 +65,12 @@ def test_keys_named_by_a_partial_yaml_are_the_set_ones() -> None:
 def test_unknown_engine_values_change_nothing() -> None:
     cfg = PerseusConfig()
     cfg.parallelism.pp = 2
-    assert apply_engine_shape(cfg, RankInfo(num_stages=2), frozenset({"pp"})) is cfg
+    assert (
+        apply_engine_shape(
+            cfg, RankInfo(num_stages=2), Origin("a file", file_content={"parallelism": {"pp": 2}})
+        )
+        is cfg
+    )
 
 
 # -- never break the user's job ----------------------------------------------------------------
@@ -176,12 +183,11 @@ def test_rank_0_without_the_server_extra_answers_every_rank(
     )
     monkeypatch.delenv(URL_ENV, raising=False)
     with pytest.raises(RendezvousError) as info:
-        rendezvous.endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
+        Launch().endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
     assert info.value.shared and "pip install 'perseus-energy[server]'" in str(info.value)
-    # Rank 1 gets the same answer through the store, at once.
-    rendezvous.reset()
+    # Rank 1 (another process: another launch) gets the same answer through the store, at once.
     with pytest.raises(RendezvousError, match="fastapi, uvicorn") as other:
-        rendezvous.endpoint(PerseusConfig(), RankInfo(rank=1, world_size=2))
+        Launch().endpoint(PerseusConfig(), RankInfo(rank=1, world_size=2))
     assert other.value.shared
 
 
@@ -190,10 +196,9 @@ def test_configured_url_wins_and_the_job_id_is_shared(monkeypatch: pytest.Monkey
     monkeypatch.setattr(rendezvous, "job_store", lambda: store)
     monkeypatch.setenv(URL_ENV, "http://10.1.2.3:7787")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    first = rendezvous.endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
+    first = Launch().endpoint(PerseusConfig(), RankInfo(rank=0, world_size=2))
     assert first.url == "http://10.1.2.3:7787" and re.fullmatch(r"job-[0-9a-f]{8}", first.job_id)
-    rendezvous.reset()
-    second = rendezvous.endpoint(PerseusConfig(), RankInfo(rank=1, world_size=2))
+    second = Launch().endpoint(PerseusConfig(), RankInfo(rank=1, world_size=2))
     assert second.job_id == first.job_id
     assert json.loads(store.data["endpoint"])["url"] == "http://10.1.2.3:7787"
 
@@ -201,10 +206,9 @@ def test_configured_url_wins_and_the_job_id_is_shared(monkeypatch: pytest.Monkey
 def test_a_rank_that_gives_up_makes_every_rank_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     store = DictStore()
     monkeypatch.setattr(rendezvous, "job_store", lambda: store)
-    rendezvous.give_up(RankInfo(rank=1, world_size=2), "its GPU cannot lock clocks")
-    rendezvous.reset()
+    Launch().give_up(RankInfo(rank=1, world_size=2), "its GPU cannot lock clocks")
     with pytest.raises(RendezvousError, match="1 rank\\(s\\) gave up") as info:
-        rendezvous.agree(RankInfo(rank=0, world_size=2))
+        Launch().agree(RankInfo(rank=0, world_size=2))
     assert info.value.shared
 
 

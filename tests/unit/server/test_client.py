@@ -208,15 +208,13 @@ def test_every_launch_gets_a_fresh_job_id(monkeypatch) -> None:
 
 def test_build_online_source_without_a_way_to_share_a_server(monkeypatch) -> None:
     from perseus.config import PerseusConfig
-    from perseus.runtime import rendezvous
+    from perseus.runtime.rendezvous import Launch
 
     monkeypatch.delenv("PERSEUS_SERVER_URL", raising=False)
-    rendezvous.reset()
     # Two ranks, no torch.distributed: no store to share a server through.
     with pytest.raises(RendezvousError, match="init_process_group") as info:
-        build_online_source(PerseusConfig(), RankInfo(world_size=2), _OneClockGPU())
+        build_online_source(PerseusConfig(), RankInfo(world_size=2), _OneClockGPU(), Launch())
     assert "server.url" in str(info.value) and info.value.shared
-    rendezvous.reset()
 
 
 class _OneClockGPU:
