@@ -48,8 +48,7 @@ def summary_line(report: dict, out_dir: Path) -> str:
     power-limit run measures each limit in one window: its saving has no interval and says so.
     """
     where = f"report: {out_dir / 'report.json'}"
-    predicted = report.get("predicted_energy_saving")
-    said = "" if predicted is None else f" (predicted saving {100 * predicted:.1f} %)"
+    said = _predicted_words(report)
     if report.get("energy_saving_ci95") is not None:
         words = saving_words(
             {
@@ -69,6 +68,20 @@ def summary_line(report: dict, out_dir: Path) -> str:
         f"perseus-train: energy saving {100 * saving:.1f} %, slowdown {100 * slowdown:+.2f} % "
         f"(one measurement window each: no interval){said}; {where}"
     )
+
+
+def _predicted_words(report: dict) -> str:
+    """The plan's predicted saving, with the interval the profile's errors give it."""
+    prediction = report.get("predicted") or {}
+    saving, interval = prediction.get("energy_saving"), prediction.get("energy_saving_ci95")
+    if saving is not None and interval is not None:
+        low, high = interval
+        return (
+            f" (predicted saving {100 * saving:.1f} %, 95 % interval {100 * low:.1f} to "
+            f"{100 * high:.1f} %)"
+        )
+    predicted = report.get("predicted_energy_saving")
+    return "" if predicted is None else f" (predicted saving {100 * predicted:.1f} %)"
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
         report["predicted"] = {
             "plan_id": predicted.get("plan_id"),
             "energy_saving": predicted.get("energy_saving_fraction"),
+            # From the profile rows' standard errors (rows both plans use equally cancel).
+            "energy_saving_ci95": predicted.get("energy_saving_ci95"),
             "slowdown": predicted.get("slowdown_fraction"),
             "solve_time_s": predicted.get("solve_time_s"),
             "frontier_points": predicted.get("frontier_points"),

@@ -82,6 +82,7 @@ def test_report_from_summary_gives_the_savings_with_their_intervals() -> None:
             "iteration_time_s": 2.0,
             "energy_j": 905.0,
             "energy_saving_fraction": 0.094,
+            "energy_saving_ci95": [0.088, 0.1],
             "slowdown_fraction": 0.0,
         },
         "profiling": {"iterations": 12},
@@ -96,6 +97,7 @@ def test_report_from_summary_gives_the_savings_with_their_intervals() -> None:
     assert report["plan"]["predicted_iteration_time_s"] == 2.0
     assert report["predicted_energy_saving"] == pytest.approx(0.095)
     assert report["predicted"]["plan_id"] == 7
+    assert report["predicted"]["energy_saving_ci95"] == [0.088, 0.1]
     assert report["profiling_iterations"] == 12
     assert report["job_id"] == "train-1"
 

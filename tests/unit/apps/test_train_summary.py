@@ -1,0 +1,55 @@
+"""perseus-train's last line: every saving with its 95 % interval, or no number at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perseus.apps.train import summary_line
+from perseus.launcher.report import report_from_summary
+
+RUN = Path("/runs/x")
+
+
+def _summary(savings: dict, predicted: dict) -> dict:
+    return {
+        "phase": "watching",
+        "baseline": {"iteration_time_s": 2.0, "energy_j": 1000.0},
+        "plan": {"iteration_time_s": 2.01, "energy_j": 900.0},
+        "savings": savings,
+        "predicted": predicted,
+    }
+
+
+def test_the_line_gives_the_measured_and_the_predicted_saving_with_their_intervals() -> None:
+    savings = {
+        "energy_fraction": 0.1,
+        "energy_saving_ci95": [0.09, 0.11],
+        "energy_saving_measurable": True,
+        "slowdown_fraction": 0.005,
+        "slowdown_ci95": [-0.001, 0.011],
+    }
+    predicted = {
+        "iteration_time_s": 2.0,
+        "energy_j": 905.0,
+        "energy_saving_fraction": 0.094,
+        "energy_saving_ci95": [0.088, 0.1],
+    }
+    line = summary_line(report_from_summary(_summary(savings, predicted)), RUN)
+    assert line == (
+        "perseus-train: measured energy saving 10.0 % (95 % interval 9.0 to 11.0 %), iteration "
+        "time +0.5 % (95 % interval -0.1 to +1.1 %) (predicted "
+        "saving 9.4 %, 95 % interval 8.8 to 10.0 %); report: /runs/x/report.json"
+    )
+
+
+def test_a_saving_the_noise_cannot_support_is_said_without_a_number() -> None:
+    savings = {
+        "energy_fraction": None,
+        "energy_saving_ci95": [-0.012, 0.009],
+        "energy_saving_measurable": False,
+        "slowdown_fraction": 0.001,
+        "slowdown_ci95": [-0.002, 0.004],
+    }
+    line = summary_line(report_from_summary(_summary(savings, {})), RUN)
+    assert "no measurable energy saving (95 % interval -1.2 to 0.9 %)" in line
+    assert "None" not in line and "nan" not in line and "predicted" not in line
