@@ -74,6 +74,7 @@ def heaviest_power_w(profile: Profile) -> float:
         m.energy_j / m.time_s
         for s in profile.stages()
         for i in INSTRUCTIONS
+        if profile.has(s, i)
         for m in profile.measurements(s, i)
     )
 
