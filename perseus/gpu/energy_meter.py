@@ -144,6 +144,15 @@ class EnergyMeter:
                 return False
             self._sleep(WAIT_STEP_S)
 
+    def ready(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait until every counter updated after now (a measurement can then begin).
+
+        Energy is known only between observed updates: a window that begins before a GPU's
+        first one has no start. Call it before the first window, not on the training path
+        (it waits up to ``timeout_s``, default :meth:`wait_bound_s`).
+        """
+        return self.wait_until_covered(self.now_s(), timeout_s)
+
     # -- polling and lifetime -------------------------------------------------------------------
     def poll(self) -> None:
         """Read every counter once (for samplers without a thread; see ``poll_in_waits``)."""

@@ -139,18 +139,15 @@ class PowerLimitOptimizer:
         self._warned_short = False
         self._num_cut = 0
         self._load_saved()
-        if self.state != DONE and self._meter is None:
-            gpus = [g.gpu for g in self.guards]
-            self._meter = EnergyMeter.start(gpus, self._clock, name="power-limit")
-            self._own_meter = True
+        if self.state != DONE:
+            if self._meter is None:
+                gpus = [g.gpu for g in self.guards]
+                self._meter = EnergyMeter.start(gpus, self._clock, name="power-limit")
+                self._own_meter = True
+            self._meter.ready()  # before step 1: the first window must follow an update
+        repeats = 0 if self.state == DONE else cfg.repeats  # a saved profile: nothing to do
         self.windows = LimitWindows(
-            self.power_limits_mw,
-            0 if self.state == DONE else cfg.repeats,
-            self._meter,
-            self._aggregate,
-            cfg.profile_steps,
-            cfg.warmup_steps,
-            cfg.warmup_s,
+            self.power_limits_mw, cfg, self._meter, self._aggregate, repeats
         )
 
     @property

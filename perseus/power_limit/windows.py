@@ -190,12 +190,10 @@ class LimitWindows:
 
     Args:
         limits_mw: The limits, highest first.
-        repeats: Windows per limit (0: nothing to measure).
+        cfg: Steps per window and warm-up to begin with, the shortest warm-up.
         meter: The GPUs' energy (``None`` only with nothing to measure).
         aggregator: Combines a window over the ranks.
-        window_steps: Steps per window to begin with.
-        warmup_steps: Steps of warm-up before a window to begin with.
-        warmup_s: The shortest warm-up (s).
+        repeats: Windows per limit (0: nothing to measure).
 
     Attributes:
         window_steps: Steps per window now.
@@ -208,20 +206,18 @@ class LimitWindows:
     def __init__(
         self,
         limits_mw: Sequence[int],
-        repeats: int,
+        cfg: PowerLimitConfig,
         meter: Optional[EnergyMeter],
         aggregator: aggregate.Aggregator,
-        window_steps: int,
-        warmup_steps: int,
-        warmup_s: float,
+        repeats: int,
     ) -> None:
         self.limits_mw = list(limits_mw)
         self._queue: Deque[WindowKey] = deque(window_order(len(self.limits_mw), repeats))
         self._meter = meter
         self._aggregate = aggregator
-        self.window_steps = window_steps
-        self.warmup_steps = warmup_steps
-        self.warmup_s = warmup_s
+        self.window_steps = cfg.profile_steps
+        self.warmup_steps = cfg.warmup_steps
+        self.warmup_s = cfg.warmup_s
         self.num_retries = 0
         self.failure: Optional[str] = None
         self._measured: Dict[int, List[MeasuredWindow]] = {}
@@ -330,7 +326,7 @@ class LimitWindows:
             "window": "spanning enough energy-counter updates",
         }[what]
         log.warning(
-            "power limit %d W: a %s lasted %.3f s, under the %.2f s needed for %s; %d steps "
+            "power limit %d W: a %s lasted %.3f s, under the %.3f s needed for %s; %d steps "
             "from now on (raise energy.power_limit.%s to avoid this)",
             limit_w,
             what,

@@ -213,7 +213,7 @@ def test_a_warm_up_shorter_than_the_power_limit_needs_is_lengthened(
     # One 0.1 s step of warm-up is under 0.5 s: 5 steps (of ~0.1 s) from then on, and the
     # windows behind the short warm-ups are measured again.
     assert opt.state == "done" and opt.windows.warmup_steps == 5
-    assert caplog.text.count("under the 0.50 s needed for the power limit to settle") == 1
+    assert caplog.text.count("under the 0.500 s needed for the power limit to settle") == 1
     assert opt.num_retries >= 2
     assert [m.power_limit_mw for m in opt.measurements] == [300_000, 200_000, 100_000]
 
