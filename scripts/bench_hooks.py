@@ -11,18 +11,28 @@ device spent running the instruction inside ``on_instruction_end`` (where a real
 synchronization waits for the queued work). Modes:
 
 * ``measure`` (clocks untouched), ``max_speed`` (one locked clock), ``plan`` (a plan whose clock
-  changes at almost every instruction), stage 1 of 4, ``--microbatches`` per iteration;
+  changes at almost every instruction), stage 1 of 4, ``--microbatches`` per iteration; clock
+  changes are applied on the hook thread, the emulated GPU's path (a reference run of ``plan``
+  hands them to the controller thread, the NVML path: here the emulated GPU's clock change
+  then runs in Python on that thread and competes for the interpreter lock);
 * ``online``: one stage talking to a real coordination server (a ``perseus-server`` process),
   per phase as far as ``--online-s`` lets the job get (baseline, profiling, planning, running).
 
-Per mode: the median over iterations of the pairs alone (``pairs``) and of everything the hooks
-did in an iteration divided by its pairs (``with step hooks``: what training pays). The machine
-load (1-minute average) is printed before and after. Also kept: the null GPU (the runtime alone,
-with and without the controller thread) and the cost of synchronizing (without CUDA in use:
-a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is usable).
+Per mode, medians over iterations, in us per pair: everything the hooks did in an iteration
+divided by its pairs (``with step hooks``: what training pays), the pairs alone, and the
+emulated device's own work inside the hooks (its instruction marks, clock locks and
+synchronization, not Perseus's: on a real GPU these are driver calls, NVML clock changes on the
+controller thread). A reference run of ``measure`` without the sampler thread shows what the
+thread itself costs the hooks, and the local modes run again with instructions that take no
+time (``--hot`` for all: hooks back to back, caches warm; the online job then outruns its
+server). The machine load (1-minute average) is printed before and after. Also kept: the null
+GPU (the runtime alone, with and without the controller thread) and the cost of synchronizing
+(without CUDA in use: a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is
+usable).
 
 Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M] [--online-s S]
-The last line is ``hook_overhead_us=<float>``: the worst mode's per-pair cost with step hooks.
+The last line is ``hook_overhead_us=<float>``: the worst mode's (or online phase's, of at least
+five iterations) hooks per pair with step hooks.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.config import ServerConfig
 from perseus.formats.plan_json import Plan, PlanStep
@@ -53,6 +63,8 @@ from perseus.runtime.types import FrequencySource
 from perseus.wire import JobSpec, ProfilerSettings
 
 CLOCKS_MHZ = (1410, 1305, 1200, 1095, 1005, 900)
+# A mode or phase counts for the worst figure with at least this many iterations.
+MIN_COUNTED = 5
 NUM_STAGES = 4
 
 
@@ -193,8 +205,15 @@ def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[fl
 
 
 class TimedGPU(EmulatedGPU):
-    """The emulated GPU, adding up the time it spends running instructions (its waits)."""
+    """The emulated GPU, adding up the time spent in its own methods and in its waits.
 
+    ``device_s``: in the methods the hooks call (instruction marks, clock locks, synchronize,
+    clock read-back), waits included: what a real GPU's driver calls and its synchronization
+    take instead (NVML clock changes run on the controller thread there). ``waited_s``: of
+    that, running the instructions (a real GPU's wait in the synchronization).
+    """
+
+    device_s = 0.0
     waited_s = 0.0
 
     def _wait_until(self, deadline_s: float) -> None:
@@ -202,40 +221,57 @@ class TimedGPU(EmulatedGPU):
         super()._wait_until(deadline_s)
         self.waited_s += time.perf_counter() - t0
 
+    def _device(self, method: Callable[..., None], *args: Any) -> None:
+        t0 = time.perf_counter()
+        method(*args)
+        self.device_s += time.perf_counter() - t0
 
-def realistic_gpu(time_scale: float, num_stages: int) -> TimedGPU:
+    def instruction_begin(self, stage: int, instruction: str) -> None:
+        self._device(super().instruction_begin, stage, instruction)
+
+    def instruction_end(self, instruction: str) -> None:
+        self._device(super().instruction_end, instruction)
+
+    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        self._device(super().lock_sm_clocks_mhz, min_mhz, max_mhz)
+
+    def synchronize(self) -> None:
+        self._device(super().synchronize)
+
+
+def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
     """The realistic emulated GPU (100 ms counter, blocking reads) on the synthetic profile."""
     return TimedGPU(
         synthetic_profile(),
         blocking_power_w=83.64,
         counter="realistic",
-        time_scale=time_scale,
+        time_scale=args.time_scale,
+        sleep=not args.hot,
         num_pipeline_stages=num_stages,
     )
 
 
 class Costs:
-    """Per-iteration hook costs (us per pair), waits excluded, grouped by phase."""
+    """Per-iteration costs (us per pair, medians over iterations), grouped by phase."""
 
     def __init__(self) -> None:
-        self.pairs: Dict[str, List[float]] = {}
-        self.total: Dict[str, List[float]] = {}
+        self.rows: Dict[str, List[Tuple[float, float, float]]] = {}
 
-    def add(self, phase: str, pairs_us: float, total_us: float) -> None:
-        self.pairs.setdefault(phase, []).append(pairs_us)
-        self.total.setdefault(phase, []).append(total_us)
+    def add(self, phase: str, costs: Tuple[float, float, float]) -> None:
+        self.rows.setdefault(phase, []).append(costs)
 
-    def lines(self, mode: str) -> List[Tuple[str, float]]:
-        """``(line, median with step hooks)`` per phase."""
-        out = []
-        for phase, pairs in self.pairs.items():
-            total = statistics.median(self.total[phase])
+    def lines(self, mode: str) -> List[Tuple[str, Optional[float]]]:
+        """``(line, hooks alone with step hooks)`` per phase (``None``: too few iterations to
+        count, such as the online job's first before a schedule arrives)."""
+        out: List[Tuple[str, Optional[float]]] = []
+        for phase, rows in self.rows.items():
+            pairs, hooks, device = (statistics.median(c) for c in zip(*rows))
             label = mode if phase == "-" else f"{mode} ({phase})"
             out.append(
                 (
-                    f"{label:<28} pairs {statistics.median(pairs):6.2f} us, with step hooks "
-                    f"{total:6.2f} us per pair ({len(pairs)} iterations)",
-                    total,
+                    f"{label:<26} hooks {hooks:6.2f} us/pair with step hooks ({pairs:6.2f} the "
+                    f"pairs alone); emulated device {device:6.2f} ({len(rows)} iterations)",
+                    hooks if len(rows) >= MIN_COUNTED else None,
                 )
             )
         return out
@@ -243,42 +279,55 @@ class Costs:
 
 def one_iteration(
     opt: PerseusOptimizer, gpu: TimedGPU, names: Sequence[str]
-) -> Tuple[float, float]:
-    """One iteration: (pairs alone, all hooks) in us per pair, the device's waits left out."""
+) -> Tuple[float, float, float]:
+    """One iteration, in us per pair: the hooks' pairs alone, all the hooks (step hooks too),
+    and the emulated device's own work; the instructions' run time (the waits) left out."""
     perf = time.perf_counter
     begin, end = opt.on_instruction_begin, opt.on_instruction_end
+    device0, waited0 = gpu.device_s, gpu.waited_s
     t0 = perf()
     opt.on_step_begin()
     t1 = perf()
-    waited0 = gpu.waited_s
+    pairs_device0 = gpu.device_s
     for name in names:
         begin(name)
         end(name)
     t2 = perf()
+    pairs_device = gpu.device_s - pairs_device0
     opt.on_step_end()
     t3 = perf()
+    device = gpu.device_s - device0
     waited = gpu.waited_s - waited0
-    pairs_s = t2 - t1 - waited
-    return pairs_s / len(names) * 1e6, (t3 - t0 - waited) / len(names) * 1e6
+    n = len(names) / 1e6
+    return (t2 - t1 - pairs_device) / n, (t3 - t0 - device) / n, (device - waited) / n
 
 
 def bench_local(
-    mode: str, source: FrequencySource, plan: Plan, stage: int, args: argparse.Namespace
+    source: FrequencySource,
+    plan: Plan,
+    stage: int,
+    args: argparse.Namespace,
+    sample_energy: bool = True,
+    synchronous_clocks: bool = True,
 ) -> Costs:
     """A mode without a server, on the realistic GPU with its sampler thread running."""
-    gpu = realistic_gpu(args.time_scale, NUM_STAGES)
+    gpu = realistic_gpu(args, NUM_STAGES)
     opt = PerseusOptimizer.on_gpu(
-        RankInfo(stage=stage, num_stages=NUM_STAGES), gpu, source, synchronous_clocks=True
+        RankInfo(stage=stage, num_stages=NUM_STAGES),
+        gpu,
+        source,
+        synchronous_clocks=synchronous_clocks,
+        sample_energy=sample_energy,
     )
     names = [s.instruction for s in plan.stages[stage]]
     costs = Costs()
     try:
         for i in range(args.iterations + 2):
-            pairs_us, total_us = one_iteration(opt, gpu, names)
+            costs_us = one_iteration(opt, gpu, names)
             if i >= 2:  # the first iterations warm up
-                costs.add("-", pairs_us, total_us)
+                costs.add("-", costs_us)
         sampler = opt.device.sampler
-        assert sampler is not None and sampler.running and sampler.num_reads > 0
+        assert sampler is not None and sampler.running == sample_energy
     finally:
         opt.close()
     return costs
@@ -291,7 +340,7 @@ def bench_online(args: argparse.Namespace) -> Tuple[Costs, str]:
     costs = Costs()
     phases: List[str] = []
     try:
-        gpu = realistic_gpu(args.time_scale, 1)
+        gpu = realistic_gpu(args, 1)
         spec = JobSpec(
             job_id=f"bench-{uuid.uuid4().hex[:8]}",
             num_stages=1,
@@ -314,17 +363,17 @@ def bench_online(args: argparse.Namespace) -> Tuple[Costs, str]:
         running = 0
         try:
             while time.monotonic() < deadline and running < args.iterations:
-                pairs_us, total_us = one_iteration(opt, gpu, names)
+                costs_us = one_iteration(opt, gpu, names)
                 phase = str(source.phase.value if source.phase is not None else "unscheduled")
-                if not phases or phases[-1] != phase:
+                if phase not in phases:
                     phases.append(phase)
-                costs.add(phase, pairs_us, total_us)
+                costs.add(phase, costs_us)
                 running += phase == "running"
         finally:
             opt.close()
     finally:
         server.stop()
-    return costs, " -> ".join(phases)
+    return costs, ", ".join(f"{p} ({len(costs.rows[p])})" for p in phases)
 
 
 def main() -> None:
@@ -335,6 +384,11 @@ def main() -> None:
     parser.add_argument("--online-s", type=float, default=120.0, help="online job's time budget")
     parser.add_argument("--online-profiling-iterations", type=int, default=20)
     parser.add_argument("--null-iterations", type=int, default=300)
+    parser.add_argument(
+        "--hot",
+        action="store_true",
+        help="instructions take no time (the hooks run back to back, caches warm)",
+    )
     args = parser.parse_args()
     import torch  # noqa: F401  # as in a training process: the synchronizer then asks torch.cuda
 
@@ -367,8 +421,8 @@ def main() -> None:
     )
     print(f"torch.cuda.synchronize: {cuda_sync_us()}")
     print(
-        f"realistic emulated GPU (100 ms counter, ~3 ms blocking reads, sampler thread polling), "
-        f"instructions at time scale {args.time_scale:g}:"
+        "realistic emulated GPU (100 ms counter, ~3 ms blocking reads, sampler thread polling), "
+        + ("instructions take no time:" if args.hot else f"time scale {args.time_scale:g}:")
     )
     worst: List[Tuple[float, str]] = []
     local: List[Tuple[str, FrequencySource]] = [
@@ -377,19 +431,31 @@ def main() -> None:
         ("plan", PlanSource(plan, stage)),
     ]
     for mode, source in local:
-        for line, total in bench_local(mode, source, plan, stage, args).lines(mode):
+        for line, total in bench_local(source, plan, stage, args).lines(mode):
             print(f"  {line}")
-            worst.append((total, mode))
+            if total is not None:
+                worst.append((total, mode))
+    for line, _ in bench_local(MeasureSource(), plan, stage, args, False).lines("measure"):
+        print(f"  {line}  [without the sampler thread: reference]")
+    threaded = bench_local(PlanSource(plan, stage), plan, stage, args, True, False)
+    for line, _ in threaded.lines("plan"):
+        print(f"  {line}  [clocks applied by the controller thread, the NVML path]")
+    if not args.hot:  # the same modes back to back: the hooks with warm caches
+        hot = argparse.Namespace(**{**vars(args), "hot": True})
+        for mode, source in local:
+            for line, _ in bench_local(source, plan, stage, hot).lines(mode):
+                print(f"  {line}  [instructions taking no time]")
     online: Optional[Costs] = None
     try:
         online, path = bench_online(args)
     except Exception as exc:  # no server dependencies: say so, the other modes stand
         print(f"  online: not measured ({exc})")
     if online is not None:
-        print(f"  online job phases: {path}")
+        print(f"  online job, iterations per phase: {path}")
         for line, total in online.lines("online"):
             print(f"  {line}")
-            worst.append((total, "online"))
+            if total is not None:
+                worst.append((total, line.split(" hooks")[0].strip()))
     print(f"load average {os.getloadavg()[0]:.2f} after")
     value, mode = max(worst)
     print(f"worst mode: {mode}")
