@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -373,6 +374,7 @@ def bench_online(args: argparse.Namespace) -> Tuple[Costs, str]:
             opt.close()
     finally:
         server.stop()
+        shutil.rmtree(dump, ignore_errors=True)
     return costs, ", ".join(f"{p} ({len(costs.rows[p])})" for p in phases)
 
 
