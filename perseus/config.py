@@ -95,9 +95,16 @@ class PowerLimitConfig:
 
     # Try limits from the maximum down in steps of this many watts.
     step_w: float = 25.0
-    # Steps run at each limit before its measurement window, and steps measured.
+    # Steps run at each limit before its measurement window, and steps measured (at least; a
+    # window is lengthened until it spans 10 energy-counter updates).
     warmup_steps: int = 5
     profile_steps: int = 10
+    # Warm-up lasts at least this long (s): a GPU holds its power limit on an average over ~1 s,
+    # so right after a change it still runs as under the old limit.
+    warmup_s: float = 2.0
+    # Windows per limit, in passes over the limits that alternate direction; 3 or more give the
+    # saving a 95 % interval (fewer: the report says it has none).
+    repeats: int = 3
     # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
     selector: PowerLimitSelector = PowerLimitSelector.zeus_cost
     # max_slowdown selector: least energy within this fraction of the fastest limit's time.

@@ -107,6 +107,8 @@ RANGES: Dict[str, Range] = {
     "energy.power_limit.step_w": _watts(positive=True),
     "energy.power_limit.warmup_steps": _count(0),
     "energy.power_limit.profile_steps": _count(),
+    "energy.power_limit.repeats": _count(),
+    "energy.power_limit.warmup_s": Range(ge=0.0, le=3600.0, unit="s"),
     "energy.power_limit.max_slowdown": Range(ge=0.0, le=100.0),
     # gpu.emulated
     "gpu.emulated.time_scale": Range(gt=0.0, le=1e6),

@@ -1,43 +1,71 @@
 #!/usr/bin/env python
-"""Cost of one on_instruction_begin + on_instruction_end pair of PerseusOptimizer.
+"""Cost of Perseus's hooks per forward/backward pair, in every runtime mode, beside the sampler.
 
-Plan mode (a plan whose clock changes at almost every instruction), tracing off, on the emulated
-GPU with sleeping off, so what is timed is the runtime's own work plus the emulated device's
-bookkeeping and its (synchronous) clock changes. Two more figures use a GPU whose methods do
-nothing: the runtime alone, and the runtime handing clock changes to its background controller
-thread (the path real GPUs take). Target: <= 20 us per pair.
+Every mode runs on the realistic emulated GPU (``gpu.emulated.counter=realistic``: its energy
+counter updates every 100 ms, each read blocks its caller ~3 ms and 15-35 ms right after an
+update), with the device's energy sampler thread polling it beside the hooks, as in a job. The
+instructions take their profiled time (a synthetic 4-stage profile scaled by ``--time-scale``:
+0.5-1 ms each). What is timed is the hooks' own work: ``on_step_begin``, every
+``on_instruction_begin`` / ``on_instruction_end`` pair and ``on_step_end``, less the time the
+device spent running the instruction inside ``on_instruction_end`` (where a real GPU's
+synchronization waits for the queued work). Modes:
 
-Synchronization: every hook synchronizes the device before it changes a clock or stamps time
-(four syncs per instruction pair plus two per step). Its cost is reported three ways: one
-``CudaSynchronizer`` call in a process that never initialized CUDA (the CPU path: a no-op),
-the per-pair cost of the null GPU with that synchronizer against the null GPU without, and —
-where CUDA is usable — ``torch.cuda.synchronize`` on an idle device (on a busy one the wait is
-the queued work itself, which the stamps must include). The emulated GPU's asynchronous mode
-is timed too (its synchronize advances a virtual device timeline).
+* ``measure`` (clocks untouched), ``max_speed`` (one locked clock), ``plan`` (a plan whose clock
+  changes at almost every instruction), stage 1 of 4, ``--microbatches`` per iteration; clock
+  changes are applied on the hook thread, the emulated GPU's path (a reference run of ``plan``
+  hands them to the controller thread, the NVML path: here the emulated GPU's clock change
+  then runs in Python on that thread and competes for the interpreter lock);
+* ``online``: one stage talking to a real coordination server (a ``perseus-server`` process),
+  per phase as far as ``--online-s`` lets the job get (baseline, profiling, planning, running).
 
-Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M]
-The last line is ``hook_overhead_us=<float>`` (emulated GPU, plan mode).
+Per mode, medians over iterations, in us per pair: everything the hooks did in an iteration
+divided by its pairs (``with step hooks``: what training pays), the pairs alone, and the
+emulated device's own work inside the hooks (its instruction marks, clock locks and
+synchronization, not Perseus's: on a real GPU these are driver calls, NVML clock changes on the
+controller thread). A reference run of ``measure`` without the sampler thread shows what the
+thread itself costs the hooks, and the local modes run again with instructions that take no
+time (``--hot`` for all: hooks back to back, caches warm; the online job then outruns its
+server). The machine load (1-minute average) is printed before and after. Also kept: the null
+GPU (the runtime alone, with and without the controller thread) and the cost of synchronizing
+(without CUDA in use: a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is
+usable).
+
+Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M] [--online-s S]
+The last line is ``hook_overhead_us=<float>``: the worst mode's (or online phase's, of at least
+five iterations) hooks per pair with step hooks.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
+import shutil
 import statistics
+import tempfile
 import time
-from typing import Any, List, Tuple
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from perseus.config import ServerConfig
 from perseus.formats.plan_json import Plan, PlanStep
 from perseus.formats.profile_csv import Profile
 from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU
 from perseus.gpu.sync import CudaSynchronizer
-from perseus.profiler.virtual_run import VirtualClock
 from perseus.records import RankInfo
+from perseus.runtime.client import ServerClient
+from perseus.runtime.online import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.sources import PlanSource
+from perseus.runtime.server_spawn import start_server_process
+from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
+from perseus.runtime.types import FrequencySource
+from perseus.wire import JobSpec, ProfilerSettings
 
 CLOCKS_MHZ = (1410, 1305, 1200, 1095, 1005, 900)
+# A mode or phase counts for the worst figure with at least this many iterations.
+MIN_COUNTED = 5
 NUM_STAGES = 4
 
 
@@ -153,7 +181,7 @@ def make_plan(num_mb: int) -> Plan:
 
 
 def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:
-    """Median and best per-pair cost (us) over iterations."""
+    """Median and best per-pair cost (us) over iterations, the pairs alone (null GPUs)."""
     opt = PerseusOptimizer.on_gpu(
         RankInfo(stage=stage, num_stages=NUM_STAGES), gpu, PlanSource(plan, stage)
     )
@@ -177,13 +205,199 @@ def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[fl
     return statistics.median(per_pair_us), min(per_pair_us)
 
 
+class TimedGPU(EmulatedGPU):
+    """The emulated GPU, adding up the time spent in its own methods and in its waits.
+
+    ``device_s``: in the methods the hooks call (instruction marks, clock locks, synchronize,
+    clock read-back), waits included: what a real GPU's driver calls and its synchronization
+    take instead (NVML clock changes run on the controller thread there). ``waited_s``: of
+    that, running the instructions (a real GPU's wait in the synchronization).
+    """
+
+    device_s = 0.0
+    waited_s = 0.0
+
+    def _wait_until(self, deadline_s: float) -> None:
+        t0 = time.perf_counter()
+        super()._wait_until(deadline_s)
+        self.waited_s += time.perf_counter() - t0
+
+    def _device(self, method: Callable[..., None], *args: Any) -> None:
+        t0 = time.perf_counter()
+        method(*args)
+        self.device_s += time.perf_counter() - t0
+
+    def instruction_begin(self, stage: int, instruction: str) -> None:
+        self._device(super().instruction_begin, stage, instruction)
+
+    def instruction_end(self, instruction: str) -> None:
+        self._device(super().instruction_end, instruction)
+
+    def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+        self._device(super().lock_sm_clocks_mhz, min_mhz, max_mhz)
+
+    def synchronize(self) -> None:
+        self._device(super().synchronize)
+
+
+def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
+    """The realistic emulated GPU (100 ms counter, blocking reads) on the synthetic profile."""
+    return TimedGPU(
+        synthetic_profile(),
+        blocking_power_w=83.64,
+        counter="realistic",
+        time_scale=args.time_scale,
+        sleep=not args.hot,
+        num_pipeline_stages=num_stages,
+    )
+
+
+class Costs:
+    """Per-iteration costs (us per pair, medians over iterations), grouped by phase."""
+
+    def __init__(self) -> None:
+        self.rows: Dict[str, List[Tuple[float, float, float]]] = {}
+
+    def add(self, phase: str, costs: Tuple[float, float, float]) -> None:
+        self.rows.setdefault(phase, []).append(costs)
+
+    def lines(self, mode: str) -> List[Tuple[str, Optional[float]]]:
+        """``(line, hooks alone with step hooks)`` per phase (``None``: too few iterations to
+        count, such as the online job's first before a schedule arrives)."""
+        out: List[Tuple[str, Optional[float]]] = []
+        for phase, rows in self.rows.items():
+            pairs, hooks, device = (statistics.median(c) for c in zip(*rows))
+            label = mode if phase == "-" else f"{mode} ({phase})"
+            out.append(
+                (
+                    f"{label:<26} hooks {hooks:6.2f} us/pair with step hooks ({pairs:6.2f} the "
+                    f"pairs alone); emulated device {device:6.2f} ({len(rows)} iterations)",
+                    hooks if len(rows) >= MIN_COUNTED else None,
+                )
+            )
+        return out
+
+
+def one_iteration(
+    opt: PerseusOptimizer, gpu: TimedGPU, names: Sequence[str]
+) -> Tuple[float, float, float]:
+    """One iteration, in us per pair: the hooks' pairs alone, all the hooks (step hooks too),
+    and the emulated device's own work; the instructions' run time (the waits) left out."""
+    perf = time.perf_counter
+    begin, end = opt.on_instruction_begin, opt.on_instruction_end
+    device0, waited0 = gpu.device_s, gpu.waited_s
+    t0 = perf()
+    opt.on_step_begin()
+    t1 = perf()
+    pairs_device0 = gpu.device_s
+    for name in names:
+        begin(name)
+        end(name)
+    t2 = perf()
+    pairs_device = gpu.device_s - pairs_device0
+    opt.on_step_end()
+    t3 = perf()
+    device = gpu.device_s - device0
+    waited = gpu.waited_s - waited0
+    n = len(names) / 1e6
+    return (t2 - t1 - pairs_device) / n, (t3 - t0 - device) / n, (device - waited) / n
+
+
+def bench_local(
+    source: FrequencySource,
+    plan: Plan,
+    stage: int,
+    args: argparse.Namespace,
+    sample_energy: bool = True,
+    synchronous_clocks: bool = True,
+) -> Costs:
+    """A mode without a server, on the realistic GPU with its sampler thread running."""
+    gpu = realistic_gpu(args, NUM_STAGES)
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=NUM_STAGES),
+        gpu,
+        source,
+        synchronous_clocks=synchronous_clocks,
+        sample_energy=sample_energy,
+    )
+    names = [s.instruction for s in plan.stages[stage]]
+    costs = Costs()
+    try:
+        for i in range(args.iterations + 2):
+            costs_us = one_iteration(opt, gpu, names)
+            if i >= 2:  # the first iterations warm up
+                costs.add("-", costs_us)
+        sampler = opt.device.sampler
+        assert sampler is not None and sampler.running == sample_energy
+    finally:
+        opt.close()
+    return costs
+
+
+def bench_online(args: argparse.Namespace) -> Tuple[Costs, str]:
+    """One stage of an online job against a real server, per phase; and what happened."""
+    dump = Path(tempfile.mkdtemp(prefix="perseus-bench-"))
+    server = start_server_process(ServerConfig(), dump, port=0, exit_with_parent=True)
+    costs = Costs()
+    phases: List[str] = []
+    try:
+        gpu = realistic_gpu(args, 1)
+        spec = JobSpec(
+            job_id=f"bench-{uuid.uuid4().hex[:8]}",
+            num_stages=1,
+            num_microbatches=args.microbatches,
+            profiler=ProfilerSettings(max_iterations=args.online_profiling_iterations),
+        )
+        rank = RankInfo(stage=0, num_stages=1)
+        source = OnlineSource(
+            ServerClient(server.url, timeout_s=30.0),
+            spec,
+            rank,
+            gpu.supported_sm_clocks_mhz(),
+            power_limit_w=gpu.power_limit_mw() / 1000.0,
+        )
+        opt = PerseusOptimizer.on_gpu(
+            rank, gpu, source, state_dir=dump / "state", synchronous_clocks=True
+        )
+        names = [instruction for instruction, _ in source.order]
+        deadline = time.monotonic() + args.online_s
+        running = 0
+        try:
+            while time.monotonic() < deadline and running < args.iterations:
+                costs_us = one_iteration(opt, gpu, names)
+                phase = str(source.phase.value if source.phase is not None else "unscheduled")
+                if phase not in phases:
+                    phases.append(phase)
+                costs.add(phase, costs_us)
+                running += phase == "running"
+        finally:
+            opt.close()
+    finally:
+        server.stop()
+        shutil.rmtree(dump, ignore_errors=True)
+    return costs, ", ".join(f"{p} ({len(costs.rows[p])})" for p in phases)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--microbatches", type=int, default=32)
+    parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--online-s", type=float, default=120.0, help="online job's time budget")
+    parser.add_argument("--online-profiling-iterations", type=int, default=20)
+    parser.add_argument("--null-iterations", type=int, default=300)
+    parser.add_argument(
+        "--hot",
+        action="store_true",
+        help="instructions take no time (the hooks run back to back, caches warm)",
+    )
     args = parser.parse_args()
     import torch  # noqa: F401  # as in a training process: the synchronizer then asks torch.cuda
 
+    print(
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '<unset>')}"
+    )
     plan = make_plan(args.microbatches)
     stage = 1
     num_pairs = len(plan.stages[stage])
@@ -196,37 +410,58 @@ def main() -> None:
         f"plan: {NUM_STAGES} stages x {args.microbatches} microbatches, stage {stage}: "
         f"{num_pairs} instructions/iteration, {changes} clock changes/iteration"
     )
-    null_med, null_best = time_pairs_us(NullGPU(), plan, stage, args.iterations)
+    null_med, null_best = time_pairs_us(NullGPU(), plan, stage, args.null_iterations)
     print(f"null GPU (runtime alone):   median {null_med:.2f} us/pair, best {null_best:.2f}")
     threaded = NullGPU()
     threaded.fast_clock_changes = False  # clock changes go through the controller thread
-    thr_med, thr_best = time_pairs_us(threaded, plan, stage, args.iterations)
+    thr_med, thr_best = time_pairs_us(threaded, plan, stage, args.null_iterations)
     print(f"null GPU, controller thread: median {thr_med:.2f} us/pair, best {thr_best:.2f}")
-    syncing_med, syncing_best = time_pairs_us(CudaSyncNullGPU(), plan, stage, args.iterations)
-    print(f"null GPU + CUDA sync:       median {syncing_med:.2f} us/pair, best {syncing_best:.2f}")
+    sync_med, _ = time_pairs_us(CudaSyncNullGPU(), plan, stage, args.null_iterations)
     print(
         f"sync cost: {sync_call_ns():.0f} ns per CudaSynchronizer call without CUDA in use; "
-        f"{syncing_med - null_med:+.2f} us per pair (median vs null GPU)"
+        f"{sync_med - null_med:+.2f} us per pair (median vs null GPU)"
     )
     print(f"torch.cuda.synchronize: {cuda_sync_us()}")
-    clock = VirtualClock()
-    async_emu: Any = EmulatedGPU(
-        synthetic_profile(),
-        blocking_power_w=83.64,
-        num_pipeline_stages=NUM_STAGES,
-        asynchronous=True,
-        clock=clock,
-        sleeper=clock.sleep,
+    print(
+        "realistic emulated GPU (100 ms counter, ~3 ms blocking reads, sampler thread polling), "
+        + ("instructions take no time:" if args.hot else f"time scale {args.time_scale:g}:")
     )
-    async_med, async_best = time_pairs_us(async_emu, plan, stage, args.iterations)
-    print(f"emulated GPU, asynchronous: median {async_med:.2f} us/pair, best {async_best:.2f}")
-    emu: Any = EmulatedGPU(
-        synthetic_profile(), blocking_power_w=83.64, sleep=False, num_pipeline_stages=NUM_STAGES
-    )
-    emu_med, emu_best = time_pairs_us(emu, plan, stage, args.iterations)
-    print(f"emulated GPU, sleep off:    median {emu_med:.2f} us/pair, best {emu_best:.2f}")
-    print(f"iterations={args.iterations} (pairs timed: {args.iterations * num_pairs})")
-    print(f"hook_overhead_us={emu_med:.3f}")
+    worst: List[Tuple[float, str]] = []
+    local: List[Tuple[str, FrequencySource]] = [
+        ("measure", MeasureSource()),
+        ("max_speed", MaxSpeedSource(max(CLOCKS_MHZ))),
+        ("plan", PlanSource(plan, stage)),
+    ]
+    for mode, source in local:
+        for line, total in bench_local(source, plan, stage, args).lines(mode):
+            print(f"  {line}")
+            if total is not None:
+                worst.append((total, mode))
+    for line, _ in bench_local(MeasureSource(), plan, stage, args, False).lines("measure"):
+        print(f"  {line}  [without the sampler thread: reference]")
+    threaded = bench_local(PlanSource(plan, stage), plan, stage, args, True, False)
+    for line, _ in threaded.lines("plan"):
+        print(f"  {line}  [clocks applied by the controller thread, the NVML path]")
+    if not args.hot:  # the same modes back to back: the hooks with warm caches
+        hot = argparse.Namespace(**{**vars(args), "hot": True})
+        for mode, source in local:
+            for line, _ in bench_local(source, plan, stage, hot).lines(mode):
+                print(f"  {line}  [instructions taking no time]")
+    online: Optional[Costs] = None
+    try:
+        online, path = bench_online(args)
+    except Exception as exc:  # no server dependencies: say so, the other modes stand
+        print(f"  online: not measured ({exc})")
+    if online is not None:
+        print(f"  online job, iterations per phase: {path}")
+        for line, total in online.lines("online"):
+            print(f"  {line}")
+            if total is not None:
+                worst.append((total, line.split(" hooks")[0].strip()))
+    print(f"load average {os.getloadavg()[0]:.2f} after")
+    value, mode = max(worst)
+    print(f"worst mode: {mode}")
+    print(f"hook_overhead_us={value:.3f}")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,17 @@
     perseus-doctor --apply      # also lock a clock for real, read it back, reset (needs root)
 
 Lists every NVIDIA GPU of the node (model, UUID, MIG, persistence), this process's
-privileges, supported clocks, the energy counter (present, update period measured), the power
-reading, the power-limit range, a locked-clock round trip and the clock-change latency, and a
-verdict per GPU (see :mod:`perseus.gpu.doctor`). Without NVIDIA GPUs it says so and shows what
-the emulated GPU would be. Where GPUs exist but NVML is broken it prints NVML's error and the
-fix. Exit status: 0 when every GPU is READY, 1 when one is not, 2 when NVML is broken.
+privileges, supported clocks, the energy readings polled for ``--probe-s`` seconds (the
+counter's update period and jitter, how long a read blocks, the instant power field's period
+and its lag after a load change) and what follows (the source the energy sampler uses, the
+shortest profiling window), the power reading, the power-limit range, a locked-clock round trip
+and the clock-change latency, and a verdict per GPU (see :mod:`perseus.gpu.doctor`).
+
+The load change: on the emulated GPU its own instructions; on a real GPU a burst of matrix
+multiplications through torch where CUDA is usable (Perseus cannot load a GPU without it), else
+nothing (idle readings only; ``--idle`` asks for that). Without NVIDIA GPUs it says so and shows
+what the emulated GPU would be. Where GPUs exist but NVML is broken it prints NVML's error and
+the fix. Exit status: 0 when every GPU is READY, 1 when one is not, 2 when NVML is broken.
 """
 
 from __future__ import annotations
@@ -18,22 +24,31 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, TextIO
+from typing import Any, Callable, List, Optional, TextIO
 
 from perseus.errors import GPUError, GPUNotFoundError
 from perseus.gpu.doctor import READY, Diagnosis, diagnose, privileges
+from perseus.gpu.energy_probe import EmulatedLoad, Load
+from perseus.profiler.sweep_windows import window_s
+
+# How long the CUDA load runs at most (the probe stops it sooner).
+CUDA_LOAD_S = 30.0
 
 
 def run_doctor(
     *,
     apply: bool = False,
-    probe_s: float = 1.0,
+    probe_s: float = 3.0,
     state_dir: Optional[Path] = None,
     out: TextIO = sys.stdout,
     clock: Callable[[], float] = time.perf_counter,
     sleeper: Callable[[float], None] = time.sleep,
+    idle: bool = False,
 ) -> int:
-    """Check the node, print the report to ``out``; returns the exit status."""
+    """Check the node, print the report to ``out``; returns the exit status.
+
+    ``idle``: make no load change (the field's lag is then not measured).
+    """
     from perseus.config import GPUConfig
     from perseus.gpu.factory import resolve_backend
 
@@ -44,8 +59,18 @@ def run_doctor(
             f"perseus-doctor: NVIDIA GPUs are present but NVML cannot be used.\n  {exc}", file=out
         )
         return 2
-    kwargs = dict(apply=apply, probe_s=probe_s, clock=clock, sleeper=sleeper, state_dir=state_dir)
-    reports = _emulated(out, **kwargs) if backend == "emulated" else _nvml(out, **kwargs)
+    kwargs = dict(
+        apply=apply,
+        probe_s=probe_s,
+        clock=clock,
+        sleeper=sleeper,
+        state_dir=state_dir,
+        window_rule=window_s,
+    )
+    if backend == "emulated":
+        reports = _emulated(out, idle, **kwargs)
+    else:
+        reports = _nvml(out, idle, **kwargs)
     for report in reports:
         print("", file=out)
         for line in report.lines():
@@ -57,7 +82,7 @@ def _env(name: str) -> str:
     return os.environ.get(name, "<unset>")
 
 
-def _emulated(out: TextIO, **kwargs: object) -> List[Diagnosis]:
+def _emulated(out: TextIO, idle: bool, **kwargs: object) -> List[Diagnosis]:
     from perseus.config import GPUBackend, GPUConfig
     from perseus.gpu.factory import build_emulated
 
@@ -70,8 +95,9 @@ def _emulated(out: TextIO, **kwargs: object) -> List[Diagnosis]:
     gpu = build_emulated(
         GPUConfig(backend=GPUBackend.emulated), clock=kwargs["clock"], sleeper=kwargs["sleeper"]
     )
+    load = None if idle else EmulatedLoad(gpu)
     try:
-        report = diagnose(gpu, title=f"GPU 0 (emulated)  {gpu.name}", **kwargs)  # type: ignore[arg-type]
+        report = diagnose(gpu, title=f"GPU 0 (emulated)  {gpu.name}", load=load, **kwargs)  # type: ignore[arg-type]
     finally:
         gpu.close()
     profile = getattr(gpu, "profile", None)
@@ -87,7 +113,7 @@ def _emulated(out: TextIO, **kwargs: object) -> List[Diagnosis]:
     return [report]
 
 
-def _nvml(out: TextIO, **kwargs: object) -> List[Diagnosis]:
+def _nvml(out: TextIO, idle: bool, **kwargs: object) -> List[Diagnosis]:
     from perseus.gpu.nvml import NVMLGPU
     from perseus.gpu.nvml_support import as_text, call, load_pynvml
 
@@ -139,7 +165,8 @@ def _nvml(out: TextIO, **kwargs: object) -> List[Diagnosis]:
                 reports.append(report)
                 continue
             try:
-                report = diagnose(gpu, title=title, **kwargs)  # type: ignore[arg-type]
+                load = None if idle else cuda_load(uuid)
+                report = diagnose(gpu, title=title, load=load, **kwargs)  # type: ignore[arg-type]
             finally:
                 gpu.close()
             report.findings.insert(0, ("MIG", mig_text))
@@ -150,6 +177,85 @@ def _nvml(out: TextIO, **kwargs: object) -> List[Diagnosis]:
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+class CudaMatmulLoad:
+    """Back-to-back matrix multiplications on one CUDA device, queued a little ahead.
+
+    Launches return at once; :meth:`tick` keeps about :data:`AHEAD_S` of work queued, so the
+    probe's reads go on while the GPU works.
+
+    Args:
+        torch: The torch module.
+        index: The CUDA device.
+    """
+
+    name = "a CUDA matmul burst"
+    AHEAD_S = 0.05
+
+    def __init__(self, torch: Any, index: int) -> None:
+        self.torch = torch
+        self.device = torch.device("cuda", index)
+        n = 8192
+        self.a = torch.randn(n, n, device=self.device, dtype=torch.float16)
+        self.b = torch.randn(n, n, device=self.device, dtype=torch.float16)
+        self.c = torch.empty(n, n, device=self.device, dtype=torch.float16)
+        for _ in range(2):  # warm up (cuBLAS picks its kernel), then time one
+            torch.matmul(self.a, self.b, out=self.c)
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            torch.matmul(self.a, self.b, out=self.c)
+        torch.cuda.synchronize(self.device)
+        self.each_s = max(1e-5, (time.perf_counter() - t0) / 5)
+        self._queued_until = 0.0
+        self._end_s = 0.0
+
+    def start(self) -> None:
+        """Begin: queue the first matmuls."""
+        self._end_s = time.perf_counter() + CUDA_LOAD_S
+        self._queued_until = time.perf_counter()
+        self.tick()
+
+    def tick(self) -> None:
+        """Queue matmuls until about :data:`AHEAD_S` of work waits."""
+        now = time.perf_counter()
+        self._queued_until = max(self._queued_until, now)
+        while self._queued_until < min(now + self.AHEAD_S, self._end_s):
+            self.torch.matmul(self.a, self.b, out=self.c)
+            self._queued_until += self.each_s
+
+    def stop(self) -> None:
+        """Wait for the queued work."""
+        self.torch.cuda.synchronize(self.device)
+
+
+def cuda_load(uuid: str) -> Optional[Load]:
+    """A matmul burst on the CUDA device with this UUID, where torch and CUDA are usable.
+
+    torch is imported only where the node has NVIDIA devices (importing it is slow, and there is
+    nothing for it to load elsewhere).
+    """
+    from perseus.gpu.nvml_support import nvidia_present
+
+    if not nvidia_present():
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    from perseus.gpu.device_map import cuda_device
+
+    try:
+        if not torch.cuda.is_available():
+            return None
+        for index in range(torch.cuda.device_count()):
+            found = cuda_device(index)
+            if found is not None and found.uuid == uuid:
+                return CudaMatmulLoad(torch, index)
+    except Exception:  # a broken CUDA: idle readings only
+        return None
+    return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -163,11 +269,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="do the locked-clock round trip for real (needs root or CAP_SYS_ADMIN)",
     )
     parser.add_argument(
-        "--probe-s", type=float, default=1.0, help="how long to watch each energy counter"
+        "--probe-s", type=float, default=3.0, help="how long to watch each GPU's energy readings"
+    )
+    parser.add_argument(
+        "--idle", action="store_true", help="make no load change (no CUDA work on the GPUs)"
     )
     parser.add_argument("--state-dir", type=Path, default=None, help="GPU guard state dir")
     args = parser.parse_args(argv)
-    return run_doctor(apply=args.apply, probe_s=args.probe_s, state_dir=args.state_dir)
+    return run_doctor(
+        apply=args.apply, probe_s=args.probe_s, state_dir=args.state_dir, idle=args.idle
+    )
 
 
 if __name__ == "__main__":

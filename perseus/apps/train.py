@@ -45,7 +45,8 @@ def summary_line(report: dict, out_dir: Path) -> str:
     """A short human summary of ``report.json``: every saving with its 95 % interval.
 
     A saving whose interval contains 0 reads "no measurable energy saving", never a number. A
-    power-limit run measures each limit in one window: its saving has no interval and says so.
+    power-limit run whose limits were measured in fewer than three windows each has no
+    interval and says so (``saving_interval``).
     """
     where = f"report: {out_dir / 'report.json'}"
     said = _predicted_words(report)
@@ -64,9 +65,10 @@ def summary_line(report: dict, out_dir: Path) -> str:
     if saving is None or slowdown is None:
         figures = json.dumps({k: report.get(k) for k in ("baseline", "plan")})
         return f"perseus-train: done; {figures}; {where}"
+    why = report.get("saving_interval") or "one measurement window each: no interval"
     return (
         f"perseus-train: energy saving {100 * saving:.1f} %, slowdown {100 * slowdown:+.2f} % "
-        f"(one measurement window each: no interval){said}; {where}"
+        f"({why}){said}; {where}"
     )
 
 

@@ -17,7 +17,8 @@ in the SQLite file ``db_path``; under the Hydra sweeper, the run the sweeper sta
 power-limit optimizer takes this process's GPU: the first run of each batch size profiles the
 power limits inside its first steps, and every later run of that batch size starts at the
 limit chosen then (the profile file is keyed by job, batch size, GPU model and GPU count).
-Every epoch is measured (time, energy of all GPUs of the job) and reported with what it would
+Every epoch is measured (time, and energy of all GPUs of the job from their energy samplers,
+never a counter read on the training thread) and reported with what it would
 have cost at the chosen limit, so the batch size is judged at its best power limit; the loop
 ends when the metric reaches the target, when the next epoch would cost more than ``beta`` x the
 cheapest converged run, or after ``max_epochs``. Leaving the ``with`` block reports the run
@@ -52,6 +53,7 @@ from perseus.batch_size.run_devices import RunDevices
 from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
+from perseus.gpu.energy_meter import EnergyMeter
 from perseus.power_limit import aggregate
 from perseus.power_limit.optimizer import PowerLimitOptimizer
 
@@ -79,8 +81,10 @@ class RecurringJob:
         gpus: Already opened GPUs of this process (then ``gpu`` is not used; not closed here).
         seed: Seeds the batch-size search.
         clock: Wall clock in seconds (tests pass a virtual one).
-        synchronize: Waits for queued GPU work before time and energy are read (default:
+        synchronize: Waits for queued GPU work before an epoch's edge is stamped (default:
             CUDA's, when this process uses CUDA).
+        energy: The GPUs' energy samplers (default: one per GPU, started with the run; a
+            virtual clock's caller passes samplers it polls).
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class RecurringJob:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
+        energy: Optional[EnergyMeter] = None,
     ) -> None:
         self.job_id = job_id
         self.batch_sizes = [int(b) for b in batch_sizes]
@@ -116,7 +121,7 @@ class RecurringJob:
         self.optimize_power_limit = optimize_power_limit
         self.gpu_cfg = gpu or GPUConfig()
         self.seed = seed
-        self._devices = RunDevices(self.gpu_cfg, gpus, clock, synchronize)
+        self._devices = RunDevices(self.gpu_cfg, gpus, clock, synchronize, energy)
         self.rank, self.world_size = 0, 1
         self.batch_size = 0
         self.local_batch_size = 0

@@ -1,20 +1,22 @@
 """The GPUs one process drives, opened together and closed together.
 
 A training rank usually drives one GPU (see :func:`perseus.gpu.factory.build_gpu`); a process
-that measures or power-limits several (a single-process multi-GPU job, a monitoring script)
-opens them as :class:`GPUs`, which is a plain sequence of :class:`~perseus.gpu.base.GPU`
-objects — :class:`~perseus.gpu.monitor.EnergyMonitor` and the power-limit optimizer take it as
-it is — plus sums over all of them and one ``close``.
+that measures or power-limits several (a single-process multi-GPU job, a recurring job's run, a
+monitoring script) opens them as :class:`GPUs`, which is a plain sequence of
+:class:`~perseus.gpu.base.GPU` objects (the power-limit optimizer takes it as it is), plus their
+energy summed (:meth:`GPUs.energy_meter`: one energy sampler per GPU, off the caller's thread,
+never a counter read where it asks) and one ``close``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterator, List, Optional, Sequence, overload
+from typing import Any, Callable, Iterator, List, Optional, Sequence, overload
 
 from perseus.config import GPUConfig
 from perseus.gpu.base import GPU
+from perseus.gpu.energy_meter import EnergyMeter
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ class GPUs(Sequence[GPU]):
 
     def __init__(self, gpus: Sequence[GPU]) -> None:
         self._gpus: List[GPU] = list(gpus)
+        self._meter: Optional[EnergyMeter] = None
 
     @classmethod
     def open(
@@ -82,9 +85,15 @@ class GPUs(Sequence[GPU]):
         return f"GPUs({self._gpus!r})"
 
     # -- sums -----------------------------------------------------------------------------------
-    def total_energy_mj(self) -> int:
-        """The energy counters of all GPUs added up (mJ)."""
-        return sum(gpu.total_energy_mj() for gpu in self._gpus)
+    def energy_meter(self, clock: Optional[Callable[[], float]] = None) -> EnergyMeter:
+        """The energy of all GPUs between instants: one sampler per GPU, started on first use.
+
+        The samplers stop when the collection closes. ``clock``: their time base (default:
+        the first GPU's ``now_s``); a later call returns the same meter.
+        """
+        if self._meter is None:
+            self._meter = EnergyMeter.start(self._gpus, clock, name="gpus")
+        return self._meter
 
     def power_mw(self) -> int:
         """The power draw of all GPUs added up (mW)."""
@@ -92,7 +101,13 @@ class GPUs(Sequence[GPU]):
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close every GPU (settings are the guards' job); raises the first failure at the end."""
+        """Stop the samplers and close every GPU; raises the first failure at the end.
+
+        Settings are the guards' job.
+        """
+        meter, self._meter = self._meter, None
+        if meter is not None:
+            meter.close()
         errors: List[BaseException] = []
         for gpu in self._gpus:
             try:

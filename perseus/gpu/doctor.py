@@ -1,9 +1,11 @@
 """The node self-check behind ``perseus-doctor``: whether a GPU is ready for Perseus.
 
 For each GPU: model, UUID, MIG, persistence mode; this process's privileges; supported clocks;
-the energy counter (present? update period measured by polling it); the power reading (instant
-field or averaged); the power-limit range; a locked-clock round trip (lock, read the clock back,
-reset) and the latency of a clock change; then a verdict:
+the energy readings, polled for a few seconds (:mod:`perseus.gpu.energy_probe`: the counter's
+update period and jitter, how long a read blocks, the instant power field's update period and
+its lag after a load change) and what follows from them (the source the energy sampler will
+use, the shortest profiling window); the power-limit range; a locked-clock round trip (lock,
+read the clock back, reset) and the latency of a clock change; then a verdict:
 
 * ``READY`` — Perseus can lock clocks and measure energy;
 * ``MEASURE ONLY`` — it can measure but not change clocks (no root / CAP_SYS_ADMIN): jobs need
@@ -15,12 +17,13 @@ By default nothing is changed: the round trip is a dry run (the changes are logg
 read back is the current one) and permissions are judged from the process's privileges.
 ``apply=True`` does the round trip for real, through a :class:`~perseus.gpu.guard.GPUGuard`
 (everything restored). Time comes from ``clock`` / ``sleeper`` so tests run on virtual time.
+The load that shows the field's lag is the caller's (the emulated GPU's instructions, or a CUDA
+matmul burst where the doctor can make one); without one only the idle readings are reported.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,10 @@ from typing import Callable, List, Optional, Tuple
 
 from perseus.errors import GPUError, GPUNotSupportedError, GPUPermissionError
 from perseus.gpu.base import GPU
+from perseus.gpu.energy_probe import EnergyProbe, Load, probe_energy
+
+# The profiling window for a counter's update period and one interval's noise (the profiler's).
+WindowRule = Callable[[float, Optional[float]], float]
 
 READY, MEASURE_ONLY, NOT_READY = "READY", "MEASURE ONLY", "NOT READY"
 CAP_SYS_ADMIN_BIT = 21
@@ -79,45 +86,24 @@ def privileges(status_path: str = "/proc/self/status") -> str:
     return "none"
 
 
-def measure_update_period(
-    read_mj: Callable[[], int],
-    *,
-    clock: Callable[[], float],
-    sleeper: Callable[[float], None],
-    probe_s: float,
-    poll_s: float = 0.001,
-) -> Tuple[Optional[float], int, bool]:
-    """Poll an energy counter for ``probe_s``: (update period, updates seen, a reset seen).
-
-    The period is the median time between consecutive updates (None with fewer than two).
-    A reading below the previous one is a reset (a driver reload restarts the counter).
-    """
-    start = clock()
-    last = read_mj()
-    changes: List[float] = []
-    reset = False
-    while clock() - start < probe_s:
-        sleeper(poll_s)
-        value = read_mj()
-        if value != last:
-            reset = reset or value < last
-            changes.append(clock())
-            last = value
-    gaps = [b - a for a, b in zip(changes, changes[1:])]
-    return (statistics.median(gaps) if gaps else None), len(changes), reset
-
-
 def diagnose(
     gpu: GPU,
     *,
     apply: bool,
-    probe_s: float = 1.0,
+    probe_s: float = 3.0,
     clock: Callable[[], float] = time.perf_counter,
     sleeper: Callable[[float], None] = time.sleep,
     state_dir: Optional[Path] = None,
     title: Optional[str] = None,
+    load: Optional[Load] = None,
+    window_rule: Optional[WindowRule] = None,
 ) -> Diagnosis:
-    """Check one opened GPU (see the module docstring)."""
+    """Check one opened GPU (see the module docstring).
+
+    ``load``: raises the GPU's power from a third into the energy probe (``None``: idle only).
+    ``window_rule``: the shortest profiling window for a counter period and noise (``None``:
+    not reported).
+    """
     d = Diagnosis(title or f"GPU {gpu.index}  {getattr(gpu, 'name', '?')}  {gpu.uuid or ''}")
     read_persistence = getattr(gpu, "persistence_mode", None)
     if read_persistence is not None:
@@ -126,9 +112,16 @@ def diagnose(
         if mode is False:
             d.warnings.append("persistence mode off: power limits may be lost between jobs")
     _clocks(gpu, d)
-    _energy(gpu, d, clock=clock, sleeper=sleeper, probe_s=probe_s)
+    energy_at = len(d.findings)
     _power_limit(gpu, d)
+    # The clock round trip before the load: a clock read back is the idle GPU's, not the
+    # load's last instruction's.
     _round_trip(gpu, d, apply=apply, clock=clock, state_dir=state_dir)
+    rest, d.findings = d.findings[energy_at:], d.findings[:energy_at]
+    probe = _energy(gpu, d, clock=clock, sleeper=sleeper, probe_s=probe_s, load=load)
+    if probe is not None:
+        _follows(probe, d, window_rule)
+    d.findings += rest
     return d
 
 
@@ -162,34 +155,89 @@ def _energy(
     clock: Callable[[], float],
     sleeper: Callable[[float], None],
     probe_s: float,
-) -> None:
+    load: Optional[Load],
+) -> Optional[EnergyProbe]:
     try:
-        gpu.total_energy_mj()
+        probe = probe_energy(gpu, clock=clock, sleeper=sleeper, probe_s=probe_s, load=load)
     except GPUError as exc:
         d.add("energy", f"cannot be measured: {exc}")
         d.blockers.append("neither an energy counter nor a power reading")
-        return
-    if gpu.energy_source != "counter":
+        return None
+    if probe.source != "counter":
         d.add("energy counter", "absent: energy is integrated from sampled power")
         d.warnings.append("no energy counter: short windows are measured less accurately")
     else:
-        period, updates, reset = measure_update_period(
-            gpu.total_energy_mj, clock=clock, sleeper=sleeper, probe_s=probe_s
-        )
-        if period is None:
-            how = f"present, {updates} update(s) in {probe_s:g} s: period not measured"
-        else:
-            how = f"present, updates every {period * 1000:.0f} ms (measured over {probe_s:g} s)"
-        d.add("energy counter", how + (", reset seen" if reset else ""))
-        if reset:
+        d.add("energy counter", _counter_words(probe))
+        if probe.reset:
             d.warnings.append("the energy counter went backwards (reset); Perseus continues it")
+    median_s, max_s = probe.read_latency_s
+    if median_s is not None:
+        d.add(
+            "energy read",
+            f"blocks {median_s * 1000:.1f} ms median, {max_s * 1000:.1f} ms max "
+            f"({probe.num_reads} reads; in a job the sampler's thread makes them)",
+        )
     try:
         power_w = gpu.power_mw() / 1000.0
     except GPUError as exc:
         d.add("power reading", f"unavailable: {exc}")
-        return
+        return probe
     source = getattr(gpu, "power_source", "device reading")
     d.add("power reading", f"{source}, {power_w:.1f} W now")
+    d.add("instant field", _field_words(probe))
+    return probe
+
+
+def _counter_words(probe: EnergyProbe) -> str:
+    period = probe.period
+    if period is None:
+        return f"present, {probe.num_updates} update(s) in {probe.probe_s:g} s: period not measured"
+    return (
+        f"present, updates every {period.median_s * 1000:.0f} ms (jitter "
+        f"{period.min_s * 1000:.0f}-{period.max_s * 1000:.0f} ms over {period.num_intervals} "
+        f"intervals in {probe.probe_s:g} s)"
+    )
+
+
+def _field_words(probe: EnergyProbe) -> str:
+    if not probe.has_field:
+        return "absent (power is the driver's average)"
+    period = probe.field_period
+    if period is None:
+        changes = len(probe.field_changes)
+        words = f"changed {changes} time(s) in {probe.probe_s:g} s: period not measured"
+    else:
+        words = (
+            f"updates every {period.median_s * 1000:.0f} ms (jitter "
+            f"{period.min_s * 1000:.0f}-{period.max_s * 1000:.0f} ms)"
+        )
+    before_w, during_w = probe.field_w
+    if probe.load is None:
+        return words + "; lag not measured (no load could be made here)"
+    if probe.field_lag_s is None:
+        shown = "" if before_w is None else f" ({before_w:.0f} W before, {during_w:.0f} W during)"
+        return words + f"; the load did not show in it{shown}"
+    return (
+        words + f"; shows a load change {probe.field_lag_s * 1000:.0f} ms late "
+        f"({before_w:.0f} -> {during_w:.0f} W, {probe.load})"
+    )
+
+
+def _follows(probe: EnergyProbe, d: Diagnosis, window_rule: Optional[WindowRule]) -> None:
+    """What the readings mean for Perseus: the sampler's source, the shortest window."""
+    if probe.source == "counter":
+        d.add("energy sampler", "polls the energy counter (a thread per GPU)")
+    else:
+        d.add("energy sampler", "integrates sampled power (a thread per GPU)")
+    if window_rule is None or probe.period is None:
+        return
+    window_s = window_rule(probe.period.median_s, probe.idle_noise)
+    noise = "default" if probe.idle_noise is None else f"{probe.idle_noise:.1%} at rest"
+    d.add(
+        "profiling window",
+        f">= {window_s:.2f} s ({window_s / probe.period.median_s:.0f} counter updates; noise "
+        f"of one update interval {noise})",
+    )
 
 
 def _power_limit(gpu: GPU, d: Diagnosis) -> None:

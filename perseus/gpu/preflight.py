@@ -9,7 +9,9 @@ its GPU, checks what its configuration will use (:func:`needs_for`) by doing it 
 * lock the SM clocks at the highest supported clock, then reset them;
 * lock the memory clock at its highest, then reset it (only with ``gpu.lock_memory_clock``);
 * set the power limit to the one in force (only with ``energy=power_limit``);
-* read the energy (a missing counter falls back to sampled power: a warning, not a problem);
+* read the energy once (the only read outside the GPU's energy sampler, before step 1) and say
+  which source the sampler will use: the counter, or sampled power where there is none (a
+  warning, not a problem);
 * read persistence mode (off: a warning — the driver may unload between jobs and forget power
   limits).
 
@@ -144,9 +146,15 @@ def check_capabilities(
     caps = Capabilities(describe(gpu))
     _check_persistence(gpu, needs, caps)
     if needs.measure_energy:
-        caps.checks.append(_try("measure energy", _energy_detail(gpu)))
+        check = _try("measure energy", _energy_detail(gpu))
+        caps.checks.append(check)
+        if check.ok:
+            logger.info("%s: %s", caps.gpu, check.detail)
         if gpu.energy_source != "counter":
-            caps.warnings.append(f"{caps.gpu}: no energy counter; energy is sampled power")
+            caps.warnings.append(
+                f"{caps.gpu}: no energy counter; the energy sampler integrates sampled power "
+                "(energy of windows under ~0.1 s is less accurate)"
+            )
     changes = needs.lock_sm_clocks or needs.lock_memory_clocks or needs.set_power_limit
     if not changes:
         return caps
@@ -264,10 +272,17 @@ def _short(exc: BaseException) -> str:
 
 def _energy_detail(gpu: GPU) -> Callable[[], str]:
     def probe() -> str:
-        gpu.total_energy_mj()
-        return f"from the {gpu.energy_source}"
+        gpu.total_energy_mj()  # may switch a GPU without a counter to sampled power
+        return sampler_source(gpu)
 
     return probe
+
+
+def sampler_source(gpu: GPU) -> str:
+    """Which source the GPU's energy sampler uses, in words."""
+    if gpu.energy_source == "counter":
+        return "the energy sampler polls the GPU's energy counter"
+    return f"the energy sampler integrates {gpu.energy_source} (no energy counter)"
 
 
 def _round_trip_sm(guard: GPUGuard) -> str:

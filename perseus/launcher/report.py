@@ -138,7 +138,13 @@ def write_report(report: Dict[str, Any], out_dir: Path) -> Path:
 
 
 def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[str, Any]:
-    """Fill baseline (highest power limit) and plan (chosen limit) from the power-limit table."""
+    """Fill baseline (highest power limit) and plan (chosen limit) from the power-limit table.
+
+    The saving and slowdown are the optimizer's (``section["saving"]``): with their 95 %
+    intervals where the limits were measured in three or more windows each
+    (``energy_saving_ci95``, ``slowdown_ci95``, ``energy_saving_measurable``), else the point
+    values and ``saving_interval`` saying why there is no interval.
+    """
     rows = section.get("measurements") or []
     chosen_w = section.get("chosen_power_limit_w")
     chosen = [r for r in rows if r.get("power_limit_w") == chosen_w]
@@ -156,8 +162,16 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
         "energy_j": chosen[0]["energy_per_step_j"],
         "power_limit_w": chosen_w,
     }
-    report["energy_saving"] = 1.0 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
-    report["slowdown"] = (
-        report["plan"]["iteration_time_s"] / report["baseline"]["iteration_time_s"] - 1.0
+    saving = section.get("saving") or {}
+    report["energy_saving"] = saving.get(
+        "energy_saving", 1.0 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
     )
+    report["slowdown"] = saving.get(
+        "slowdown",
+        report["plan"]["iteration_time_s"] / report["baseline"]["iteration_time_s"] - 1.0,
+    )
+    report["energy_saving_ci95"] = saving.get("energy_saving_ci95")
+    report["slowdown_ci95"] = saving.get("slowdown_ci95")
+    report["energy_saving_measurable"] = bool(saving.get("energy_saving_measurable"))
+    report["saving_interval"] = saving.get("interval", "one measurement window each: no interval")
     return report

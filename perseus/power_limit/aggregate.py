@@ -1,12 +1,15 @@
 """Combine one rank's window measurement with every other rank's of the job.
 
 Each rank of a data-parallel job runs its own power-limit optimizer on its own GPU(s); they all
-step in lockstep, so they close the same windows at the same step. The job's energy is the sum
-over ranks, its time the slowest rank's. With no initialised ``torch.distributed`` process group
-the local values are the job's.
+step in lockstep, so they close the same windows at the same step and combine them at the same
+step (a window's energy is known one window later, once the counter updated after it). The job's
+energy is the sum over ranks, its time the slowest rank's, the counter's update period the
+slowest GPU's, its warm-up the shortest rank's; a rank whose counter did not cover the window
+counts as missing. With no
+initialised ``torch.distributed`` process group the local values are the job's.
 
 CUDA runs kernels asynchronously: a window's end is only known once the queued work is done, so
-:func:`synchronize_devices` is called before reading the clock or the energy counter.
+:func:`synchronize_devices` is called before a window's edge is stamped.
 
 torch is imported lazily and only when the training process already imported it (otherwise no
 process group and no CUDA work can exist). Runs on Python 3.9.
@@ -21,10 +24,21 @@ from typing import Callable, Tuple
 
 @dataclass(frozen=True)
 class WindowTotals:
-    """A window's measurement: wall time (s) and energy of the GPUs (J)."""
+    """A window's measurement.
+
+    Attributes:
+        time_s: Wall time (s).
+        energy_j: Energy of the GPUs (J).
+        missing: Ranks whose energy of the window is unknown (their counter did not cover it).
+        update_period_s: The energy counter's update period (0: not measured yet).
+        warmup_s: How long the warm-up before the window lasted.
+    """
 
     time_s: float
     energy_j: float
+    missing: int = 0
+    update_period_s: float = 0.0
+    warmup_s: float = 0.0
 
 
 Aggregator = Callable[[WindowTotals], WindowTotals]
@@ -36,7 +50,7 @@ def local_only(totals: WindowTotals) -> WindowTotals:
 
 
 def torch_distributed(totals: WindowTotals) -> WindowTotals:
-    """Sum the energy and take the maximum time over the process group.
+    """Sum energy and missing ranks; the maximum time and period, the minimum warm-up.
 
     Falls back to :func:`local_only` when no process group is initialised.
     """
@@ -48,11 +62,23 @@ def torch_distributed(totals: WindowTotals) -> WindowTotals:
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    energy = torch.tensor([totals.energy_j], dtype=torch.float64, device=device)
-    time_ = torch.tensor([totals.time_s], dtype=torch.float64, device=device)
-    dist.all_reduce(energy, op=dist.ReduceOp.SUM)
-    dist.all_reduce(time_, op=dist.ReduceOp.MAX)
-    return WindowTotals(time_s=float(time_.item()), energy_j=float(energy.item()))
+    summed = torch.tensor(
+        [totals.energy_j, float(totals.missing)], dtype=torch.float64, device=device
+    )
+    highest = torch.tensor(  # the shortest warm-up is the highest negated one
+        [totals.time_s, totals.update_period_s, -totals.warmup_s],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+    return WindowTotals(
+        time_s=float(highest[0].item()),
+        energy_j=float(summed[0].item()),
+        missing=round(float(summed[1].item())),
+        update_period_s=float(highest[1].item()),
+        warmup_s=-float(highest[2].item()),
+    )
 
 
 def synchronize_devices() -> None:

@@ -1,18 +1,24 @@
 """The power-limit optimizer: find the best GPU power limit while the job trains.
 
 For jobs without pipeline parallelism (one GPU, plain data parallel) the savings come from the
-power limit. The optimizer walks the limits from the maximum down in steps of
-``PowerLimitConfig.step_w``; at each it runs ``warmup_steps`` steps, then measures a window of
-``profile_steps`` steps (time and energy, over all GPUs of the job). Once every limit is measured
-it picks one with the configured selector (:mod:`perseus.power_limit.selectors`), applies it for
-the rest of training and saves the table so the next run of the same job skips profiling.
+power limit. Every limit from the maximum down in steps of ``PowerLimitConfig.step_w`` is
+measured in ``repeats`` windows (:mod:`perseus.power_limit.windows`: passes of alternating
+direction; before each, a warm-up at its limit of ``warmup_steps`` steps and ``warmup_s`` or
+more; each ``profile_steps`` steps or more, spanning 10 energy-counter updates). A selector
+picks a limit (:mod:`perseus.power_limit.selectors`), applied for the rest of training and saved
+so that the next run of the same job skips profiling; the report gives its saving against the
+highest limit with a 95 % interval, or says it has none.
 
-A window cut short — an epoch ends, or the loop calls :meth:`PowerLimitOptimizer.interrupt`
-(evaluation, checkpointing) — is thrown away and that limit is tried again, warm-up included.
-Queued GPU work is waited for (``synchronize``) before a window's clock and energy are read.
-
-A recurring job whose batch size changes between runs passes ``batch_size``: the saved profile
-is then kept per batch size, and each batch size is profiled inside its own first run.
+No counter is read on the training thread: each GPU's energy sampler (the rank's device's, as an
+:class:`~perseus.gpu.energy_meter.EnergyMeter`, else one the optimizer starts) records the
+counter's updates, and a window's energy is known once the counter updated after it: window k is
+combined over the ranks (a collective, at the same step on every rank) when window k+1 closes,
+and the last one after a wait of a few update periods at most. A window cut short (an epoch
+ends, :meth:`PowerLimitOptimizer.interrupt` for evaluation or checkpointing) is thrown away and
+measured again, warm-up included; queued GPU work is waited for (``synchronize``) before a
+window's edge is stamped. A counter that covers no window three times in a row ends profiling
+with one warning, at the highest limit. A recurring job whose batch size changes between runs
+passes ``batch_size``: saved profiles are kept per batch size.
 
 Every power-limit change goes through the GPU's :class:`~perseus.gpu.guard.GPUGuard`, the one
 owner of its settings. Runs on Python 3.9.
@@ -22,23 +28,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, TypeVar
 
 from perseus.config import PowerLimitConfig
 from perseus.errors import ConfigError
+from perseus.gpu.energy_meter import EnergyMeter
 from perseus.power_limit import aggregate
-from perseus.power_limit.selectors import (
-    PowerLimitMeasurement,
-    select_power_limit,
-    table_rows,
-)
+from perseus.power_limit.selectors import PowerLimitMeasurement, select_power_limit, table_rows
 from perseus.power_limit.store import ProfileKey, load_profile, save_profile
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore[assignment]
+from perseus.power_limit.windows import LimitWindows, check_config, limits_to_try, saving_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,21 +68,24 @@ class PowerLimitOptimizer:
         guards: Acquired guards of this process's GPUs (usually one).
         cfg: Steps, windows, selector and profile file.
         eta: Weight of energy in the Zeus cost (selector ``zeus_cost``).
-        job_id: Name of the recurring job, the key of its saved profile (default:
-            ``cfg.job_id``).
+        job_id: The recurring job, the key of its saved profile (default: ``cfg.job_id``).
         aggregator: Combines this rank's window with the other ranks'; default: all-reduce over
             ``torch.distributed`` when a process group is initialised.
-        clock: Wall clock in seconds (tests pass a virtual one).
+        clock: The clock windows are stamped with, in seconds: the meter's time base (default:
+            the meter's clock; without a meter ``time.monotonic``; tests pass a virtual one).
         batch_size: The job's (global) batch size, part of the saved profile's key; None for a
             job whose batch size never changes.
-        synchronize: Waits for queued GPU work before a window is read (default: CUDA's, when
-            this process uses CUDA).
+        synchronize: Waits for queued GPU work before a window's edge is stamped (default:
+            CUDA's, when this process uses CUDA).
+        energy: The GPUs' energy samplers (the rank's device's); default: the optimizer starts
+            a sampler per GPU when it profiles, and stops them in :meth:`close`.
 
     Attributes:
         state: ``warmup``, ``profiling`` or ``done``.
         chosen_limit_mw: The limit in force after profiling; None before.
-        measurements: One row per profiled limit, in profiling order.
-        num_retries: Windows thrown away because they were cut short.
+        measurements: One row per measured limit (the means over its windows), highest first.
+        num_retries: Windows thrown away and measured again.
+        failure: Why profiling was given up (the GPUs keep the highest limit); None otherwise.
     """
 
     def __init__(
@@ -93,16 +96,17 @@ class PowerLimitOptimizer:
         *,
         job_id: Optional[str] = None,
         aggregator: Optional[aggregate.Aggregator] = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Optional[Callable[[], float]] = None,
         batch_size: Optional[int] = None,
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
+        energy: Optional[EnergyMeter] = None,
     ) -> None:
         if not guards:
             raise ConfigError(
                 "PowerLimitOptimizer needs the guard of at least one GPU: pass acquired "
                 "GPUGuard objects, or build it with PowerLimitOptimizer.for_gpus([gpu], cfg)"
             )
-        _check_config(cfg)
+        check_config(cfg)
         if not 0.0 <= eta <= 1.0:
             raise ConfigError(f"energy.eta={eta}: must be within [0, 1]")
         self.guards = list(guards)
@@ -111,27 +115,50 @@ class PowerLimitOptimizer:
         self.job_id = job_id or cfg.job_id
         self.batch_size = batch_size
         self._aggregate = aggregator or aggregate.torch_distributed
-        self._clock = clock
+        self._meter = energy
+        self._own_meter = False
+        self._clock = clock or (energy.now_s if energy is not None else time.monotonic)
         self._synchronize = synchronize
         self._world_size = aggregate.rank_and_world()[1]
-        self.power_limits_mw = self._limits_to_try()
+        self.power_limits_mw = limits_to_try(
+            [g.gpu.power_limit_constraints_mw() for g in self.guards], cfg.step_w
+        )
         self.max_power_w = self._world_size * len(self.guards) * self.power_limits_mw[0] / 1000
         self.measurements: List[PowerLimitMeasurement] = []
         self.chosen_limit_mw: Optional[int] = None
-        self.num_retries = 0
         self.loaded_profile = False
+        self.failure: Optional[str] = None
         self.state = WARMUP
-        self._index = 0
         self._steps_done = 0
         self._in_step = False
-        self._window_start: Optional[tuple] = None
+        self._window_start_s: Optional[float] = None
+        self._warmup = (0.0, 0)  # when the window's warm-up began, and its steps
         self._applied_mw: Optional[int] = None
         self._owned_guards: List[Any] = []
         self._epoch_steps = 0
         self._warned_short = False
-        # Steps per measurement window; doubled when a window is too short for the counter.
-        self.window_steps = cfg.profile_steps
+        self._num_cut = 0
         self._load_saved()
+        if self.state != DONE:
+            if self._meter is None:
+                gpus = [g.gpu for g in self.guards]
+                self._meter = EnergyMeter.start(gpus, self._clock, name="power-limit")
+                self._own_meter = True
+            self._meter.ready()  # before step 1: the first window must follow an update
+        repeats = 0 if self.state == DONE else cfg.repeats  # a saved profile: nothing to do
+        self.windows = LimitWindows(
+            self.power_limits_mw, cfg, self._meter, self._aggregate, repeats
+        )
+
+    @property
+    def num_retries(self) -> int:
+        """Windows thrown away (cut short, too short for the counter, not covered by it)."""
+        return self._num_cut + self.windows.num_retries
+
+    @property
+    def window_steps(self) -> int:
+        """Steps per measurement window (raised when windows span too few counter updates)."""
+        return self.windows.window_steps
 
     @classmethod
     def for_gpus(
@@ -167,7 +194,13 @@ class PowerLimitOptimizer:
         return opt
 
     def close(self) -> None:
-        """Release the guards :meth:`for_gpus` acquired (their GPUs go back as found)."""
+        """Stop the samplers it started; release the guards :meth:`for_gpus` acquired.
+
+        Their GPUs go back as found.
+        """
+        if self._own_meter and self._meter is not None:
+            self._meter.close()
+            self._own_meter = False
         for guard in reversed(self._owned_guards):
             guard.release()
         self._owned_guards = []
@@ -180,7 +213,7 @@ class PowerLimitOptimizer:
 
     def on_epoch_end(self) -> None:
         """An epoch ended: a window still open is cut short and retried later."""
-        needed = self.cfg.warmup_steps + self.window_steps
+        needed = self.windows.warmup_steps + self.window_steps
         if self.state != DONE and 0 < self._epoch_steps < needed and not self._warned_short:
             self._warned_short = True
             log.warning(
@@ -195,10 +228,10 @@ class PowerLimitOptimizer:
     def interrupt(self) -> None:
         """Training pauses (evaluation, checkpoint): throw away the open window, retry it."""
         if self.state != DONE and (self._steps_done > 0 or self._in_step):
-            self.num_retries += 1
+            self._num_cut += 1
             log.info(
                 "power limit %d W: window cut short after %d steps; it will be retried",
-                self.power_limits_mw[self._index] // 1000,
+                self._current_limit_mw() // 1000,
                 self._steps_done,
             )
         self._in_step = False
@@ -209,12 +242,15 @@ class PowerLimitOptimizer:
         self._in_step = True
         if self.state == DONE:
             return
-        self._apply(self.power_limits_mw[self._index])
-        if self.state == WARMUP and self._steps_done >= self.cfg.warmup_steps:
+        self._apply(self._current_limit_mw())
+        if self.state == WARMUP and self._steps_done == 0:
+            self._warmup = (self._clock(), 0)
+        if self.state == WARMUP and self._steps_done >= self.windows.warmup_steps:
             self.state = PROFILING
+            self._warmup = (self._warmup[0], self._steps_done)
             self._steps_done = 0
             self._synchronize()
-            self._window_start = (self._clock(), self._energy_mj())
+            self._window_start_s = self._clock()
 
     def on_step_end(self) -> None:
         """The training step ended."""
@@ -247,10 +283,17 @@ class PowerLimitOptimizer:
     @property
     def chosen_measurement(self) -> Optional[PowerLimitMeasurement]:
         """The measured row of the chosen limit (per-step time and energy); None before."""
-        for m in self.measurements:
-            if m.power_limit_mw == self.chosen_limit_mw:
-                return m
-        return None
+        chosen = self.chosen_limit_mw
+        return next((m for m in self.measurements if m.power_limit_mw == chosen), None)
+
+    def saving(self) -> Optional[Dict[str, Any]]:
+        """The chosen limit's saving against the highest, with its interval (None before).
+
+        See :func:`perseus.power_limit.windows.saving_of` for the fields.
+        """
+        chosen, top = self.chosen_measurement, self.measurements[:1]
+        ok = chosen is not None and top and top[0].power_limit_mw == self.power_limits_mw[0]
+        return saving_of(top[0], chosen) if ok and chosen is not None else None
 
     def report(self) -> Dict[str, Any]:
         """The chosen limit and the measured table (``report.json``'s ``power_limit`` section)."""
@@ -265,6 +308,9 @@ class PowerLimitOptimizer:
             "max_power_w": self.max_power_w,
             "num_gpus": self._world_size * len(self.guards),
             "num_retries": self.num_retries,
+            "repeats": self.cfg.repeats,
+            "failure": self.failure,
+            "saving": self.saving(),
             "loaded_profile": self.loaded_profile,
             "profile_path": self.cfg.profile_path,
             "batch_size": self.batch_size,
@@ -272,18 +318,6 @@ class PowerLimitOptimizer:
                 self.measurements, eta=self.eta, max_power_w=self.max_power_w
             ),
         }
-
-    # -- internals -------------------------------------------------------------------------------
-    def _limits_to_try(self) -> List[int]:
-        mins, maxs = zip(*(g.gpu.power_limit_constraints_mw() for g in self.guards))
-        low_mw, high_mw = max(mins), min(maxs)
-        step_mw = round(self.cfg.step_w * 1000)
-        if low_mw > high_mw:
-            raise ConfigError(
-                f"the GPUs' power-limit ranges do not overlap (highest minimum {low_mw} mW > "
-                f"lowest maximum {high_mw} mW); give the optimizer GPUs of one model"
-            )
-        return list(range(high_mw, low_mw - 1, -step_mw))
 
     def _profile_key(self) -> ProfileKey:
         return ProfileKey(
@@ -309,10 +343,11 @@ class PowerLimitOptimizer:
         if self.state != DONE:
             self.state = WARMUP
         self._steps_done = 0
-        self._window_start = None
+        self._window_start_s = None
 
-    def _energy_mj(self) -> float:
-        return float(sum(g.gpu.total_energy_mj() for g in self.guards))
+    def _current_limit_mw(self) -> int:
+        key = self.windows.next_key
+        return self.power_limits_mw[0 if key is None else key.limit_index]
 
     def _apply(self, limit_mw: int) -> None:
         if self._applied_mw == limit_mw:
@@ -322,79 +357,41 @@ class PowerLimitOptimizer:
         self._applied_mw = limit_mw
 
     def _close_window(self) -> None:
-        assert self._window_start is not None
-        start_s, start_mj = self._window_start
+        assert self._window_start_s is not None
         self._synchronize()
-        local = aggregate.WindowTotals(
-            time_s=self._clock() - start_s, energy_j=(self._energy_mj() - start_mj) / 1000.0
-        )
-        job = self._aggregate(local)
-        num_steps = self._steps_done
-        limit_mw = self.power_limits_mw[self._index]
-        if job.energy_j <= 0.0:
-            self._lengthen_window(limit_mw)
-            return
-        self.measurements.append(
-            PowerLimitMeasurement(
-                power_limit_mw=limit_mw,
-                time_per_step_s=job.time_s / num_steps,
-                energy_per_step_j=job.energy_j / num_steps,
-                num_steps=num_steps,
-            )
-        )
-        log.info(
-            "power limit %d W: %.4f s/step, %.2f J/step",
-            limit_mw // 1000,
-            job.time_s / num_steps,
-            job.energy_j / num_steps,
-        )
-        self._index += 1
+        self.windows.close(self._warmup, self._window_start_s, self._clock(), self._steps_done)
         self._restart_window()
-        if self._index >= len(self.power_limits_mw):
+        self.measurements = self.windows.measurements()
+        self.failure = self.windows.failure
+        if self.windows.done:
             self._finish()
-            self._save()
-
-    def _lengthen_window(self, limit_mw: int) -> None:
-        # The energy counter did not advance (it updates every few tens of ms): measure twice
-        # as many steps at the same limit, without another warm-up.
-        self.num_retries += 1
-        self.window_steps *= 2
-        log.warning(
-            "power limit %d W: the energy counter did not advance in %d steps; measuring %d "
-            "steps per window from now on (raise energy.power_limit.profile_steps to avoid this)",
-            limit_mw // 1000,
-            self._steps_done,
-            self.window_steps,
-        )
-        self._restart_window()
-        self._steps_done = self.cfg.warmup_steps
+            if self.failure is None:
+                self._save()
 
     def _finish(self) -> None:
-        best = select_power_limit(
-            self.measurements,
-            self.cfg.selector,
-            eta=self.eta,
-            max_power_w=self.max_power_w,
-            max_slowdown=self.cfg.max_slowdown,
-        )
-        self.chosen_limit_mw = best.power_limit_mw
+        """Choose from the measurements (the highest limit after a failure) and apply it."""
+        if self.failure is not None:
+            self.chosen_limit_mw = self.power_limits_mw[0]
+            log.warning(
+                "power limit: %s; profiling stops and the GPUs keep the highest limit (%d W)",
+                self.failure,
+                self.chosen_limit_mw // 1000,
+            )
+        else:
+            self.chosen_limit_mw = select_power_limit(
+                self.measurements,
+                self.cfg.selector,
+                eta=self.eta,
+                max_power_w=self.max_power_w,
+                max_slowdown=self.cfg.max_slowdown,
+            ).power_limit_mw
+            log.info(
+                "power limit: chose %d W (%s)", self.chosen_limit_mw // 1000, self.cfg.selector
+            )
         self.state = DONE
-        self._apply(best.power_limit_mw)
-        log.info("power limit: chose %d W (%s)", best.power_limit_mw // 1000, self.cfg.selector)
+        self._apply(self.chosen_limit_mw)
 
     def _save(self) -> None:
         if not self.cfg.profile_path or aggregate.rank_and_world()[0] != 0:
             return
         save_profile(Path(self.cfg.profile_path), self._profile_key(), self.measurements)
-
-
-def _check_config(cfg: PowerLimitConfig) -> None:
-    problems = []
-    if cfg.step_w <= 0:
-        problems.append(f"energy.power_limit.step_w={cfg.step_w}: must be > 0 (watts)")
-    if cfg.warmup_steps < 0:
-        problems.append(f"energy.power_limit.warmup_steps={cfg.warmup_steps}: must be >= 0")
-    if cfg.profile_steps < 1:
-        problems.append(f"energy.power_limit.profile_steps={cfg.profile_steps}: must be >= 1")
-    if problems:
-        raise ConfigError("invalid power-limit settings:\n  - " + "\n  - ".join(problems))

@@ -11,20 +11,38 @@ of the job for energy, slowest rank for time):
 * ``max_slowdown``: least energy among limits no more than ``max_slowdown`` (a fraction) slower
   than the fastest measured limit.
 
-Ties (equal scores up to floating-point noise) go to the higher power limit. Standard library
+Ties (equal scores up to floating-point noise) go to the higher power limit. A limit measured in
+several windows (:class:`MeasuredWindow`) is scored by its mean over them. Standard library
 only; runs on Python 3.9.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from perseus.errors import ConfigError
 
 SELECTORS = ("zeus_cost", "energy", "time", "max_slowdown")
 # Scores this close count as equal (floating-point noise), and the higher limit wins the tie.
 _TIE_REL = 1e-9
+
+
+@dataclass(frozen=True)
+class MeasuredWindow:
+    """One measurement window at one power limit, over all GPUs of the job.
+
+    Attributes:
+        pass_index: The pass over the limits it belongs to (windows of one pass are paired).
+        time_s: Its wall time (the slowest rank's).
+        energy_j: Its energy, summed over all GPUs.
+        num_steps: Training steps in it.
+    """
+
+    pass_index: int
+    time_s: float
+    energy_j: float
+    num_steps: int
 
 
 @dataclass(frozen=True)
@@ -35,13 +53,29 @@ class PowerLimitMeasurement:
         power_limit_mw: The power limit every GPU ran under (mW).
         time_per_step_s: Mean wall time of one step (the slowest rank's).
         energy_per_step_j: Mean energy of one step, summed over all GPUs.
-        num_steps: Steps in the profiling window.
+        num_steps: Steps measured (over all its windows).
+        windows: The windows behind the means (empty in tables saved before they were kept).
     """
 
     power_limit_mw: int
     time_per_step_s: float
     energy_per_step_j: float
     num_steps: int
+    windows: Tuple[MeasuredWindow, ...] = ()
+
+    @classmethod
+    def of_windows(
+        cls, power_limit_mw: int, windows: Sequence[MeasuredWindow]
+    ) -> PowerLimitMeasurement:
+        """The per-step means over ``windows`` (at least one), weighted by their steps."""
+        steps = sum(w.num_steps for w in windows)
+        return cls(
+            power_limit_mw=power_limit_mw,
+            time_per_step_s=sum(w.time_s for w in windows) / steps,
+            energy_per_step_j=sum(w.energy_j for w in windows) / steps,
+            num_steps=steps,
+            windows=tuple(windows),
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain-JSON form."""
@@ -55,6 +89,15 @@ class PowerLimitMeasurement:
             time_per_step_s=float(row["time_per_step_s"]),
             energy_per_step_j=float(row["energy_per_step_j"]),
             num_steps=int(row["num_steps"]),
+            windows=tuple(
+                MeasuredWindow(
+                    pass_index=int(w["pass_index"]),
+                    time_s=float(w["time_s"]),
+                    energy_j=float(w["energy_j"]),
+                    num_steps=int(w["num_steps"]),
+                )
+                for w in row.get("windows") or ()
+            ),
         )
 
 
@@ -139,6 +182,8 @@ def table_rows(
                     m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
                 ),
                 "num_steps": m.num_steps,
+                "num_windows": len(m.windows),
+                "windows": [asdict(w) for w in m.windows],
             }
         )
     return rows

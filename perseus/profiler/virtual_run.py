@@ -14,7 +14,9 @@ import random
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
+from perseus.gpu.base import GPU
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
+from perseus.gpu.energy_meter import EnergyMeter
 from perseus.gpu.energy_sampler import EnergySampler
 from perseus.profiler.job_estimates import JobEstimates
 from perseus.profiler.job_profiler import JobProfiler
@@ -68,7 +70,7 @@ class VirtualClock:
         self.now_s = max(self.now_s, end_s)
 
 
-def attach_sampler(gpu: EmulatedGPU, clock: VirtualClock) -> EnergySampler:
+def attach_sampler(gpu: GPU, clock: VirtualClock) -> EnergySampler:
     """The product's energy sampler of ``gpu``, polling on ``clock`` as its thread would."""
     sampler = EnergySampler(gpu.total_energy_mj, clock, name=f"virtual-{gpu.index}")
 
@@ -78,6 +80,12 @@ def attach_sampler(gpu: EmulatedGPU, clock: VirtualClock) -> EnergySampler:
 
     clock.add_poller(poll)
     return sampler
+
+
+def attach_meter(gpus: Sequence[GPU], clock: VirtualClock) -> EnergyMeter:
+    """An energy meter of ``gpus`` whose samplers poll on ``clock`` as their threads would."""
+    samplers = [attach_sampler(gpu, clock) for gpu in gpus]
+    return EnergyMeter(samplers, clock, sleeper=clock.sleep)
 
 
 def virtual_gpu(

@@ -3,8 +3,10 @@
 Each iteration runs ``parallelism.num_microbatches`` forward/backward passes (gradient
 accumulation) and one optimizer step; the Perseus hooks are called around them, so on the
 emulated GPU every pass lasts its profiled time. With ``energy=power_limit`` the power-limit
-optimizer (:mod:`perseus.power_limit`) walks the GPU power limits, measures each, and keeps the
-best one; its table goes to ``power_limit.json`` (the report's ``power_limit`` section).
+optimizer (:mod:`perseus.power_limit`) walks the GPU power limits, measures each in repeated
+windows from the rank's energy sampler (the device's: no counter read on the training thread),
+and keeps the best one; its table and the chosen limit's saving with its 95 % interval go to
+``power_limit.json`` (the report's ``power_limit`` section).
 
 Device placement: with CUDA, each rank uses CUDA device ``LOCAL_RANK`` (made current before
 the NCCL process group starts), its model and batches live there, DDP is given that device,
@@ -153,6 +155,7 @@ def run(cfg: PerseusConfig) -> int:
 
 
 def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
+    from perseus.gpu.energy_meter import EnergyMeter
     from perseus.power_limit import PowerLimitOptimizer
     from perseus.runtime.optimizer import PerseusOptimizer
 
@@ -163,8 +166,16 @@ def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
         logger.warning("energy=power_limit: measure-only mode, the power limit stays as it is")
         return None
     state_dir = Path(cfg.gpu.state_dir) if cfg.gpu.state_dir else None
+    # The rank's device already samples the GPU's counter: the optimizer reads its series.
+    sampler = hooks.device.sampler
+    energy = None if sampler is None else EnergyMeter([sampler], gpu.now_s)
     return PowerLimitOptimizer.for_gpus(
-        [gpu], cfg.energy.power_limit, cfg.energy.eta, state_dir=state_dir, job_id=cfg.model.name
+        [gpu],
+        cfg.energy.power_limit,
+        cfg.energy.eta,
+        state_dir=state_dir,
+        job_id=cfg.model.name,
+        energy=energy,
     )
 
 

@@ -59,6 +59,7 @@ def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
             "energy.power_limit.warmup_steps=1",
             "energy.power_limit.profile_steps=2",
             "energy.power_limit.step_w=100",
+            "train.max_steps=3000",  # 4 limits x 3 windows, each after a 2 s warm-up
             f"energy.power_limit.profile_path={tmp_path / 'limits.json'}",
             f"hydra.run.dir={run_dir}",
         ],
@@ -76,6 +77,12 @@ def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
     assert report["energy_saving"] == pytest.approx(
         1 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
     )
+    # Three windows per limit: the saving and the slowdown come with 95 % intervals.
+    assert all(row["num_windows"] == 3 for row in section["measurements"])
+    low, high = report["energy_saving_ci95"]
+    assert low <= report["energy_saving"] <= high
+    assert report["energy_saving_measurable"] == (not low <= 0.0 <= high)
+    assert report["saving_interval"] == "95 % interval over 3 paired measurement windows"
 
 
 def test_two_nodes_meet_through_the_environment(tmp_path: Path) -> None:

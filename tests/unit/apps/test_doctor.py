@@ -1,7 +1,8 @@
 """perseus-doctor on this machine (no GPU: the emulated one) and on a mocked NVML node.
 
 Virtual time throughout: the energy counters (the emulated one, and the mock's, which moves
-every 20 ms of the virtual clock) are polled on the clock the doctor is given.
+every 20 ms of the virtual clock) and the instant power fields are polled on the clock the
+doctor is given; on the emulated GPU its own instructions are the load change.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from perseus.gpu import doctor as doctor_lib
 from perseus.gpu import nvml_support
 from perseus.profiler.virtual_run import VirtualClock
 from tests.unit.gpu.nvml_mock import (
+    field_value,
     make_pynvml_mock,
     no_permission,
     patched_pynvml,
@@ -61,7 +63,7 @@ def doctor(**kwargs: Any) -> Tuple[int, str]:
             sys.modules["pynvml"].nvmlInit.side_effect = pynvml.NVMLError(
                 pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
             )
-        status = run_doctor(out=out, clock=clock, sleeper=clock.sleep, probe_s=1.0, **kwargs)
+        status = run_doctor(out=out, clock=clock, sleeper=clock.sleep, probe_s=3.0, **kwargs)
     return status, out.getvalue()
 
 
@@ -75,8 +77,16 @@ def test_without_gpus_it_says_so_and_shows_the_emulated_gpu(monkeypatch, tmp_pat
         "GPU 0 (emulated)",
         "gpt3-175b+a100_sxm_bf16.csv: 8 stages",
         "38 supported, 855-1410 MHz",
-        "present, updates every 100 ms",  # the realistic emulated GPU: an H100's counter ...
+        # the realistic emulated GPU: an H100's counter, its blocking reads, its lagging field
+        "energy counter        present, updates every 100 ms (jitter 89-111 ms over 28 intervals",
+        "energy read           blocks 3.",
         "power reading         instant field (emulated)",
+        "instant field         updates every 10",
+        "shows a load change",
+        "(84 -> 4",
+        "the emulated GPU's forward/backward instructions)",
+        "energy sampler        polls the energy counter (a thread per GPU)",
+        "profiling window      >= 0.20 s (2 counter updates; noise of one update interval 1.3",
         # ... and the profile's heaviest instruction (481.5 W) at the cap
         "power limit           482 W (range 100-482 W, default 482 W)",
         "locked 1125 MHz, read back 1125 MHz, reset",
@@ -97,8 +107,13 @@ def test_mocked_node_read_only_by_default(monkeypatch):
         "MIG                   disabled",
         "persistence mode      on",
         "81 supported, 210-1410 MHz (at memory clock 1215 MHz)",
-        "energy counter        present, updates every 20 ms (measured over 1 s)",
+        "energy counter        present, updates every 20 ms (jitter 20-20 ms over 148 intervals",
         "power reading         instant field, 90.0 W now",
+        # the mock's field never changes; without CUDA no load can be made
+        "instant field         changed 0 time(s) in 3 s: period not measured; lag not measured",
+        "energy sampler        polls the energy counter",
+        # 2 updates of 20 ms (the counter's steps are exact: no noise at rest)
+        "profiling window      >= 0.04 s (2 counter updates; noise of one update interval 0.0%",
         "dry run: would lock 810 MHz, read the clock back and reset",
         "verdict               MEASURE ONLY: changing clocks needs root or CAP_SYS_ADMIN",
     ):
@@ -176,3 +191,106 @@ def test_perseus_gpu_restore_for_job_epilogs(tmp_path, capsys):
     assert call.nvmlDeviceGetHandleByUUID(uuid_of(0)) in m.mock_calls
     assert not state.exists() and list((tmp_path / "state").iterdir()) == []
     assert "restored 1 GPU(s)" in capsys.readouterr().out
+
+
+class _PoweredNode:
+    """A mocked GPU whose power rises when the doctor's load starts: 90 W, then 400 W.
+
+    Its counter holds the energy at its last 20 ms update; its instant field shows the power
+    at its last 100 ms update (so it lags a load change by up to 100 ms), give or take a watt.
+    """
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.load_from_s = math.inf
+        self.m = make_pynvml_mock()
+        self.m.nvmlDeviceGetTotalEnergyConsumption.side_effect = lambda h: int(
+            self.energy_j(math.floor(clock.now_s / 0.02) * 0.02) * 1000
+        )
+        self.m.nvmlDeviceGetFieldValues.side_effect = lambda h, ids: [field_value(self.field_mw())]
+
+    def field_mw(self) -> int:
+        """The power at the field's last update, wobbling by a watt (as a real field does)."""
+        tick = math.floor(self.clock.now_s / 0.1)
+        return int((self.power_w(tick * 0.1) + tick % 2) * 1000)
+
+    def power_w(self, t_s: float) -> float:
+        return 400.0 if t_s >= self.load_from_s else 90.0
+
+    def energy_j(self, t_s: float) -> float:
+        busy_s = max(0.0, t_s - self.load_from_s)
+        return 90.0 * t_s + 310.0 * busy_s
+
+    def load(self, uuid: str) -> Any:
+        node = self
+
+        class _Load:
+            name = "a test load"
+
+            def start(self) -> None:
+                node.load_from_s = node.clock.now_s
+
+            def tick(self) -> None:
+                pass
+
+            def stop(self) -> None:
+                node.load_from_s = math.inf
+
+        return _Load()
+
+
+def test_mocked_node_shows_the_field_period_and_its_lag_with_exact_nvml_calls(monkeypatch):
+    privileged(monkeypatch, "root")
+    clock = VirtualClock(100.0)
+    node_ = _PoweredNode(clock)
+    monkeypatch.setattr(doctor_app, "cuda_load", node_.load)
+    status, text = doctor(nvml=node_.m, clock=clock)
+    assert status == 0, text
+    for expected in (
+        "energy counter        present, updates every 20 ms (jitter 20-20 ms over 148 intervals",
+        "energy read           blocks 0.0 ms median, 0.0 ms max (3000 reads;",
+        # the field updates every 100 ms and showed the load at its next update
+        "instant field         updates every 100 ms (jitter 100-100 ms); shows a load change "
+        "100 ms late (90 -> 400 W, a test load)",
+        "energy sampler        polls the energy counter",
+        "profiling window      >= 0.04 s (2 counter updates",
+    ):
+        assert expected in text, expected
+    h = "handle-0"
+    energy = call.nvmlDeviceGetTotalEnergyConsumption(h)
+    instant = call.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    opened = [
+        call.nvmlInit(),
+        call.nvmlDeviceGetCount(),
+        call.nvmlShutdown(),
+        call.nvmlInit(),
+        call.nvmlSystemGetDriverVersion(),
+        call.nvmlSystemGetNVMLVersion(),
+        call.nvmlDeviceGetCount(),
+        call.nvmlDeviceGetHandleByIndex(0),
+        call.nvmlDeviceGetName(h),
+        call.nvmlDeviceGetUUID(h),
+        call.nvmlDeviceGetMigMode(h),
+        call.nvmlInit(),
+        call.nvmlDeviceGetHandleByUUID(uuid_of(0)),
+        call.nvmlDeviceGetMigMode(h),
+        call.nvmlDeviceGetName(h),
+        call.nvmlDeviceGetUUID(h),
+        call.nvmlDeviceGetIndex(h),
+        call.nvmlDeviceGetPersistenceMode(h),
+        call.nvmlDeviceGetSupportedMemoryClocks(h),
+        call.nvmlDeviceGetSupportedGraphicsClocks(h, 1215),
+        call.nvmlDeviceGetPowerManagementLimit(h),
+        call.nvmlDeviceGetPowerManagementLimitConstraints(h),
+        call.nvmlDeviceGetPowerManagementDefaultLimit(h),
+    ]
+    # The probe: one counter read and one field read per poll (a dry run changes nothing), then
+    # the power reading, and NVML is shut down by the GPU and by the doctor.
+    probe = [energy, instant] * 3000
+    assert node_.m.mock_calls == [
+        *opened,
+        *probe,
+        instant,
+        call.nvmlShutdown(),
+        call.nvmlShutdown(),
+    ]

@@ -2,8 +2,9 @@
 
 The ``RecurringJob`` tests and the sweeper's Hydra app (``hydra_app/recurring_loop.py``) train
 the same way: the bundled device profile on a virtual clock, so that costs, and so the search's
-decisions, do not depend on how busy the machine is; and a model that reaches the target after
-a set number of epochs per batch size, each epoch a fixed number of samples.
+decisions, do not depend on how busy the machine is, its energy sampled as a sampler thread
+would (:func:`job_energy`); and a model that reaches the target after a set number of epochs
+per batch size, each epoch a fixed number of samples.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Dict, Optional, Protocol
 
 from perseus.batch_size import RecurringJob
 from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.gpu.energy_meter import EnergyMeter
+from perseus.profiler.virtual_run import VirtualClock, attach_meter
 
 PROFILE = load_device_profile(default_device_profile_path())
 
@@ -30,10 +33,15 @@ def emulated_gpu(clock: SleepingClock, *, time_scale: float = 1.0) -> EmulatedGP
         PROFILE,
         blocking_power_w=80.0,
         time_scale=time_scale,
-        energy_update_period_s=1e-4,
+        energy_update_period_s=0.004,
         clock=clock,
         sleeper=clock.sleep,
     )
+
+
+def job_energy(device: EmulatedGPU, clock: VirtualClock) -> EnergyMeter:
+    """The device's energy sampler, polling on ``clock`` as its thread would."""
+    return attach_meter([device], clock)
 
 
 def train(

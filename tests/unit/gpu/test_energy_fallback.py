@@ -2,9 +2,10 @@
 
 NVML is an autospec'd pynvml whose ``nvmlDeviceGetTotalEnergyConsumption`` raises
 ``NVML_ERROR_NOT_SUPPORTED`` (pre-Volta, some vGPUs) and whose instant power field answers a
-power the test sets; time is virtual. The consumers are the real ones: the NVML GPU itself,
-the hook runtime (step and per-instruction energy, as online profiling reads it), the energy
-monitor, the power-limit optimizer, and the online source talking to a stub server.
+power the test sets; time is virtual. Every consumer gets its energy from the GPU's energy
+sampler, which here integrates sampled power (each of its reads is an update), polled by the
+test as virtual time passes, as its thread would: the hook runtime (step energies), an energy
+meter, the power-limit optimizer, and the online source talking to a stub server.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pynvml
 import pytest
 
 from perseus.config import PowerLimitConfig
+from perseus.gpu.energy_meter import EnergyMeter
 from perseus.gpu.guard import GPUGuard
-from perseus.gpu.monitor import EnergyMonitor
 from perseus.gpu.nvml import NVMLGPU
 from perseus.power_limit import PowerLimitOptimizer
 from perseus.power_limit.aggregate import local_only
@@ -45,7 +46,14 @@ class Clock:
         return self.t
 
     def sleep(self, seconds: float) -> None:
-        raise AssertionError("no hold: sampled energy has no counter update to wait for")
+        self.t += seconds
+
+
+def run_for(clock: Clock, seconds: float, sampler: Any, step_s: float = 0.001) -> None:
+    """Let ``seconds`` of virtual time pass, the sampler reading every ``step_s``."""
+    for _ in range(round(seconds / step_s)):
+        clock.t += step_s
+        sampler.poll_once()
 
 
 @pytest.fixture(autouse=True)
@@ -96,39 +104,41 @@ def test_nvml_gpu_integrates_sampled_power_with_one_warning(caplog):
     ]
 
 
-def test_runtime_step_and_instruction_energy(tmp_path):
+def test_runtime_step_energy(tmp_path):
     power, clock = {"w": 200.0}, Clock()
-
-    class WantsEnergy(MeasureSource):
-        wants_energy = True  # as the online source while it profiles
-
     with patched_pynvml(no_counter(power)):
         gpu = open_gpu(clock)
-        opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, WantsEnergy())
+        opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, MeasureSource(), sample_energy=False)
+        sampler = opt.device.sampler
+        run_for(clock, 0.01, sampler)
         opt.on_step_begin()
         for name, seconds in (("forward", 0.05), ("backward", 0.1)):
             opt.on_instruction_begin(name)
-            clock.t += seconds
+            run_for(clock, seconds, sampler)
             opt.on_instruction_end(name)
         opt.on_step_end()
+        run_for(clock, 0.01, sampler)
+        opt.settle_energy(timeout_s=0.0)  # the updates after the step are in
         opt.close()
     step = opt.last_step
-    assert step is not None and step.energy_j == pytest.approx(200.0 * 0.15, abs=MJ)
-    spans = [(r.energy_end_mj - r.energy_begin_mj) / 1000 for r in step.instructions]
-    assert spans == pytest.approx([200.0 * 0.05, 200.0 * 0.1], abs=MJ)
+    assert gpu.energy_source == "sampled power"
+    # Interpolated between reads a millisecond apart.
+    assert step is not None and step.energy_j == pytest.approx(200.0 * 0.15, abs=0.2)
 
 
-def test_energy_monitor_takes_plain_differences():
+def test_an_energy_meter_on_sampled_power():
     power, clock = {"w": 150.0}, Clock()
     with patched_pynvml(no_counter(power)):
         gpu = open_gpu(clock)
-        monitor = EnergyMonitor([gpu], clock=clock, sleeper=clock.sleep)
-        gpu.total_energy_mj()  # switches to sampled power
-        monitor.begin_window("short")  # < hold_below_s: a counter GPU would hold here
-        clock.t += 0.03
-        m = monitor.end_window("short")
+        meter = EnergyMeter.start([gpu], clock, threads=False, sleeper=clock.sleep)
+        run_for(clock, 0.01, meter.samplers[0])
+        t0 = clock()
+        run_for(clock, 0.03, meter.samplers[0])
+        end_s = clock()
+        assert meter.wait_until_covered(end_s)  # the next read after it is an update
+        energy_j = meter.energy_j_between(t0, end_s)
         gpu.close()
-    assert m.energy_j == pytest.approx(150.0 * 0.03, abs=MJ)
+    assert energy_j == pytest.approx(150.0 * 0.03, abs=0.2)
 
 
 def test_power_limit_optimizer_profiles_without_counter(tmp_path):
@@ -139,19 +149,23 @@ def test_power_limit_optimizer_profiles_without_counter(tmp_path):
         power["w"] = min(limit_mw / 1000.0, 250.0)  # draws its limit, at most 250 W
 
     m.nvmlDeviceSetPowerManagementLimit.side_effect = set_limit
-    cfg = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2, selector="energy")
+    cfg = PowerLimitConfig(
+        step_w=100, warmup_steps=1, profile_steps=2, selector="energy", warmup_s=0.0, repeats=1
+    )
     with patched_pynvml(m):
         gpu = open_gpu(clock)
         guard = GPUGuard(gpu, state_dir=tmp_path, watchdog=False).acquire()
-        opt = PowerLimitOptimizer([guard], cfg, aggregator=local_only, clock=clock)
-        for _ in opt.steps(range(20)):
-            clock.t += 0.25 if power["w"] >= 250 else 0.5  # slower under a low limit
+        meter = EnergyMeter.start([gpu], clock, threads=False, sleeper=clock.sleep)
+        run_for(clock, 0.01, meter.samplers[0])
+        opt = PowerLimitOptimizer([guard], cfg, aggregator=local_only, energy=meter)
+        for _ in opt.steps(range(40)):  # windows of 1 s at least: no update period to go by
+            run_for(clock, 0.25 if power["w"] >= 250 else 0.5, meter.samplers[0])
         guard.release()
         gpu.close()
     assert opt.state == "done"
     table = {row.power_limit_mw: row.energy_per_step_j for row in opt.measurements}
     assert table == pytest.approx(
-        {400_000: 62.5, 300_000: 62.5, 200_000: 100.0, 100_000: 50.0}, rel=1e-6
+        {400_000: 62.5, 300_000: 62.5, 200_000: 100.0, 100_000: 50.0}, rel=2e-3
     )
     assert opt.chosen_limit_mw == 100_000
 
@@ -161,7 +175,7 @@ def _profiling(step: int) -> Schedule:
     return Schedule(step, Phase.profiling, [None, None])
 
 
-def test_online_profiling_gets_instruction_energy_in_step_one(tmp_path):
+def test_online_reports_carry_the_sampled_updates_and_step_energies(tmp_path):
     power, clock = {"w": 120.0}, Clock()
     with stub_server(_profiling) as server, patched_pynvml(no_counter(power)):
         gpu = open_gpu(clock)
@@ -175,22 +189,24 @@ def test_online_profiling_gets_instruction_energy_in_step_one(tmp_path):
             state_dir=tmp_path / "state",
             trace_dir=tmp_path,
             synchronous_clocks=True,
+            sample_energy=False,
         )
+        sampler = opt.device.sampler
+        run_for(clock, 0.01, sampler)
         spans: List[Tuple[str, float]] = [("forward", 0.02), ("backward", 0.04)]
-        for step in range(2):
+        for step in range(3):
             opt.on_step_begin()
-            # Step 0 runs before any schedule arrived (never waited for); the first
-            # scheduled step of a profiling job wants per-instruction energy.
-            assert source.wants_energy == (step == 1)
             for name, seconds in spans:
                 opt.on_instruction_begin(name)
-                clock.t += seconds
+                run_for(clock, seconds, sampler)
                 opt.on_instruction_end(name)
-            if step == 0:
-                wait_prefetched(source, 1)  # the test's pace: nothing waits in training
+            wait_prefetched(source, step + 1)  # the test's pace: nothing waits in training
             opt.on_step_end()
+            run_for(clock, 0.005, sampler)
         opt.close()  # sends the queued reports, then tells the server the rank finished
-    (report,) = [r for r in server.posted("/steps") if r["step"] == 1]
-    got = [(i["energy_end_mj"] - i["energy_begin_mj"]) / 1000 for i in report["instructions"]]
-    assert got == pytest.approx([120.0 * 0.02, 120.0 * 0.04], abs=MJ)
-    assert report["energy_j"] == pytest.approx(120.0 * 0.06, abs=MJ)
+    reports = server.posted("/steps")
+    updates = [u for r in reports for u in r["energy_updates"]]
+    assert len(updates) > 100  # every read of sampled power is an update
+    energies = {e["step"]: e["energy_j"] for r in reports for e in r["energies"]}
+    assert energies[0] == pytest.approx(120.0 * 0.06, abs=0.2)
+    assert energies[1] == pytest.approx(120.0 * 0.06, abs=0.2)

@@ -112,10 +112,10 @@ def test_measure_only_trains_without_clock_changes_and_one_warning(tmp_path, cap
         caps = hooks.device.capabilities  # the start-up check's verdict, kept on the device
         assert caps is not None and caps.measure_only and hooks.device.measure_only
         m.reset_mock()
-        m.energy_read_threads.clear()  # the start-up check's read, before step 1
+        m.energy_read_threads.clear()  # the start-up check's one read came before step 1
         run_iteration(hooks, one_f_one_b(1, 0, 2))
         context.reset()
-    # Measured (the device's sampler reads the counter, never the hooks), nothing changed.
+    # Nothing changed; energy is measured by the device's sampler thread, never by the hooks.
     assert calls_except_energy_reads(m) == [call.nvmlShutdown()]
     assert energy_reads_off_sampler(m) == []
     (warning,) = [r for r in caplog.records if "measure-only" in r.message]

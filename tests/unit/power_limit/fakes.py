@@ -1,23 +1,27 @@
-"""Test helpers: a deterministic GPU whose power limit sets step time and energy, virtual time."""
+"""Test helpers: a deterministic GPU whose power limit sets step time and energy, virtual time.
+
+Energy comes from the GPUs' energy samplers, as in training: :func:`sampled` gives the GPUs an
+:class:`~perseus.gpu.energy_meter.EnergyMeter` whose samplers the virtual clock polls as virtual
+time passes, on the schedule their threads would keep beside the training loop.
+"""
 
 from __future__ import annotations
 
+import bisect
+import math
 import socket
-from typing import List, Tuple
+from typing import Any, List, Sequence, Tuple
 
 from perseus.gpu.base import GPU
+from perseus.gpu.energy_meter import EnergyMeter
+from perseus.profiler.virtual_run import VirtualClock, attach_meter
+
+__all__ = ["PowerModelGPU", "RecordingGuard", "VirtualClock", "free_port", "sampled"]
 
 
-class VirtualClock:
-    def __init__(self, start_s: float = 0.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        """Sleeping only moves the virtual clock (pass as the emulated GPU's ``sleeper``)."""
-        self.now_s += seconds
+def sampled(gpus: Sequence[Any], clock: VirtualClock) -> EnergyMeter:
+    """An energy meter on ``gpus`` whose samplers poll as virtual time passes."""
+    return attach_meter(list(gpus), clock)
 
 
 def free_port() -> int:
@@ -28,7 +32,13 @@ def free_port() -> int:
 
 
 class PowerModelGPU(GPU):
-    """Step at limit P: draws min(P, demand) watts plus static power; work / draw^0.4 seconds."""
+    """Step at limit P: draws min(P, demand) watts plus static power; work / draw^0.4 seconds.
+
+    Between steps it draws the static power. The counter shows the energy up to its last
+    update tick, every ``counter_period_s`` (4 ms by default).
+    """
+
+    STATIC_W = 40.0
 
     def __init__(
         self,
@@ -36,10 +46,10 @@ class PowerModelGPU(GPU):
         *,
         demand_w: float = 320.0,
         name: str = "FakeGPU",
-        counter_period_s: float = 0.0,
+        counter_period_s: float = 0.004,
     ):
         self.index = 0
-        # >0: the energy counter only updates at multiples of this (like NVML's)
+        # The energy counter only updates at multiples of this (like NVML's)
         self.counter_period_s = counter_period_s
         self.history: List[Tuple[float, float]] = [(0.0, 0.0)]
         self.name = name
@@ -52,13 +62,16 @@ class PowerModelGPU(GPU):
     def step_cost(self, limit_mw: int) -> Tuple[float, float]:
         draw_w = min(limit_mw / 1000.0, self.demand_w)
         time_s = 0.1 * (self.demand_w / draw_w) ** 0.4
-        return time_s, (draw_w + 40.0) * time_s
+        return time_s, (draw_w + self.STATIC_W) * time_s
 
     def run_step(self) -> None:
+        """One step: its energy spread evenly over its time (the clock polls meanwhile)."""
         time_s, energy_j = self.step_cost(self.limit_mw)
-        self.clock.now_s += time_s
-        self.energy_mj += energy_j * 1000.0
-        self.history.append((self.clock.now_s, self.energy_mj))
+        now_s = self.clock.now_s
+        self._record(now_s, self._energy_mj_at(now_s))
+        self.energy_mj = self._energy_mj_at(now_s) + energy_j * 1000.0
+        self._record(now_s + time_s, self.energy_mj)
+        self.clock.sleep(time_s)
 
     def supported_sm_clocks_mhz(self) -> List[int]:
         return [1410]
@@ -92,17 +105,23 @@ class PowerModelGPU(GPU):
         self.limit_mw = limit_mw
 
     def total_energy_mj(self) -> int:
-        if self.counter_period_s <= 0:
-            return int(self.energy_mj)
-        update_s = self.clock.now_s // self.counter_period_s * self.counter_period_s
-        (t0, e0), (t1, e1) = self.history[0], self.history[-1]
-        for (ta, ea), (tb, eb) in zip(self.history, self.history[1:]):
-            if ta <= update_s <= tb:
-                (t0, e0), (t1, e1) = (ta, ea), (tb, eb)
-                break
-        if t1 <= t0:
-            return int(e1)
-        return int(e0 + (e1 - e0) * (update_s - t0) / (t1 - t0))
+        tick_s = self.clock.now_s // self.counter_period_s * self.counter_period_s
+        return int(self._energy_mj_at(tick_s))
+
+    def _record(self, t_s: float, energy_mj: float) -> None:
+        if t_s > self.history[-1][0]:
+            self.history.append((t_s, energy_mj))
+
+    def _energy_mj_at(self, t_s: float) -> float:
+        """The true energy at ``t_s``: the steps' as recorded, static power outside them."""
+        last_s, last_mj = self.history[-1]
+        if t_s >= last_s:
+            return last_mj + self.STATIC_W * (t_s - last_s) * 1000.0
+        i = bisect.bisect_right(self.history, (t_s, math.inf))
+        if i == 0:
+            return self.history[0][1]
+        (ta, ea), (tb, eb) = self.history[i - 1], self.history[i]
+        return ea + (eb - ea) * (t_s - ta) / (tb - ta)
 
     def power_mw(self) -> int:
         return int(min(self.limit_mw, self.demand_w * 1000))

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from perseus.batch_size import RecurringJob
 from perseus.config import PowerLimitConfig
 from perseus.profiler.virtual_run import VirtualClock
-from tests.unit.batch_size.emulated_job import emulated_gpu, train
+from tests.unit.batch_size.emulated_job import emulated_gpu, job_energy, train
 
 EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 
@@ -22,8 +22,10 @@ EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 @hydra.main(version_base=None, config_path=".", config_name="recurring_loop")
 def main(cfg: DictConfig) -> None:
     clock = VirtualClock()
-    device = emulated_gpu(clock, time_scale=1e-2)
-    power_limit = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2)
+    device = emulated_gpu(clock, time_scale=0.1)
+    power_limit = PowerLimitConfig(
+        step_w=100, warmup_steps=1, profile_steps=2, warmup_s=0.0, repeats=1
+    )
     with RecurringJob(
         "ignored-under-the-sweeper",
         [32, 64, 128, 256],
@@ -33,6 +35,7 @@ def main(cfg: DictConfig) -> None:
         gpus=[device],
         clock=clock,
         synchronize=lambda: None,
+        energy=job_energy(device, clock),
     ) as job:
         assert job.batch_size == cfg.batch_size  # the sweeper's choice, also as an override
         train(job, EPOCHS, samples_per_epoch=2048)

@@ -1,0 +1,74 @@
+"""A power-limit run's report and summary line: the saving with its interval, or why none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from perseus.apps.train import summary_line
+from perseus.launcher.report import apply_power_limit
+
+OUT = Path("/run")
+
+
+def _section(saving: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    row = {"time_per_step_s": 0.1, "energy_per_step_j": 30.0}
+    return {
+        "chosen_power_limit_w": 200.0,
+        "saving": saving,
+        "measurements": [
+            {**row, "power_limit_w": 300.0},
+            {**row, "power_limit_w": 200.0, "time_per_step_s": 0.11, "energy_per_step_j": 27.0},
+        ],
+    }
+
+
+def test_three_windows_per_limit_give_the_saving_its_interval() -> None:
+    saving = {
+        "energy_saving": 0.1,
+        "energy_saving_ci95": [0.08, 0.12],
+        "energy_saving_measurable": True,
+        "slowdown": 0.1,
+        "slowdown_ci95": [0.09, 0.11],
+        "interval": "95 % interval over 3 paired measurement windows",
+    }
+    report = apply_power_limit({}, _section(saving))
+    assert report["baseline"]["power_limit_w"] == 300.0 and report["plan"]["power_limit_w"] == 200
+    assert report["energy_saving_ci95"] == [0.08, 0.12] and report["energy_saving_measurable"]
+    line = summary_line(report, OUT)
+    assert "measured energy saving 10.0 % (95 % interval 8.0 to 12.0 %)" in line, line
+
+
+def test_an_interval_that_contains_zero_is_no_measurable_saving() -> None:
+    saving = {
+        "energy_saving": 0.01,
+        "energy_saving_ci95": [-0.02, 0.04],
+        "energy_saving_measurable": False,
+        "slowdown": 0.0,
+        "slowdown_ci95": [-0.01, 0.01],
+    }
+    line = summary_line(apply_power_limit({}, _section(saving)), OUT)
+    assert "no measurable energy saving" in line and "1.0 %" not in line.split("(")[0], line
+
+
+def test_one_window_per_limit_says_it_has_no_interval() -> None:
+    saving = {
+        "energy_saving": 0.1,
+        "energy_saving_ci95": None,
+        "energy_saving_measurable": False,
+        "slowdown": 0.1,
+        "slowdown_ci95": None,
+        "interval": "one measurement window each: no interval",
+    }
+    report = apply_power_limit({}, _section(saving))
+    assert report["energy_saving"] == 0.1 and report["energy_saving_ci95"] is None
+    line = summary_line(report, OUT)
+    assert "energy saving 10.0 %, slowdown +10.00 % (one measurement window each: no interval)" in (
+        line
+    )
+
+
+def test_a_table_without_windows_computes_the_point_values() -> None:
+    report = apply_power_limit({}, _section(None))  # a table saved before windows were kept
+    assert report["energy_saving"] == 1 - 27.0 / 30.0
+    assert report["saving_interval"] == "one measurement window each: no interval"
