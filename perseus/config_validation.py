@@ -25,6 +25,8 @@ from perseus.config_enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    PlannerEffort,
+    PlannerScope,
     PowerLimitSelector,
     ProfilerMode,
     RuntimeMode,
@@ -317,6 +319,8 @@ def _choice_problems(cfg: PerseusConfig) -> List[str]:
         ("framework", cfg.framework.name, Framework),
         ("gpu", cfg.gpu.backend, GPUBackend),
         ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
+        ("planner.effort", cfg.planner.effort, PlannerEffort),
+        ("planner.scope", cfg.planner.scope, PlannerScope),
         ("profiler.mode", cfg.profiler.mode, ProfilerMode),
         ("runtime.mode", cfg.runtime.mode, RuntimeMode),
     ):
