@@ -230,7 +230,8 @@ class PlannerConfig:
     min_frequency_mhz: Optional[int] = None
     plots: bool = True
     # Profile stages to plan, in pipeline order (e.g. [0, 7] for a 2-stage job); None = all
-    # stages, or parallelism.pp of them (first, last, evenly spaced) when pp is smaller.
+    # stages (perseus-plan: parallelism.pp of them, first, last, evenly spaced, when
+    # parallelism.pp is on its command line and smaller).
     stages: Optional[List[int]] = None
     # frontier (every Pareto-optimal plan) | policy (only the energy policy's plan) | auto
     # (the frontier unless it is estimated to exceed max_solve_s, then the policy's plan).

@@ -30,7 +30,7 @@ from typing import Dict, Optional
 from perseus.errors import ConfigError
 
 #: Polish windows of the balanced level (one pass).
-BALANCED_WINDOWS = 16
+BALANCED_WINDOWS = 12
 #: Largest problem (instructions) whose plain plan the balanced level polishes (a spliced
 #: plan's seams are polished whatever its size).
 BALANCED_POLISH_SIZE = 400
