@@ -64,15 +64,10 @@ def plan_job(
         effort: ``planner.effort`` of the ``lp`` solver (other solvers have none).
     """
     from perseus.planner import plan_frontier
-    from perseus.planner.policies import choose
 
     t0 = time.perf_counter()
     problem = _problem(spec, profile, blocking_power_w)
-    frontier = plan_frontier(problem, solver=spec.solver, effort=effort)
-    chosen = choose(frontier, _energy(spec))
-    return PlanResult(
-        frontier, chosen, time.perf_counter() - t0, str(spec.energy.policy), spec.solver
-    )
+    return _result(spec, plan_frontier(problem, solver=spec.solver, effort=effort), t0)
 
 
 def plan_and_write(
@@ -104,29 +99,22 @@ def refine_job(
         The refined result, or None when the chosen plan would be the same (within
         1e-9 in time and energy).
     """
-    from perseus.planner import plan_frontier
     from perseus.planner.frontier import build_frontier
-    from perseus.planner.policies import choose
 
     t0 = time.perf_counter()
-    problem = _problem(spec, profile, blocking_power_w)
-    refined = plan_frontier(problem, solver=spec.solver, effort=effort)
+    refined = plan_job(spec, profile, blocking_power_w, effort).frontier
     old = current.frontier
     frontier = build_frontier(
-        problem,
+        refined.problem,
         [old.choices(p) for p in old.points] + [refined.choices(p) for p in refined.points],
     )
     frontier.empty_gaps = refined.empty_gaps
-    chosen = choose(frontier, _energy(spec))
-    before = current.chosen
+    result = _result(spec, frontier, t0)
+    chosen, before = result.chosen, current.chosen
     same = math.isclose(
         chosen.iteration_time_s, before.iteration_time_s, rel_tol=1e-9
     ) and math.isclose(chosen.energy_j, before.energy_j, rel_tol=1e-9)
-    if same:
-        return None
-    return PlanResult(
-        frontier, chosen, time.perf_counter() - t0, str(spec.energy.policy), spec.solver
-    )
+    return None if same else result
 
 
 def refine_and_write(
@@ -150,12 +138,22 @@ def _problem(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> 
     return PlanningProblem(profile, spec.num_microbatches, blocking_power_w, schedule=spec.schedule)
 
 
-def _energy(spec: JobSpec) -> EnergyConfig:
-    return EnergyConfig(
+def _result(spec: JobSpec, frontier: Frontier, started_s: float) -> PlanResult:
+    """The frontier with the plan the job's energy policy chooses from it."""
+    from perseus.planner.policies import choose
+
+    energy = EnergyConfig(
         policy=spec.energy.policy,
         max_slowdown=spec.energy.max_slowdown,
         iteration_time_s=spec.energy.iteration_time_s,
         eta=spec.energy.eta,
+    )
+    return PlanResult(
+        frontier,
+        choose(frontier, energy),
+        time.perf_counter() - started_s,
+        str(spec.energy.policy),
+        spec.solver,
     )
 
 
