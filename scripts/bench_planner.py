@@ -228,7 +228,7 @@ def print_row(
     flags = []
     if paper is not None and 100 * r["saving"] < paper:
         flags.append("below paper")
-    if paper is not None and gap is not None and gap > max_gap + 1e-9:
+    if gap is not None and gap > max_gap + 1e-9:
         flags.append(f"gap > {100 * max_gap:.1f} pp")
     if paper is not None and max_wall_s is not None and r["wall_s"] > max_wall_s:
         flags.append(f"wall > {max_wall_s:.0f} s")
