@@ -24,6 +24,7 @@ from perseus.config_enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    PlannerEffort,
     PlannerScope,
     PowerLimitSelector,
     ProfilerMode,
@@ -39,6 +40,7 @@ __all__ = [
     "GPUBackend",
     "GPUOnUnsupported",
     "PerseusConfig",
+    "PlannerEffort",
     "PlannerScope",
     "PowerLimitSelector",
     "ProfilerMode",
@@ -228,13 +230,17 @@ class PlannerConfig:
     min_frequency_mhz: Optional[int] = None
     plots: bool = True
     # Profile stages to plan, in pipeline order (e.g. [0, 7] for a 2-stage job); None = all
-    # stages, or parallelism.pp of them (first, last, evenly spaced) when pp is smaller.
+    # stages (perseus-plan: parallelism.pp of them, first, last, evenly spaced, when
+    # parallelism.pp is on its command line and smaller).
     stages: Optional[List[int]] = None
     # frontier (every Pareto-optimal plan) | policy (only the energy policy's plan) | auto
     # (the frontier unless it is estimated to exceed max_solve_s, then the policy's plan).
     scope: PlannerScope = PlannerScope.auto
     # perseus-plan refuses work estimated to take longer than this on one core (s).
     max_solve_s: float = 600.0
+    # How hard the lp solver searches: fast (no MILP), balanced (seconds for the published
+    # 8 x 96 cases, within 0.3 pp of the best bound) or thorough (minutes, within 0.2 pp).
+    effort: PlannerEffort = PlannerEffort.balanced
 
 
 # perseus-server's port when server.port is unset.

@@ -103,6 +103,14 @@ class PlannerScope(ConfigChoice):
     policy = "policy"
 
 
+class PlannerEffort(ConfigChoice):
+    """``planner.effort``: how hard the ``lp`` solver searches (see its effort levels)."""
+
+    fast = "fast"
+    balanced = "balanced"
+    thorough = "thorough"
+
+
 class PowerLimitSelector(ConfigChoice):
     """``energy.power_limit.selector``: which measured power limit to keep."""
 

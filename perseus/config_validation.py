@@ -38,6 +38,8 @@ from perseus.config_enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    PlannerEffort,
+    PlannerScope,
     PowerLimitSelector,
     ProfilerMode,
     RuntimeMode,
@@ -344,6 +346,8 @@ def _choice_problems(cfg: PerseusConfig) -> List[str]:
         ("gpu", cfg.gpu.backend, GPUBackend),
         ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
         ("gpu.emulated.counter", cfg.gpu.emulated.counter, EmulatedCounter),
+        ("planner.effort", cfg.planner.effort, PlannerEffort),
+        ("planner.scope", cfg.planner.scope, PlannerScope),
         ("profiler.mode", cfg.profiler.mode, ProfilerMode),
         ("runtime.mode", cfg.runtime.mode, RuntimeMode),
     ):

@@ -19,25 +19,29 @@ Writes into Hydra's run directory (``hydra.run.dir=...`` moves it), through
 * with ``planner.export_reference=true``, ``reference/freqs_pipeline_%05d.py`` per plan (the
   reference system's format; the number is the plan_id).
 
-:func:`run_plan` is the same pipeline as a function (the server and ``perseus-train`` reuse it).
+:func:`run_plan` is the same pipeline as a function. Offline the profile is the job: every
+stage of it is planned unless ``parallelism.pp`` on the command line (or ``planner.stages``)
+asks for a subset (:mod:`perseus.apps.plan_stages`), and the result line says so.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from perseus.apps.common import hydra_app
+from perseus.apps.plan_stages import (
+    build_problem,
+    planned_profile,
+    pp_on_command_line,
+    subset_reason,
+)
 from perseus.config import PerseusConfig
-from perseus.errors import ConfigError
 from perseus.formats import plan_outputs
 
 if TYPE_CHECKING:
-    from perseus.formats.profile_csv import Profile
     from perseus.planner.frontier import Frontier, FrontierPoint
     from perseus.planner.problem import PlanningProblem
 
@@ -46,80 +50,6 @@ logger = logging.getLogger("perseus.plan")
 PROGRESS_PERIOD_S = 2.0
 #: Larger plans get no timeline.png (drawing 20,000 boxes takes about 20 s).
 MAX_TIMELINE_NODES = 20_000
-
-
-@dataclass
-class PlannedProfile:
-    """The profile perseus-plan plans with.
-
-    Attributes:
-        profile: Restricted to ``planner.min_frequency_mhz``, stages selected and renumbered.
-        stages: The source profile's stages, in pipeline order.
-        p2p_power_w: ``planner.p2p_power_w`` for those stages.
-    """
-
-    profile: Profile
-    stages: List[int]
-    p2p_power_w: Any
-
-
-def planned_profile(cfg: PerseusConfig) -> PlannedProfile:
-    """Load ``planner.profile`` and keep the stages to plan (see ``planner.stages``).
-
-    Raises:
-        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
-            bad profile CSV.
-    """
-    from perseus.formats.profile_csv import read_profile_csv
-    from perseus.planner.derived import planned_stages, select_stages
-
-    if not cfg.planner.profile:
-        raise ConfigError(
-            "planner.profile is not set: pass the profile CSV to plan from, e.g. "
-            "perseus-plan planner.profile=path/to/profile.csv"
-        )
-    profile = read_profile_csv(Path(cfg.planner.profile).expanduser())
-    if cfg.planner.min_frequency_mhz is not None:
-        profile = profile.restrict(cfg.planner.min_frequency_mhz)
-    num_profile = profile.num_stages
-    pp = cfg.parallelism.pp
-    stages = planned_stages(num_profile, pp, cfg.planner.stages)
-    if stages != list(range(num_profile)):
-        how = "planner.stages" if cfg.planner.stages is not None else f"parallelism.pp={pp}"
-        logger.info(
-            "planning %d of the profile's %d stages: %s (%s)", len(stages), num_profile, stages, how
-        )
-        profile = select_stages(profile, stages)
-    elif num_profile != pp:
-        logger.info("planning the profile's %d stages (parallelism.pp=%d)", num_profile, pp)
-    p2p = cfg.planner.p2p_power_w
-    # One value per profile stage: keep the planned stages' values.
-    if isinstance(p2p, Sequence) and not isinstance(p2p, str) and len(p2p) == num_profile:
-        p2p = [p2p[s] for s in stages]
-    return PlannedProfile(profile, stages, p2p)
-
-
-def load_problem(cfg: PerseusConfig) -> PlanningProblem:
-    """Build the PlanningProblem of ``cfg.planner`` and ``cfg.parallelism``.
-
-    Raises:
-        ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
-            bad profile CSV.
-    """
-    return build_problem(cfg, planned_profile(cfg))
-
-
-def build_problem(cfg: PerseusConfig, planned: PlannedProfile) -> PlanningProblem:
-    """The PlanningProblem of a planned profile and ``cfg.parallelism``."""
-    from perseus.planner.problem import PlanningProblem
-
-    return PlanningProblem(
-        planned.profile,
-        cfg.parallelism.num_microbatches,
-        planned.p2p_power_w,
-        schedule=cfg.parallelism.schedule,
-        num_model_chunks=cfg.parallelism.num_model_chunks,
-    )
 
 
 def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
@@ -135,8 +65,9 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
         return "frontier" if cfg.planner.scope != "policy" else "policy"
     par = cfg.parallelism
     shape = (num_stages, par.num_microbatches, par.schedule, par.num_model_chunks)
-    frontier = estimate(*shape, scope="frontier")
-    policy = estimate(*shape, scope="policy")
+    effort = str(cfg.planner.effort)
+    frontier = estimate(*shape, scope="frontier", effort=effort)
+    policy = estimate(*shape, scope="policy", effort=effort)
     scope = choose_scope(cfg.planner.scope, frontier, policy, cfg.planner.max_solve_s)
     if scope == "policy" and cfg.planner.scope == "auto":
         logger.info(
@@ -157,12 +88,11 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
 
 
 def solver_options(name: str, cfg: PerseusConfig) -> Dict[str, Any]:
-    """The ``planner.*`` settings the named solver's constructor accepts (e.g. time_unit_s)."""
-    from perseus.planner.solvers import get_solver
+    """The ``planner.*`` settings the named solver's constructor accepts (time_unit_s, effort)."""
+    from perseus.planner.solvers import solver_accepts
 
-    offered = {"time_unit_s": cfg.planner.time_unit_s}
-    params = inspect.signature(type(get_solver(name)).__init__).parameters
-    return {key: value for key, value in offered.items() if key in params}
+    offered = {"time_unit_s": cfg.planner.time_unit_s, "effort": str(cfg.planner.effort)}
+    return {key: value for key, value in offered.items() if solver_accepts(name, key)}
 
 
 class ProgressLog:
@@ -187,6 +117,7 @@ def run_plan(
     cfg: PerseusConfig,
     out_dir: Path,
     progress: Optional[Callable[[str, float], None]] = None,
+    subset_by_pp: bool = True,
 ) -> Dict[str, Any]:
     """Plan from ``cfg.planner.profile`` and write every output into ``out_dir``.
 
@@ -194,6 +125,8 @@ def run_plan(
         cfg: The whole configuration (planner, parallelism, energy are read).
         out_dir: Output directory (created if needed).
         progress: Solver progress callback; default logs every few seconds.
+        subset_by_pp: See :func:`planned_profile` (perseus-plan passes whether
+            ``parallelism.pp`` is on its command line).
 
     Returns:
         The summary also written to ``summary.json``.
@@ -207,7 +140,7 @@ def run_plan(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = progress or ProgressLog()
-    planned = planned_profile(cfg)
+    planned = planned_profile(cfg, subset_by_pp)
     scope = plan_scope(cfg, planned.profile.num_stages)
     name = cfg.planner.solver
     options = solver_options(name, cfg)
@@ -241,20 +174,32 @@ def run_plan(
     summary = make_summary(cfg, frontier, chosen, name, solve_time_s, files)
     summary["scope"] = scope
     summary["profile_stages"] = planned.stages
+    summary["profile_num_stages"] = planned.num_profile_stages
+    if name == "lp":
+        summary["effort"] = str(cfg.planner.effort)
     if note:
         summary["note"] = note
     plan_outputs.write_summary(out_dir, summary)
+    subset = ""
+    if planned.stages != list(range(planned.num_profile_stages)):
+        subset = (
+            f" Planned {len(planned.stages)} of the profile's {planned.num_profile_stages} "
+            f"stages, {planned.stages} ({subset_reason(cfg)}): the plan runs in a "
+            f"{len(planned.stages)}-stage job."
+        )
     logger.info(
-        "chosen plan %d (%s): %.4f s, %.1f J per iteration; all-max %.4f s, %.1f J; "
-        "saves %.2f %% energy at %+.2f %% time. Outputs in %s",
+        "chosen plan %d (%s): %d stages, %.4f s, %.1f J per iteration; all-max %.4f s, %.1f J; "
+        "saves %.2f %% energy at %+.2f %% time.%s Outputs in %s",
         chosen.plan_id,
         cfg.energy.policy,
+        problem.num_stages,
         chosen.iteration_time_s,
         chosen.energy_j,
         frontier.allmax.iteration_time_s,
         frontier.allmax.energy_j,
         100 * summary["chosen"]["saving"],
         100 * summary["chosen"]["slowdown"],
+        subset,
         out_dir,
     )
     return summary
@@ -370,8 +315,15 @@ def make_summary(
 
 @hydra_app("perseus_plan", prog="perseus-plan")
 def main(cfg: PerseusConfig, out_dir: Path) -> None:
-    """Entry point of the ``perseus-plan`` console script."""
-    run_plan(cfg, out_dir)
+    """Entry point of the ``perseus-plan`` console script.
+
+    Offline the profile is the job: every stage of it is planned unless ``parallelism.pp``
+    (or ``planner.stages``) on the command line asks for a subset.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    run_plan(cfg, out_dir, subset_by_pp=pp_on_command_line(overrides))
 
 
 if __name__ == "__main__":

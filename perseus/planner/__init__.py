@@ -41,6 +41,7 @@ def plan_frontier(
     problem: PlanningProblem,
     solver: str = "lp",
     progress: Optional[Callable[[str, float], None]] = None,
+    effort: Optional[str] = None,
     **solver_options: Any,
 ) -> Frontier:
     """Solve ``problem`` with the named solver and return the honest frontier.
@@ -49,6 +50,8 @@ def plan_frontier(
         problem: The planning problem.
         solver: A registered solver name (``planner.solver``): ``lp``, ``lowtime``, ``exact``.
         progress: Called with ``(message, fraction_done)`` during long solves.
+        effort: ``planner.effort`` (``fast``, ``balanced``, ``thorough``) for solvers that
+            take one (``lp``); None: the solver's default (``balanced``).
         **solver_options: Passed to the solver's constructor.
 
     Returns:
@@ -56,9 +59,11 @@ def plan_frontier(
         all-max plan included.
     """
     from perseus.planner.frontier import build_frontier
-    from perseus.planner.solvers import get_solver
+    from perseus.planner.solvers import get_solver, solver_accepts
     from perseus.planner.solvers.base import ChoiceSolver
 
+    if effort is not None and solver_accepts(solver, "effort"):
+        solver_options = {"effort": str(effort), **solver_options}
     instance = get_solver(solver, **solver_options)
     if isinstance(instance, ChoiceSolver):
         frontier = build_frontier(problem, instance.solve_choices(problem, progress))
@@ -74,6 +79,7 @@ def plan_policy(
     energy: EnergyConfig,
     solver: str = "lp",
     progress: Optional[Callable[[str, float], None]] = None,
+    effort: Optional[str] = None,
     **solver_options: Any,
 ) -> Frontier:
     """Plan only what ``energy``'s policy needs; the policy then chooses from the result.
@@ -90,6 +96,7 @@ def plan_policy(
         energy: The energy policy.
         solver: A registered solver name.
         progress: Called with ``(message, fraction_done)`` during long solves.
+        effort: As :func:`plan_frontier`.
         **solver_options: Passed to the solver's constructor.
 
     Raises:
@@ -100,7 +107,7 @@ def plan_policy(
     from perseus.planner.simulate import simulate_choices
 
     if solver != "lp":
-        return plan_frontier(problem, solver, progress, **solver_options)
+        return plan_frontier(problem, solver, progress, effort, **solver_options)
     if energy.policy == "max_speed":
         return build_frontier(problem, [])
     t_allmax = float(simulate_choices(problem, problem.allmax_choices()[None, :])[0][0])
@@ -109,4 +116,4 @@ def plan_policy(
         options = {"relative_step": COARSE_STEP, "max_gap_rel": 0.0, **solver_options}
     else:
         options = {"deadlines_s": [deadline_s], **solver_options}
-    return plan_frontier(problem, solver, progress, **options)
+    return plan_frontier(problem, solver, progress, effort, **options)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from perseus.errors import ConfigError
+from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, effort_settings
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
 from perseus.planner.solvers.lp.steady import applies_to as steady_applies_to
 
@@ -38,6 +39,10 @@ REOPTIMIZE_S_PER_NODE2 = 5.0e-4
 #: in all (four whole-problem MILPs of 200 nodes and the polish; measured +200 s at 8 x 48,
 #: +250 s at 8 x 96).
 STEADY_S = 240.0
+#: The balanced effort's searches: the light polish of a plain plan up to 400 instructions,
+#: and the light pattern search, splice and seam polish (8 stages: 5-10 s measured).
+LIGHT_POLISH_S = 5.0
+LIGHT_STEADY_S = 10.0
 #: Bytes: fixed, per instruction for a policy plan, per instruction for a frontier (candidate
 #: plans and their batched re-simulation; 6.8 GB measured at 8 x 10,000).
 BASE_BYTES = 150e6
@@ -93,6 +98,7 @@ def estimate(
     schedule: str = "1f1b",
     num_model_chunks: int = 1,
     scope: str = "frontier",
+    effort: str = DEFAULT_EFFORT,
 ) -> WorkEstimate:
     """Expected time and memory of the ``lp`` solver for a problem of this shape.
 
@@ -102,7 +108,9 @@ def estimate(
         schedule: Pipeline schedule.
         num_model_chunks: Model chunks per stage (interleaved schedule).
         scope: ``"frontier"`` or ``"policy"``.
+        effort: ``planner.effort`` (:mod:`perseus.planner.solvers.lp.effort`).
     """
+    settings = effort_settings(effort)
     nodes = 2 * num_stages * num_microbatches * num_model_chunks
     periodic = schedule == "1f1b" and num_model_chunks == 1
     if periodic:
@@ -112,10 +120,15 @@ def estimate(
     else:
         lp_solve_s = LP_S_AT_1000 * (nodes / 1000.0) ** LP_EXPONENT
     seconds = BUILD_S_PER_NODE * nodes + POLICY_S_PER_NODE * nodes + 3 * lp_solve_s
-    if nodes <= REOPTIMIZE_MAX_SIZE:
+    if settings.reoptimize_sweeps > 0 and nodes <= REOPTIMIZE_MAX_SIZE:
         seconds += REOPTIMIZE_S_PER_NODE2 * nodes**2
-    if steady_applies_to(num_stages, num_microbatches, schedule, num_model_chunks):
-        seconds += STEADY_S
+    elif settings.polish_nodes > 0 and nodes <= settings.polish_max_size:
+        seconds += LIGHT_POLISH_S
+    steady = settings.steady_pattern and steady_applies_to(
+        num_stages, num_microbatches, schedule, num_model_chunks
+    )
+    if steady:
+        seconds += LIGHT_STEADY_S if settings.steady_light else STEADY_S
     memory = BASE_BYTES + POLICY_BYTES_PER_NODE * nodes
     plans = 2
     if scope == "frontier":

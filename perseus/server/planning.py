@@ -1,7 +1,12 @@
 """Planning a job from its measured profile, and writing the job's files.
 
 Runs in a planner worker (:class:`perseus.server.workers.PlannerPool`), never in a request
-handler. Files go under the job's own directory through :mod:`perseus.formats.plan_outputs`:
+handler. A job's first plan is planned at :data:`ONLINE_EFFORT` (``balanced``: seconds for
+8 stages x 96 microbatches), so the job leaves max clocks soon; :func:`refine_and_write` plans
+the same job again at :data:`REFINE_EFFORT` (``thorough``: minutes) and returns a result only
+when the energy policy then chooses a better plan, which the job can switch to.
+
+Files go under the job's own directory through :mod:`perseus.formats.plan_outputs`:
 ``profile.csv``, ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json`` (and
 ``summary.json`` once the plan is measured). A solved job is kept as data
 (:func:`result_to_json`) so that a restarted server goes on with the same plans.
@@ -24,6 +29,7 @@ from perseus.wire import JobSpec
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import Frontier, FrontierPoint
+    from perseus.planner.problem import PlanningProblem
 
 
 @dataclass
@@ -65,35 +71,118 @@ def predicted_saving(result: PlanResult) -> Tuple[float, Optional[float], Option
     )
 
 
-def plan_job(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> PlanResult:
-    """Build the planning problem, solve it with ``spec.solver`` and apply the policy."""
+#: The effort a job's first plan is planned at (``planner.effort``'s default).
+ONLINE_EFFORT = "balanced"
+#: The effort of a background refinement (:func:`refine_and_write`).
+REFINE_EFFORT = "thorough"
+
+
+def plan_job(
+    spec: JobSpec,
+    profile: Profile,
+    blocking_power_w: List[float],
+    effort: str = ONLINE_EFFORT,
+) -> PlanResult:
+    """Build the planning problem, solve it with ``spec.solver`` and apply the policy.
+
+    Args:
+        spec: The job.
+        profile: Its measured profile.
+        blocking_power_w: Its blocking power per stage.
+        effort: ``planner.effort`` of the ``lp`` solver (other solvers have none).
+    """
     from perseus.planner import plan_frontier
-    from perseus.planner.policies import choose
-    from perseus.planner.problem import PlanningProblem
 
     t0 = time.perf_counter()
-    problem = PlanningProblem(
-        profile, spec.num_microbatches, blocking_power_w, schedule=spec.schedule
+    problem = _problem(spec, profile, blocking_power_w)
+    return _result(spec, plan_frontier(problem, solver=spec.solver, effort=effort), t0)
+
+
+def plan_and_write(
+    spec: JobSpec,
+    profile: Profile,
+    blocking_power_w: List[float],
+    job_dir: Path,
+    effort: str = ONLINE_EFFORT,
+) -> Tuple[PlanResult, Dict[str, str]]:
+    """Plan the job and write its files (the planner worker's task)."""
+    result = plan_job(spec, profile, blocking_power_w, effort)
+    return result, write_plan_files(job_dir, profile, result)
+
+
+def refine_job(
+    spec: JobSpec,
+    profile: Profile,
+    blocking_power_w: List[float],
+    current: PlanResult,
+    effort: str = REFINE_EFFORT,
+) -> Optional[PlanResult]:
+    """The job planned again at ``effort``, when its policy then chooses a better plan.
+
+    The new frontier is the Pareto front of ``current``'s plans and the new ones, so no
+    deadline gets a worse plan than before; the policy chooses from it. Its plan ids are
+    new: the result replaces ``current`` as a whole (frontier, chosen plan and files).
+
+    Returns:
+        The refined result, or None when the chosen plan would be the same (within
+        1e-9 in time and energy).
+    """
+    from perseus.planner.frontier import build_frontier
+
+    t0 = time.perf_counter()
+    refined = plan_job(spec, profile, blocking_power_w, effort).frontier
+    old = current.frontier
+    frontier = build_frontier(
+        refined.problem,
+        [old.choices(p) for p in old.points] + [refined.choices(p) for p in refined.points],
     )
-    frontier = plan_frontier(problem, solver=spec.solver)
+    frontier.empty_gaps = refined.empty_gaps
+    result = _result(spec, frontier, t0)
+    chosen, before = result.chosen, current.chosen
+    same = math.isclose(
+        chosen.iteration_time_s, before.iteration_time_s, rel_tol=1e-9
+    ) and math.isclose(chosen.energy_j, before.energy_j, rel_tol=1e-9)
+    return None if same else result
+
+
+def refine_and_write(
+    spec: JobSpec,
+    profile: Profile,
+    blocking_power_w: List[float],
+    job_dir: Path,
+    current: PlanResult,
+    effort: str = REFINE_EFFORT,
+) -> Optional[Tuple[PlanResult, Dict[str, str]]]:
+    """:func:`refine_job` and, when it found a better plan, the job's files rewritten."""
+    result = refine_job(spec, profile, blocking_power_w, current, effort)
+    if result is None:
+        return None
+    return result, write_plan_files(job_dir, profile, result)
+
+
+def _problem(spec: JobSpec, profile: Profile, blocking_power_w: List[float]) -> PlanningProblem:
+    from perseus.planner.problem import PlanningProblem
+
+    return PlanningProblem(profile, spec.num_microbatches, blocking_power_w, schedule=spec.schedule)
+
+
+def _result(spec: JobSpec, frontier: Frontier, started_s: float) -> PlanResult:
+    """The frontier with the plan the job's energy policy chooses from it."""
+    from perseus.planner.policies import choose
+
     energy = EnergyConfig(
         policy=spec.energy.policy,
         max_slowdown=spec.energy.max_slowdown,
         iteration_time_s=spec.energy.iteration_time_s,
         eta=spec.energy.eta,
     )
-    chosen = choose(frontier, energy)
     return PlanResult(
-        frontier, chosen, time.perf_counter() - t0, str(spec.energy.policy), spec.solver
+        frontier,
+        choose(frontier, energy),
+        time.perf_counter() - started_s,
+        str(spec.energy.policy),
+        spec.solver,
     )
-
-
-def plan_and_write(
-    spec: JobSpec, profile: Profile, blocking_power_w: List[float], job_dir: Path
-) -> Tuple[PlanResult, Dict[str, str]]:
-    """Plan the job and write its files (the planner worker's task)."""
-    result = plan_job(spec, profile, blocking_power_w)
-    return result, write_plan_files(job_dir, profile, result)
 
 
 def result_to_json(result: PlanResult, blocking_power_w: List[float]) -> Dict[str, Any]:
@@ -120,11 +209,8 @@ def result_to_json(result: PlanResult, blocking_power_w: List[float]) -> Dict[st
 def result_from_json(spec: JobSpec, profile: Profile, data: Dict[str, Any]) -> PlanResult:
     """The inverse of :func:`result_to_json`, with ``profile`` (the job's ``profile.csv``)."""
     from perseus.planner.frontier import Frontier, FrontierPoint
-    from perseus.planner.problem import PlanningProblem
 
-    problem = PlanningProblem(
-        profile, spec.num_microbatches, data["blocking_power_w"], schedule=spec.schedule
-    )
+    problem = _problem(spec, profile, data["blocking_power_w"])
     points = [
         FrontierPoint(
             plan_id=int(p["plan_id"]),

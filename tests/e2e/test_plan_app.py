@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 import perseus
-from perseus.formats.plan_json import load_plan
+from perseus.errors import PlanError
+from perseus.formats.plan_json import check_plan_for_job, load_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -78,6 +79,41 @@ def test_plan_writes_every_output(profile_csv: Path, tmp_path: Path) -> None:
         1 + 1e-6
     )
     assert summary["chosen"]["saving"] > 0.10
+
+
+def test_the_profile_sets_the_stages_unless_the_command_line_asks(tmp_path: Path) -> None:
+    # No parallelism.pp: every stage of the 8-stage profile, a plan an 8-stage job loads.
+    run_dir = tmp_path / "all"
+    args = [
+        f"planner.profile={SHIPPED}",
+        "parallelism.num_microbatches=12",
+        "planner.plots=false",
+    ]
+    proc = _run([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "chosen plan" in output and "8 stages," in output and "Planned" not in output
+    plan = load_plan(run_dir / "plan.json")
+    check_plan_for_job(
+        plan, num_stages=8, num_microbatches=12, source=str(run_dir), schedule="1f1b"
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["profile_stages"] == list(range(8)) and summary["effort"] == "balanced"
+    # parallelism.pp on the command line: a subset, said in the result line.
+    run_dir = tmp_path / "four"
+    proc = _run([*args, "parallelism.pp=4", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Planned 4 of the profile's 8 stages, [0, 2, 5, 7] (parallelism.pp=4)" in output
+    assert load_plan(run_dir / "plan.json").num_stages == 4
+    with pytest.raises(PlanError, match="has 4 stages but the job runs 8"):
+        check_plan_for_job(
+            load_plan(run_dir / "plan.json"),
+            num_stages=8,
+            num_microbatches=12,
+            source="plan",
+            schedule="1f1b",
+        )
 
 
 def test_bad_profile_is_a_clean_error(profile_csv: Path, tmp_path: Path) -> None:

@@ -22,7 +22,14 @@ from typing import Callable, Dict, List, Type, TypeVar
 from perseus.errors import ConfigError
 from perseus.planner.solvers.base import Progress, Solver
 
-__all__ = ["Progress", "Solver", "available_solvers", "get_solver", "register_solver"]
+__all__ = [
+    "Progress",
+    "Solver",
+    "available_solvers",
+    "get_solver",
+    "register_solver",
+    "solver_accepts",
+]
 
 _REGISTRY: Dict[str, Type[Solver]] = {}
 # Built-ins are imported on first use (they pull in numpy/scipy/highspy/lowtime).
@@ -51,16 +58,32 @@ def available_solvers() -> List[str]:
     return sorted(set(_REGISTRY) | set(_BUILTIN))
 
 
+def solver_accepts(name: str, option: str) -> bool:
+    """Whether the named solver's constructor takes ``option`` (e.g. ``effort``).
+
+    Raises:
+        ConfigError: unknown name (as :func:`get_solver`).
+    """
+    import inspect
+
+    return option in inspect.signature(_solver_class(name).__init__).parameters
+
+
 def get_solver(name: str, **kwargs: object) -> Solver:
     """Instantiate the solver registered as ``name`` (keyword arguments go to its class).
 
     Raises:
         ConfigError: unknown name (the message lists the choices).
     """
+    return _solver_class(name)(**kwargs)
+
+
+def _solver_class(name: str) -> Type[Solver]:
+    """The class registered as ``name`` (built-ins imported on first use)."""
     if name not in _REGISTRY and name in _BUILTIN:
         importlib.import_module(_BUILTIN[name])
     if name not in _REGISTRY:
         raise ConfigError(
             f"planner.solver={name!r}: unknown solver; choose one of {available_solvers()}"
         )
-    return _REGISTRY[name](**kwargs)
+    return _REGISTRY[name]

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from perseus.apps.plan import run_plan, solver_options
-from perseus.config import EnergyConfig, PerseusConfig
+from perseus.apps.plan_stages import pp_on_command_line
+from perseus.config import EnergyConfig, PerseusConfig, PlannerEffort
 from perseus.errors import ConfigError, ProfileError
-from perseus.formats.plan_json import load_plan
+from perseus.formats.plan_json import check_plan_for_job, load_plan
 from perseus.formats.profile_csv import Profile, read_profile_csv
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate
@@ -81,11 +82,12 @@ def test_policy_and_no_plots(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "reference").exists()
 
 
-def test_lowtime_gets_the_time_unit(tmp_path: Path) -> None:
+def test_lowtime_gets_the_time_unit_and_lp_the_effort(tmp_path: Path) -> None:
     profile = _write_profile(tmp_path / "profile.csv")
     cfg = _cfg(profile, solver="lowtime", time_unit_s=0.002, plots=False)
+    cfg.planner.effort = PlannerEffort.thorough
     assert solver_options("lowtime", cfg) == {"time_unit_s": 0.002}
-    assert solver_options("lp", cfg) == {}
+    assert solver_options("lp", cfg) == {"effort": "thorough"}
     summary = run_plan(cfg, tmp_path / "out")
     assert summary["solver"] == "lowtime" and summary["num_plans"] > 2
 
@@ -163,6 +165,36 @@ def test_a_two_stage_job_plans_with_an_eight_stage_profile(tmp_path: Path) -> No
     cfg.planner.stages = [0, 8]
     with pytest.raises(ConfigError, match=r"planner.stages=\[0, 8\].*0\.\.7"):
         run_plan(cfg, tmp_path / "bad")
+
+
+def test_the_profile_is_the_job_unless_a_subset_is_asked_for(tmp_path: Path, caplog) -> None:
+    cfg = _published_cfg(tmp_path)
+    assert cfg.parallelism.pp == 4  # the default, not asked for on perseus-plan's command line
+    with caplog.at_level("INFO", logger="perseus.plan"):
+        summary = run_plan(cfg, tmp_path / "all", subset_by_pp=False)
+    assert summary["profile_stages"] == list(range(8)) and summary["num_stages"] == 8
+    plan = load_plan(tmp_path / "all" / "plan.json")
+    check_plan_for_job(plan, num_stages=8, num_microbatches=4, source="plan.json", schedule="1f1b")
+    assert "Planned" not in caplog.text and "8 stages," in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="perseus.plan"):
+        summary = run_plan(cfg, tmp_path / "four", subset_by_pp=True)
+    assert summary["profile_stages"] == [0, 2, 5, 7]
+    assert "Planned 4 of the profile's 8 stages, [0, 2, 5, 7] (parallelism.pp=4)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "given"),
+    [
+        ([], False),
+        (["parallelism.num_microbatches=12", "planner.profile=p.csv"], False),
+        (["parallelism.pp=4"], True),
+        (["++parallelism.pp=2"], True),
+        (["parallelism.ppx=2", "parallelism=default"], False),
+    ],
+)
+def test_pp_on_the_command_line(overrides: list, given: bool) -> None:
+    assert pp_on_command_line(overrides) is given
 
 
 def test_policy_scope_reports_progress(tmp_path: Path, caplog) -> None:

@@ -61,17 +61,17 @@ def test_nothing_better_returns_nothing(problem: PlanningProblem) -> None:
 def test_the_solver_solves_the_gap_tests_bound_once(
     problem: PlanningProblem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perseus.planner.solvers.lp import solver as solver_module
+    from perseus.planner.solvers.lp import search as search_module
     from perseus.planner.solvers.lp.solver import LPSolver
 
     calls = []
-    real = solver_module.lp_bound
+    real = search_module.lp_bound
 
     def counted(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         calls.append(args)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(solver_module, "lp_bound", counted)
+    monkeypatch.setattr(search_module, "lp_bound", counted)
     deadline, allmax_j = _energy(problem, problem.allmax_choices())
     # polish_gap=-1: both the polish and the re-optimisation run (each asks the gap test).
     solver = LPSolver(deadlines_s=[deadline], polish_gap=-1.0, reoptimize_sweeps=1)

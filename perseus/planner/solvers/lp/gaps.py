@@ -126,6 +126,7 @@ def fill_gaps(
     milp_nodes: int = GAP_MILP_NODES,
     rounds: int = 3,
     progress: Optional[Progress] = None,
+    light: bool = False,
 ) -> List[np.ndarray]:
     """New candidate plans inside the frontier's gaps (see the module docstring).
 
@@ -146,6 +147,7 @@ def fill_gaps(
         milp_nodes: Branch-and-bound nodes of each MILP.
         rounds: Passes over the gaps still open (a new plan can leave two smaller gaps).
         progress: Progress callback.
+        light: MILPs with a lighter branch and bound (:func:`.model.set_light_search`).
 
     Returns:
         The added candidates (possibly none).
@@ -174,7 +176,7 @@ def fill_gaps(
             if milps_left <= 0:
                 break
             report(progress, f"gap filling round {round_no + 1}: MILPs in gap {k + 1}", 1.0)
-            found, used = _milps(problem, current, a, b, max_gap_rel, milps_left, milp_nodes)
+            found, used = _milps(problem, current, a, b, max_gap_rel, milps_left, milp_nodes, light)
             added += found
             milps_left -= used
         if len(added) > added_before:
@@ -196,11 +198,12 @@ def prove_empty(
     energy of every plan with iteration time in that range from below (a faster plan is charged
     blocking energy for ``T_a``); a bound of at least ``a``'s energy (to a relative 1e-7,
     the solver's precision) proves the step empty. Tried as LP relaxation first, then as MILP
-    with ``milp_nodes`` branch-and-bound nodes.
+    with ``milp_nodes`` branch-and-bound nodes (0: the relaxation only).
     """
     # Strictly below b, beyond the solver's feasibility tolerance (b itself would fit).
     deadline_s = b.iteration_time_s * (1 - 1e-6)
-    for relax, how in ((True, "LP relaxation"), (False, "MILP")):
+    tries = ((True, "LP relaxation"), (False, "MILP"))[: 2 if milp_nodes > 0 else 1]
+    for relax, how in tries:
         result = solve_milp_result(
             problem,
             deadline_s,
@@ -264,6 +267,7 @@ def _milps(
     max_gap_rel: float,
     max_milps: int,
     milp_nodes: int,
+    light: bool = False,
 ) -> Tuple[List[np.ndarray], int]:
     """MILP plans at deadlines inside the gap, choosing only where ``a`` and ``b`` differ.
 
@@ -283,6 +287,7 @@ def _milps(
             time_limit_s=GAP_MILP_TIME_S,
             start=incumbent,
             max_nodes=milp_nodes,
+            light=light,
         )
         if found is not None:
             out.append(found)

@@ -35,6 +35,7 @@ import numpy as np
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.solvers.lp.cuts import path_cuts
 from perseus.planner.solvers.lp.milp_model import MILPModel, MILPResult
+from perseus.planner.solvers.lp.model import set_light_search
 from perseus.planner.solvers.lp.windows import windowed
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def solve_milp_result(
     tau_lower_s: float = 0.0,
     cut_path_nodes: int = 0,
     heuristic_effort: Optional[float] = None,
+    light: bool = False,
 ) -> MILPResult:
     """Least-energy plan with iteration time <= ``deadline_s`` (see the module docstring).
 
@@ -81,6 +83,8 @@ def solve_milp_result(
             discrete instructions (0: none). They keep every plan and tighten the relaxation.
         heuristic_effort: HiGHS' ``mip_heuristic_effort`` (default: HiGHS' own); 0 when a
             good start is given and only a small neighbourhood is searched.
+        light: A lighter branch and bound for a good start
+            (:func:`.model.set_light_search`; overrides ``heuristic_effort``).
     """
     import highspy
 
@@ -102,6 +106,8 @@ def solve_milp_result(
         h.setOptionValue("mip_allow_restart", False)
     if heuristic_effort is not None:
         h.setOptionValue("mip_heuristic_effort", float(heuristic_effort))
+    if light:
+        set_light_search(h)
     if relax:
         model.lp.integrality_ = [highspy.HighsVarType.kContinuous] * model.num_cols
     h.passModel(model.lp)
@@ -134,6 +140,7 @@ def solve_milp(
     mip_rel_gap: float = 1e-6,
     start: Optional[np.ndarray] = None,
     max_nodes: Optional[int] = None,
+    light: bool = False,
 ) -> Optional[np.ndarray]:
     """The least-energy plan's option indices, or None when none was found (see above)."""
     return solve_milp_result(
@@ -144,4 +151,5 @@ def solve_milp(
         mip_rel_gap=mip_rel_gap,
         start=start,
         max_nodes=max_nodes,
+        light=light,
     ).choices

@@ -74,6 +74,18 @@ def set_matrix(lp: HighsLp, matrix: csc_matrix) -> None:
     lp.a_matrix_.value_ = matrix.data
 
 
+def set_light_search(h: Highs) -> None:
+    """A lighter branch and bound for a MILP started from a good plan.
+
+    No root heuristics, no sub-MIP heuristics (RINS, RENS) and no strong branching: a polish
+    window takes about a third of the time for a little less saving.
+    """
+    h.setOptionValue("mip_heuristic_effort", 0.0)
+    h.setOptionValue("mip_heuristic_run_rins", False)
+    h.setOptionValue("mip_heuristic_run_rens", False)
+    h.setOptionValue("mip_pscost_minreliable", 0)
+
+
 class HullLP:
     """The LP of one problem and layout, re-solvable for many deadlines.
 

@@ -29,7 +29,7 @@ import numpy as np
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import earliest_finish, latest_finish, simulate_choices
 from perseus.planner.solvers.base import Progress, report
-from perseus.planner.solvers.lp.model import set_matrix
+from perseus.planner.solvers.lp.model import set_light_search, set_matrix
 
 if TYPE_CHECKING:
     from highspy import Highs
@@ -64,6 +64,7 @@ def polish(
     progress: Optional[Progress] = None,
     reference_j: Optional[np.ndarray] = None,
     max_windows: Optional[int] = None,
+    light: bool = False,
 ) -> List[np.ndarray]:
     """Improved plans at ``deadline_s``, starting from the best of ``plans``.
 
@@ -78,6 +79,8 @@ def polish(
         reference_j: Per node, an effective energy to compare with (e.g. the LP optimum's):
             windows are then visited by how much the plan loses against it, most first.
         max_windows: Windows per sweep (default: all).
+        light: Window MILPs with a lighter branch and bound
+            (:func:`.model.set_light_search`).
 
     Returns:
         The improved plan (empty when nothing improved).
@@ -93,7 +96,7 @@ def polish(
 
     def solve(current: np.ndarray, nodes: np.ndarray, sweep: int) -> Optional[np.ndarray]:
         blend = BLENDS[sweep % len(BLENDS)]
-        return _window_milp(problem, current, nodes, deadline_s, blend, max_nodes)
+        return _window_milp(problem, current, nodes, deadline_s, blend, max_nodes, light)
 
     return window_search(
         problem, plans, deadline_s, window, passes, solve, "polishing", progress, rank
@@ -161,6 +164,7 @@ def _window_milp(
     deadline_s: float,
     blend: float,
     max_nodes: int,
+    light: bool = False,
 ) -> Optional[np.ndarray]:
     """The window's least-energy choices with everything else held (see the module)."""
     import highspy
@@ -246,6 +250,8 @@ def _window_milp(
     # A root restart re-runs presolve, which can spin far past time_limit on these windows
     # (seen in HPresolve::strengthenInequalities with HiGHS 1.16); a window needs none.
     h.setOptionValue("mip_allow_restart", False)
+    if light:
+        set_light_search(h)
     h.passModel(lp)
     # The current choices with the held start times are a feasible start.
     x_start = np.zeros(n + num_z)

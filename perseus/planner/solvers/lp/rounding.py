@@ -20,7 +20,7 @@ whatever the batch size.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -74,10 +74,51 @@ class Rounder:
         """Plans (rows of option indices) meeting each solution's deadline (see module)."""
         if not solutions:
             return np.zeros((0, self.problem.num_nodes), dtype=np.int64)
-        lp_finish = np.stack([s.finish_s for s in solutions])
-        durations = np.stack([s.durations_s for s in solutions])
-        lp_deadline = np.array([s.deadline_s for s in solutions])
-        # The LP's own schedule, and the earliest and the latest with the LP's durations.
+        finish, deadline = self._schedules(
+            np.stack([s.finish_s for s in solutions]),
+            np.stack([s.durations_s for s in solutions]),
+            np.array([s.deadline_s for s in solutions]),
+        )
+        rows = [
+            self.diffuse(finish, deadline, self.candidates, self.groups),
+            self.diffuse(finish, deadline, self.hull_tables, self.groups),
+        ]
+        return self.fill_slack(np.vstack(rows), np.concatenate([deadline, deadline]))
+
+    def from_schedule(
+        self,
+        finish_s: np.ndarray,
+        durations_s: np.ndarray,
+        deadline_s: float,
+        allowed: Sequence[np.ndarray],
+    ) -> np.ndarray:
+        """Plans from one relaxed schedule, each node rounded among its ``allowed`` options.
+
+        For a relaxation other than the hull LP's (e.g. the MILP's with some nodes held to
+        one option, :mod:`.steady`): as :meth:`from_solutions` with every node's own options
+        (a node allowed one option keeps it unless the slack filling finds it room), then
+        the slack filled among all candidates.
+
+        Args:
+            finish_s: Finish time of every node in the relaxation's schedule.
+            durations_s: Duration of every node in it.
+            deadline_s: The deadline it meets.
+            allowed: Per node, the options it may be rounded to (ascending time).
+        """
+        problem = self.problem
+        own = OptionTables(
+            [problem.opt_time[g, a] for g, a in zip(self.groups.tolist(), allowed)], allowed
+        )
+        finish, deadline = self._schedules(
+            finish_s[None, :], durations_s[None, :], np.array([float(deadline_s)])
+        )
+        plans = self.diffuse(finish, deadline, own, np.arange(problem.num_nodes))
+        return np.vstack([plans, self.fill_slack(plans, deadline)])
+
+    def _schedules(
+        self, lp_finish: np.ndarray, durations: np.ndarray, lp_deadline: np.ndarray
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """The LP's own schedule, and the earliest and the latest with the LP's durations."""
         finish = np.vstack(
             [
                 lp_finish,
@@ -85,12 +126,7 @@ class Rounder:
                 latest_finish(self.problem, durations, lp_deadline),
             ]
         )
-        deadline = np.tile(lp_deadline, 3)
-        rows = [
-            self.diffuse(finish, deadline, self.candidates, self.groups),
-            self.diffuse(finish, deadline, self.hull_tables, self.groups),
-        ]
-        return self.fill_slack(np.vstack(rows), np.concatenate([deadline, deadline]))
+        return finish, np.tile(lp_deadline, 3)
 
     def from_own_hulls(
         self, solution: LPSolution, hulls: List[GroupHull], node_hull: np.ndarray

@@ -18,15 +18,15 @@ deadlines given in ``deadlines_s``, e.g. the one an energy policy asks for):
 4. Refine (``refine_deadlines``, by default only the no-slowdown deadline ``T_allmax``):
    instructions the LP put inside a long hull segment are re-modelled and decided one by one
    (:mod:`.refine`), then rounded among their own hull's vertices.
-5. Polish (``polish_nodes``, :mod:`.polish`) the best plan at the refine deadlines with small
-   mixed-integer programs over windows of the schedule (problems up to ``polish_max_size``
-   instructions), then re-optimise it (``reoptimize_sweeps``, :mod:`.reoptimize`) with the
-   whole MILP a window at a time, the rest of the schedule free to move. Between the two,
-   long 1F1B pipelines get a steady-state clock pattern repeating every few pairs spliced
-   into the polished plan (:mod:`.steady`), and the spliced plans get a polish of their
-   own for their seams (up to :data:`.steady.MAX_SIZE` instructions).
+5. Search (:mod:`.search`) at the refine deadlines: polish the best plan with small
+   mixed-integer programs over windows of the schedule (:mod:`.polish`), splice a
+   steady-state clock pattern into long 1F1B pipelines (:mod:`.steady`) and polish its
+   seams, re-optimise with the whole MILP a window at a time (:mod:`.reoptimize`). How hard
+   each searches is the effort level's (``planner.effort``, :mod:`.effort`): ``balanced`` by
+   default, ``thorough`` for the last tenths of a percent, ``fast`` for no MILP at all.
 6. Fill gaps (:mod:`.gaps`): where neighbouring Pareto-optimal plans are more than
-   ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside.
+   ``max_gap_rel`` (0.5 %) apart in iteration time, solve the LP and small MILPs inside
+   (as many as the effort level allows).
 
 Every plan goes to the frontier, which re-simulates them and keeps the Pareto-optimal ones.
 
@@ -38,53 +38,35 @@ time in the range has a plan close to it; the sweep stops once the LP's energy h
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from perseus.planner.frontier import build_frontier, density_gaps
 from perseus.planner.problem import PlanningProblem
-from perseus.planner.simulate import iteration_time, simulate_choices
+from perseus.planner.simulate import iteration_time
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
-from perseus.planner.solvers.lp import steady
-from perseus.planner.solvers.lp.bounds import lp_bound
+from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, effort_settings
 from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps, prove_empty
-from perseus.planner.solvers.lp.hull import GroupHull, group_hulls
+from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.layout import default_layout
 from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
-from perseus.planner.solvers.lp.polish import best_within, polish
-from perseus.planner.solvers.lp.refine import JumpRefiner
-from perseus.planner.solvers.lp.reoptimize import MAX_SIZE, SWEEPS, reoptimize
+from perseus.planner.solvers.lp.reoptimize import MAX_SIZE
 from perseus.planner.solvers.lp.rounding import Rounder
+from perseus.planner.solvers.lp.search import DeadlineSearch
 
 #: Up to this many instructions the LP is exact (no shared clocks).
 MAX_EXACT_NODES = 2048
-#: Largest problem (instructions) polished by default.
-POLISH_MAX_NODES = 800
 #: Frontier steps tried per solve by the emptiness proof.
 MAX_PROOFS = 4
-#: Windows polished per sweep, where rounding lost most against the LP first (None: every
-#: window; on Bloom/A40 8 x 48 twelve per sweep kept 6.27 % of the 6.44 % a full sweep finds).
-POLISH_WINDOWS: Optional[int] = None
 #: Polish only plans this far (fraction of the all-max energy) above the LP bound.
 POLISH_GAP = 0.0015
 #: LP solutions rounded together (bounds the memory of one rounding batch).
 _ROUND_BATCH = 64
-
-
-def lp_node_energy(
-    problem: PlanningProblem, hulls: List[GroupHull], solution: LPSolution
-) -> np.ndarray:
-    """Per node, the effective energy the LP optimum gives it (on its group's hull)."""
-    out = np.empty(problem.num_nodes)
-    for g, hull in enumerate(hulls):
-        nodes = np.flatnonzero(problem.node_group == g)
-        out[nodes] = np.interp(solution.durations_s[nodes], hull.time_s, hull.cost_j)
-    return out
 
 
 def time_range(problem: PlanningProblem) -> Tuple[float, float, float]:
@@ -114,27 +96,14 @@ class LPSolver(ChoiceSolver):
             many deadlines, starting at the all-max plan's time (the no-slowdown policy's
             deadline) and going up; 0 turns both off.
         refine_trials: Pin-and-re-solve trials of one refinement round.
-        polish_nodes: Branch-and-bound nodes of each polishing MILP (0 turns it off).
-        polish_max_size: Polish only problems of at most this many instructions (about
-            10 s per 200 instructions on one core).
-        polish_gap: Polish only when the best plan's energy is more than this fraction of the
-            all-max energy above the LP bound with time windows (otherwise it gains little).
-        polish_windows: Windows polished per sweep, those where the plan loses most energy
-            against the LP optimum first (None: every window).
-        reoptimize_sweeps: Sweeps of the re-optimisation after the polish (0 turns it off;
-            the same gap test as the polish).
+        polish_gap: Search (polish, splice, re-optimise) only while the best plan's energy
+            is more than this fraction of the all-max energy above the LP bound with time
+            windows (otherwise it gains little).
         reoptimize_max_size: Re-optimise only problems of at most this many instructions
             (a sweep takes about 40 s at 384 instructions on one core, growing with the
             square of the size).
-        steady_pattern: Splice a steady-state clock pattern repeating every few pairs
-            (:mod:`.steady`) into the refined plan of 1F1B problems with a long steady state
-            (up to 2,048 instructions), then polish it whatever ``polish_max_size`` (about
-            4 min at 8 x 96).
         max_gap_rel: Largest allowed relative iteration-time step between neighbouring
             frontier plans; wider gaps are filled afterwards.
-        gap_milps: MILPs the gap filling may solve in all (0 turns MILPs off; the LP walks
-            still run). Only for problems solved with the exact LP (MILPs over tens of
-            thousands of instructions take minutes each).
         max_exact_nodes: Largest problem (instructions) solved with the exact LP; larger
             1F1B problems share clocks in the steady state (:mod:`.layout`).
         prove_gaps: Try to prove steps the gap filling left open empty (exact LP only);
@@ -142,6 +111,12 @@ class LPSolver(ChoiceSolver):
         deadlines_s: Solve only at these deadlines (e.g. the one an energy policy asks for)
             instead of sweeping; no gap filling then. A deadline below the fastest plan's
             iteration time is solved at that time.
+        effort: ``planner.effort``: ``fast``, ``balanced`` (default) or ``thorough``, the
+            search settings of :mod:`.effort`.
+        **search: Single search settings instead of the effort level's (the fields of
+            :class:`.effort.SearchSettings`, e.g. ``polish_nodes=0``); the gap-filling MILPs
+            only run for problems solved with the exact LP (MILPs over tens of thousands of
+            instructions take minutes each).
     """
 
     def __init__(
@@ -152,35 +127,31 @@ class LPSolver(ChoiceSolver):
         dive_rounds: int = 1,
         refine_deadlines: int = 1,
         refine_trials: int = 400,
-        polish_nodes: int = 10,
-        polish_max_size: int = POLISH_MAX_NODES,
         polish_gap: float = POLISH_GAP,
-        polish_windows: Optional[int] = POLISH_WINDOWS,
-        reoptimize_sweeps: int = SWEEPS,
         reoptimize_max_size: int = MAX_SIZE,
-        steady_pattern: bool = True,
         max_gap_rel: float = MAX_GAP_REL,
-        gap_milps: int = 12,
         max_exact_nodes: int = MAX_EXACT_NODES,
         prove_gaps: bool = True,
         deadlines_s: Optional[Sequence[float]] = None,
+        effort: str = DEFAULT_EFFORT,
+        **search: Any,
     ) -> None:
-        """Store the sweep settings."""
+        """Store the sweep settings.
+
+        Raises:
+            ConfigError: an unknown effort level. TypeError: an unknown search setting.
+        """
         self.relative_step = relative_step
         self.patience = patience
         self.max_deadlines = max_deadlines
         self.dive_rounds = dive_rounds
         self.refine_deadlines = refine_deadlines
         self.refine_trials = refine_trials
-        self.polish_nodes = polish_nodes
-        self.polish_max_size = polish_max_size
         self.polish_gap = polish_gap
-        self.polish_windows = polish_windows
-        self.reoptimize_sweeps = reoptimize_sweeps
         self.reoptimize_max_size = reoptimize_max_size
-        self.steady_pattern = steady_pattern
+        self.effort = str(effort)
+        self.settings = dataclasses.replace(effort_settings(effort), **search)
         self.max_gap_rel = max_gap_rel
-        self.gap_milps = gap_milps
         self.max_exact_nodes = max_exact_nodes
         self.deadlines_s = None if deadlines_s is None else [float(d) for d in deadlines_s]
         self.prove_gaps = prove_gaps
@@ -223,8 +194,16 @@ class LPSolver(ChoiceSolver):
             if rises >= self.patience and self.deadlines_s is None:
                 break
         plans += list(rounder.from_solutions(pending))
+        search = DeadlineSearch(
+            problem,
+            hulls,
+            self.settings,
+            self.polish_gap,
+            self.refine_trials,
+            self.reoptimize_max_size,
+        )
         for solution in at_refine:
-            plans += self._refine(problem, model, rounder, hulls, solution, progress)
+            plans += search.run(model, rounder, solution, progress)
         if self.deadlines_s is None and self.max_gap_rel > 0:
             report(progress, "filling gaps between neighbouring plans", 1.0)
             frontier = build_frontier(problem, plans)
@@ -235,8 +214,9 @@ class LPSolver(ChoiceSolver):
                 model.solve,
                 lambda solution: list(rounder.from_solutions([solution])),
                 max_gap_rel=self.max_gap_rel,
-                max_milps=self.gap_milps if layout.is_identity else 0,
+                max_milps=self.settings.gap_milps if layout.is_identity else 0,
                 progress=progress,
+                light=self.settings.gap_light,
             )
             if layout.is_identity and self.prove_gaps:
                 self.empty_gaps = self._prove_gaps(problem, plans, progress)
@@ -252,7 +232,7 @@ class LPSolver(ChoiceSolver):
         out = []
         for k, (a, b) in enumerate(density_gaps(frontier, self.max_gap_rel)[:MAX_PROOFS]):
             report(progress, f"proving gap {k + 1} empty", 1.0)
-            how = prove_empty(problem, a, b)
+            how = prove_empty(problem, a, b, self.settings.proof_milp_nodes)
             if how is not None:
                 out.append((a.iteration_time_s, b.iteration_time_s, how))
         return out
@@ -273,84 +253,6 @@ class LPSolver(ChoiceSolver):
             solution = pinned
             out.append(solution)
         return out
-
-    def _refine(
-        self,
-        problem: PlanningProblem,
-        model: HullLP,
-        rounder: Rounder,
-        hulls: List[GroupHull],
-        solution: LPSolution,
-        progress: Optional[Progress],
-    ) -> List[np.ndarray]:
-        """Refined and polished plans at one deadline."""
-        deadline = solution.deadline_s
-        report(progress, f"refining T <= {deadline:.4f} s", 1.0)
-        refiner = JumpRefiner(problem, hulls, max_trials=self.refine_trials)
-        plans = list(rounder.from_solutions([solution]))
-        for refined, node_hull in refiner.refine(model, solution):
-            plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
-        # The windowed LP bound both gap tests compare with: solved once, when first needed.
-        bound_j = functools.lru_cache(maxsize=1)(lambda: lp_bound(problem, deadline).energy_j)
-        worth = functools.partial(
-            self._worth_polishing, problem, deadline_s=deadline, bound_j=bound_j
-        )
-        small = problem.num_nodes <= self.polish_max_size
-        if self.polish_nodes > 0 and small and worth(plans):
-            plans += self._polish(problem, plans, deadline, hulls, solution, progress)
-        if self.steady_pattern:
-            spliced = steady.improve(problem, plans, deadline, progress)
-            plans += spliced
-            # The spliced plans' seams get their own polish (up to the splice's size limit).
-            if spliced and self.polish_nodes > 0 and worth(plans):
-                plans += self._polish(problem, spliced, deadline, hulls, solution, progress)
-        sweeps = self.reoptimize_sweeps
-        fits = problem.num_nodes <= self.reoptimize_max_size
-        if sweeps > 0 and fits and worth(plans):
-            plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=progress)
-        return plans
-
-    def _polish(
-        self,
-        problem: PlanningProblem,
-        plans: List[np.ndarray],
-        deadline_s: float,
-        hulls: List[GroupHull],
-        solution: LPSolution,
-        progress: Optional[Progress],
-    ) -> List[np.ndarray]:
-        """The polish (:mod:`.polish`) of the best of ``plans`` at ``deadline_s``."""
-        return polish(
-            problem,
-            plans,
-            deadline_s,
-            self.polish_nodes,
-            progress=progress,
-            reference_j=lp_node_energy(problem, hulls, solution),
-            max_windows=self.polish_windows,
-        )
-
-    def _worth_polishing(
-        self,
-        problem: PlanningProblem,
-        plans: List[np.ndarray],
-        deadline_s: float,
-        bound_j: Callable[[], float],
-    ) -> bool:
-        """Whether the best plan is over ``polish_gap`` (of the all-max energy) above the bound.
-
-        Args:
-            problem: The planning problem.
-            plans: Candidate plans; the best meeting ``deadline_s`` is tested.
-            deadline_s: The deadline.
-            bound_j: The LP relaxation with time windows at the deadline
-                (:func:`.bounds.lp_bound`), asked for only when a plan meets the deadline.
-        """
-        best = best_within(problem, plans, deadline_s)
-        if best is None:
-            return False
-        energies = simulate_choices(problem, np.vstack([best, problem.allmax_choices()]))[1]
-        return bool((energies[0] - bound_j()) / energies[1] > self.polish_gap)
 
     def _deadlines(self, problem: PlanningProblem) -> Tuple[List[float], List[float]]:
         """The deadlines to solve and the ones to refine (see ``refine_deadlines``)."""
