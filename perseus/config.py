@@ -160,7 +160,8 @@ class EmulatedGPUConfig:
     energy_update_period_s: Optional[float] = None
     energy_noise: float = 0.0
     # Highest (and default) power limit (W); None = realistic: the power of the profile's
-    # heaviest instruction (it runs at the cap at default clocks); ideal: 400.
+    # heaviest instruction (it runs at the cap at default clocks); ideal: 400, or that power
+    # where it is higher.
     power_limit_max_w: Optional[float] = None
     power_limit_min_w: float = 100.0
     # Sleep so instructions last their profiled time (off only for hook benchmarks).

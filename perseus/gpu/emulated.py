@@ -89,7 +89,8 @@ logger = logging.getLogger(__name__)
 # The last stretch of an instruction is busy-waited: sleep() overshoots by ~0.1 ms, which
 # would distort instructions that a small time_scale makes last a millisecond.
 SPIN_S = 0.0005
-# The ideal device's default highest power limit (the realistic one's: the heaviest instruction).
+# The ideal device's default highest power limit, unless an instruction draws more (the
+# realistic one's: the heaviest instruction). A GPU never runs above its power limit.
 IDEAL_POWER_LIMIT_MAX_W = 400.0
 
 
@@ -118,7 +119,9 @@ class EmulatedGPU(EmulatedMeter):
         seed: Seed of the noise (and of the realistic readings' randomness).
         sleep: Make instructions last their profiled time (off: deposit energy only).
         power_limit_max_w: Highest (and default) power limit; default realistic: the power of
-            the profile's heaviest instruction (rounded up to a watt); ideal: 400 W.
+            the profile's heaviest instruction (rounded up to a watt); ideal: 400 W, or that
+            power where it is higher (the device profile is measured at the default limit: no
+            instruction of it runs above the limit).
         power_limit_min_w: Lowest power limit.
         num_pipeline_stages: Stages of the pipeline being emulated (for stage mapping).
         index: Device index reported to callers.
@@ -159,9 +162,8 @@ class EmulatedGPU(EmulatedMeter):
             profile = split_backward(profile)  # a backward's halves too (zero-bubble schedules)
         scaled = profile.scaled(time_scale, time_scale)
         if power_limit_max_w is None:
-            power_limit_max_w = (
-                float(math.ceil(heaviest_power_w(scaled))) if realistic else IDEAL_POWER_LIMIT_MAX_W
-            )
+            heaviest_w = float(math.ceil(heaviest_power_w(profile)))  # time_scale keeps powers
+            power_limit_max_w = heaviest_w if realistic else max(IDEAL_POWER_LIMIT_MAX_W, heaviest_w)
         if energy_update_period_s is None:
             energy_update_period_s = COUNTER_PERIOD_S if realistic else IDEAL_PERIOD_S
         check_args(

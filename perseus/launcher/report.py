@@ -93,17 +93,18 @@ def measured_from_steps(out_dir: Path, warmup_steps: int) -> Optional[Dict[str, 
     if not common:
         return None
     times = [max(r[s]["iteration_time_s"] for r in per_rank) for s in common]
+    # A step's energy is known once a counter update after its end arrived: the last steps of a
+    # run may have none. The energy is the mean over the steps every rank has one for.
     energies: List[float] = []
     for s in common:
         values = [r[s]["energy_j"] for r in per_rank]
-        if any(v is None for v in values):
-            energies = []
-            break
-        energies.append(sum(values))
+        if all(v is not None for v in values):
+            energies.append(sum(values))
     return {
         "iteration_time_s": sum(times) / len(times),
         "energy_j": sum(energies) / len(energies) if energies else None,
         "num_steps": float(len(common)),
+        "num_energy_steps": float(len(energies)),
     }
 
 

@@ -134,7 +134,7 @@ def test_no_config_runs_the_whole_loop_and_trains_identically(
     seen = [p for p in PHASES if any(p in line for line in lines[1:-1])]
     # Planning may end before the next iteration's schedule is fetched: its line is optional.
     assert [p for p in seen if p != "planning"] == [p for p in PHASES if p != "planning"], lines
-    assert "measured energy saving" in lines[-1] and "baseline" in lines[-1]
+    assert "measured energy saving" in lines[-1] and "against this run's max speed" in lines[-1]
     assert not any("WARNING" in line for line in lines)
 
     (job_dir,) = job_dirs(tmp_path)

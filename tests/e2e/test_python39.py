@@ -105,7 +105,10 @@ def core_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_core_installs_no_more_and_imports_every_training_module(core_python: Path) -> None:
     # Importing a framework's adapter patches that framework (the next test drives Merak's).
-    patching = {f"perseus.adapters.{name}" for name in ("deepspeed", "megatron", "merak")}
+    patching = {
+        f"perseus.adapters.{name}"
+        for name in ("deepspeed", "megatron", "merak", "torch_pipelining")
+    }
     modules = [m for m in training_process_modules() if m not in patching]
     code = textwrap.dedent(
         f"""
@@ -153,7 +156,7 @@ def test_merak_adapter_runs_on_the_core(core_python: Path) -> None:
     assert first.startswith("3.9.")
     assert "['S', '+forward', '-forward', '+backward', '-backward', 'E']" in first
     assert "stage=1, num_stages=2" in first
-    assert second == "ok ['deepspeed', 'megatron', 'merak']"
+    assert second == "ok ['deepspeed', 'megatron', 'merak', 'torch_pipelining']"
 
 
 # Applies a small plan on the emulated GPU (sleep off) for two iterations, by hand and through
@@ -197,6 +200,7 @@ RUNTIME_CHILD = textwrap.dedent(
             o.on_step_end()
 
     iterate(opt)
+    opt.settle_energy(timeout_s=5.0)  # a step's energy arrives with the next counter update
     opt.close()
     cfg = PerseusConfig()
     cfg.gpu.backend = "emulated"

@@ -182,7 +182,13 @@ def test_perseus_train_on_two_nodes_with_a_shared_server(local: Cluster, tmp_pat
     for node in (0, 1):
         assert f"Slurm job {job} step 0: node {node} of 2; rendezvous n1:" in log
     assert "(the Slurm step's first node, a port of the Slurm job's own" in log
-    print(next(line for line in out.splitlines() if "perseus-train: energy saving" in line))
+    print(
+        next(
+            line
+            for line in out.splitlines()
+            if line.startswith("perseus-train:") and "energy saving" in line
+        )
+    )
 
 
 def test_allocation_that_does_not_match_parallelism_is_refused(

@@ -17,6 +17,8 @@ from perseus.gpu.energy_meter import EnergyMeter
 from perseus.profiler.virtual_run import VirtualClock, attach_meter
 
 PROFILE = load_device_profile(default_device_profile_path())
+# The device's highest (default) power limit: its heaviest instruction's power.
+TOP_MW = 482_000
 
 
 class SleepingClock(Protocol):

@@ -19,7 +19,7 @@ from perseus.config import GPUConfig, PowerLimitConfig
 from perseus.errors import BatchSizeError
 from perseus.gpu.emulated import EmulatedGPU
 from perseus.gpu.guard import GPUGuard
-from tests.unit.batch_size.emulated_job import emulated_gpu, job_energy, train
+from tests.unit.batch_size.emulated_job import TOP_MW, emulated_gpu, job_energy, train
 from tests.unit.power_limit.fakes import VirtualClock, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -56,7 +56,7 @@ def _recur(tmp_path: Path, times: int, **kwargs) -> List[dict]:  # type: ignore[
         gpu = emulated_gpu(clock)
         with _job(tmp_path, clock, gpu, **kwargs) as job:
             _train(job)
-        assert gpu.power_limit_mw() == 400_000  # given back as found
+        assert gpu.power_limit_mw() == TOP_MW  # given back as found
         assert job.result is not None
         results.append(job.result)
     return results
@@ -102,7 +102,7 @@ def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_pat
                 if epoch == 2 and step == 3:
                     raise RuntimeError("boom")
             job.report_metric(0.0)
-    assert gpu.power_limit_mw() == 400_000
+    assert gpu.power_limit_mw() == TOP_MW
     assert job.result is not None
     assert (job.result["status"], job.result["reason"]) == ("failed", "error")
     # the next run goes on with the search
@@ -150,7 +150,7 @@ def test_an_exhausted_search_fails_before_training(tmp_path: Path) -> None:
     gpu = emulated_gpu(clock)
     with pytest.raises(BatchSizeError, match="every batch size tried"):
         _job(tmp_path, clock, gpu, max_epochs=2).start()
-    assert gpu.power_limit_mw() == 400_000
+    assert gpu.power_limit_mw() == TOP_MW
 
 
 def test_the_example_script_runs_on_the_emulated_gpu(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -193,14 +194,23 @@ def _power_w(profile: Profile, stage: int, instruction: str, freq: int) -> float
     return m.energy_j / m.time_s
 
 
-@pytest.mark.parametrize("limit_w", [400, 350, 300, 250, 200, 100])
+@pytest.mark.parametrize("limit_w", [None, 400, 350, 300, 250, 200, 100])
 def test_power_limit_picks_highest_clock_that_fits(profile, limit_w):
     gpu, _ = fake_gpu(profile)
-    gpu.set_power_limit_mw(limit_w * 1000)
+    heaviest_w = max(
+        _power_w(profile, s, i, f)
+        for s in profile.stages()
+        for i in ("forward", "backward")
+        for f in profile.frequencies(s, i)
+    )
+    # The default (highest) limit: the profile was measured under it, so nothing exceeds it.
+    assert gpu.default_power_limit_mw() == max(400_000, 1000 * math.ceil(heaviest_w))
+    if limit_w is not None:
+        gpu.set_power_limit_mw(limit_w * 1000)
     for stage, instruction in [(0, "forward"), (0, "backward"), (7, "forward")]:
         got = gpu.current_frequency_mhz(stage, instruction)
         freqs = profile.frequencies(stage, instruction)
-        if limit_w == 400:  # the default limit: the profile was measured under it
+        if limit_w is None:
             assert got == 1410
             continue
         fitting = [f for f in freqs if _power_w(profile, stage, instruction, f) <= limit_w]
@@ -216,9 +226,9 @@ def test_power_limit_capped_by_locked_clock_and_validated(profile):
     free = gpu.current_frequency_mhz(0, "forward")
     gpu.lock_sm_clocks_mhz(900, 900)
     assert gpu.current_frequency_mhz(0, "forward") == 900 < free
-    assert gpu.power_limit_constraints_mw() == (100_000, 400_000)
-    assert gpu.default_power_limit_mw() == 400_000
-    with pytest.raises(GPUValueError, match="100000, 400000"):
+    highest_mw = gpu.default_power_limit_mw()
+    assert gpu.power_limit_constraints_mw() == (100_000, highest_mw)
+    with pytest.raises(GPUValueError, match=f"100000, {highest_mw}"):
         gpu.set_power_limit_mw(50_000)
 
 

@@ -123,7 +123,7 @@ def test_emulated_gpu_guard_leaves_no_files(tmp_path):
             GPUGuard(gpu, state_dir=tmp_path).acquire()
         assert gpu.locked_sm_clocks_mhz == (1005, 1005)
     assert gpu.locked_sm_clocks_mhz is None
-    assert gpu.power_limit_mw() == 400_000
+    assert gpu.power_limit_mw() == 482_000  # the default: the profile's heaviest instruction
     assert list(tmp_path.iterdir()) == []
 
 

@@ -140,6 +140,24 @@ def test_measured_from_steps_max_time_sum_energy(tmp_path: Path) -> None:
     assert report_from_steps(cfg, tmp_path)["baseline"]["num_steps"] == 2
 
 
+def test_measured_energy_skips_steps_the_counter_has_not_covered(tmp_path: Path) -> None:
+    # The last steps end after the counter's last update: their energy is unknown (None).
+    _write_steps(tmp_path, 0, [1.0, 1.0, 1.0, 1.0], [10.0, 12.0, None, None])
+    _write_steps(tmp_path, 1, [1.0, 1.2, 1.0, 1.4], [20.0, 22.0, 21.0, None])
+    measured = measured_from_steps(tmp_path, warmup_steps=0)
+    assert measured is not None
+    assert measured["iteration_time_s"] == pytest.approx((1.0 + 1.2 + 1.0 + 1.4) / 4)
+    assert measured["energy_j"] == pytest.approx((30.0 + 34.0) / 2)
+    assert (measured["num_steps"], measured["num_energy_steps"]) == (4, 2)
+
+
+def test_measured_energy_is_none_when_no_step_has_one(tmp_path: Path) -> None:
+    _write_steps(tmp_path, 0, [1.0, 1.0], [None, None])
+    measured = measured_from_steps(tmp_path, warmup_steps=0)
+    assert measured is not None and measured["energy_j"] is None
+    assert measured["iteration_time_s"] == pytest.approx(1.0)
+
+
 def test_megatron_on_cpu_fails_with_cuda_message() -> None:
     with pytest.raises(ConfigError, match="framework=megatron needs CUDA"):
         check_supported(PerseusConfig(), cuda_available=False)

@@ -25,6 +25,9 @@ from tests.unit.power_limit.fakes import VirtualClock, sampled
 
 SELECTORS = ["zeus_cost", "energy", "time", "max_slowdown"]
 PROFILE = load_device_profile(default_device_profile_path())
+# The bundled device's highest (default) power limit: its heaviest instruction's power, above
+# the ideal counter's 400 W floor (a GPU never runs above its limit).
+TOP_MW = 482_000
 
 
 def _gpu(
@@ -75,7 +78,9 @@ def _truth(gpu: EmulatedGPU, limits_mw: List[int], stage: int) -> List[PowerLimi
 
 def _score(m: PowerLimitMeasurement, selector: str) -> float:
     if selector == "zeus_cost":
-        return zeus_cost_j(m.time_per_step_s, m.energy_per_step_j, eta=0.5, max_power_w=400)
+        return zeus_cost_j(
+            m.time_per_step_s, m.energy_per_step_j, eta=0.5, max_power_w=TOP_MW / 1000
+        )
     return m.time_per_step_s if selector == "time" else m.energy_per_step_j
 
 
@@ -97,10 +102,17 @@ def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stag
     )
     with GPUGuard(gpu, state_dir=tmp_path) as guard:
         opt = _optimizer(guard, cfg, clock)
-        assert opt.power_limits_mw == list(range(400_000, 99_999, -25_000))
-        _run(opt, lambda: _train_step(gpu, stage), epochs=1, steps_per_epoch=13 * 3 * 4 + 5)
+        assert opt.power_limits_mw == list(range(TOP_MW, 99_999, -25_000))
+        _run(
+            opt,
+            lambda: _train_step(gpu, stage),
+            epochs=1,
+            steps_per_epoch=len(opt.power_limits_mw) * 3 * 4 + 5,
+        )
         truth = _truth(gpu, opt.power_limits_mw, stage)
-        best = select_power_limit(truth, selector, eta=0.5, max_power_w=400, max_slowdown=0.1)
+        best = select_power_limit(
+            truth, selector, eta=0.5, max_power_w=TOP_MW / 1000, max_slowdown=0.1
+        )
         assert opt.state == "done"
         assert gpu.power_limit_mw() == opt.chosen_limit_mw
         # The exhaustive best, or a limit whose true score is within the measurement's
@@ -110,15 +122,15 @@ def test_chosen_limit_equals_exhaustive_best(tmp_path: Path, selector: str, stag
         for measured, true in zip(opt.measurements, truth):
             assert measured.time_per_step_s == pytest.approx(true.time_per_step_s, rel=1e-6)
             assert measured.energy_per_step_j == pytest.approx(true.energy_per_step_j, rel=2e-3)
-    assert gpu.power_limit_mw() == 400_000  # the guard put back what it found
+    assert gpu.power_limit_mw() == TOP_MW  # the guard put back what it found
 
 
 def test_selectors_pick_different_limits_on_the_a100_profile(tmp_path: Path) -> None:
     gpu = _gpu(VirtualClock(100.0))
-    limits = list(range(400_000, 99_999, -25_000))
+    limits = list(range(TOP_MW, 99_999, -25_000))
     truth = _truth(gpu, limits, 0)
     picks = {
-        s: select_power_limit(truth, s, max_power_w=400, max_slowdown=0.1).power_limit_mw
+        s: select_power_limit(truth, s, max_power_w=TOP_MW / 1000, max_slowdown=0.05).power_limit_mw
         for s in SELECTORS
     }
     assert len(set(picks.values())) == 4, picks
@@ -227,9 +239,9 @@ def test_real_clock_with_sleeping_emulator(tmp_path: Path) -> None:
             true = truth[m.power_limit_mw]
             assert m.time_per_step_s >= true.time_per_step_s * (1 - 1e-6)
             assert m.energy_per_step_j > 0.5 * true.energy_per_step_j
-        best = select_power_limit(opt.measurements, "zeus_cost", eta=0.5, max_power_w=400)
+        best = select_power_limit(opt.measurements, "zeus_cost", eta=0.5, max_power_w=TOP_MW / 1000)
         assert opt.chosen_limit_mw == best.power_limit_mw == gpu.power_limit_mw()
-    assert gpu.power_limit_mw() == 400_000
+    assert gpu.power_limit_mw() == TOP_MW
     assert readers and {r.split("-")[0] + "-" + r.split("-")[1] for r in readers} == {
         "perseus-energy"
     }
@@ -247,10 +259,10 @@ def test_for_gpus_owns_and_restores(tmp_path: Path) -> None:
             GPUGuard(gpu, state_dir=tmp_path, owner="clock-controller").acquire()
         clock.sleep(0.1)
         _run(opt, lambda: _train_step(gpu, 0), epochs=1, steps_per_epoch=10)
-        assert gpu.power_limit_mw() == opt.chosen_limit_mw != 400_000
+        assert gpu.power_limit_mw() == opt.chosen_limit_mw != TOP_MW
     finally:
         opt.close()
-    assert gpu.power_limit_mw() == 400_000
+    assert gpu.power_limit_mw() == TOP_MW
     # once released, another controller may take the GPU
     GPUGuard(gpu, state_dir=tmp_path).acquire().release()
 
@@ -260,7 +272,7 @@ def test_for_gpus_fails_when_someone_else_owns_the_gpu(tmp_path: Path) -> None:
     with GPUGuard(gpu, state_dir=tmp_path, owner="clock-controller"):
         with pytest.raises(GPUOwnershipError, match="clock-controller"):
             PowerLimitOptimizer.for_gpus([gpu], PowerLimitConfig(), state_dir=tmp_path)
-        assert gpu.power_limit_mw() == 400_000
+        assert gpu.power_limit_mw() == TOP_MW
 
 
 def test_script_matches_exhaustive_best_on_every_bundled_profile() -> None:
