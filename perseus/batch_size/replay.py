@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.batch_size_optimizer import BatchSizeOptimizer
 from perseus.batch_size.store import REACHED
 from perseus.batch_size.zeus_reference import ReferenceBroken
 from perseus.batch_size.zeus_trace import EpochCost, Workload

@@ -4,9 +4,10 @@
 hardware: it opens this process's GPU (or takes the ones given) and their energy samplers (one
 per GPU, off the training thread: :class:`~perseus.gpu.energy_meter.EnergyMeter`), stamps
 epoch edges after queued work finished, marks forward and backward passes for the emulated GPU,
-runs the power-limit optimizer (:class:`~perseus.power_limit.optimizer.PowerLimitOptimizer`, on
-the same samplers) around every epoch and step, measures each epoch over every rank and prices
-it at the power limit chosen for the batch size, and at the end puts the power limit back and
+runs the power-limit optimizer
+(:class:`~perseus.power_limit.limit_optimizer.PowerLimitOptimizer`, on the same samplers)
+around every epoch and step, measures each epoch over every rank and prices it at the power
+limit chosen for the batch size, and at the end puts the power limit back and
 closes what it opened.
 
 An epoch's energy is known once the counters updated after its end: the epoch's end waits for
@@ -30,7 +31,7 @@ from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
 from perseus.gpu.energy_meter import EnergyMeter
 from perseus.power_limit import aggregate
-from perseus.power_limit.optimizer import DONE, PowerLimitOptimizer
+from perseus.power_limit.limit_optimizer import DONE, PowerLimitOptimizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

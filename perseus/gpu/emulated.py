@@ -163,7 +163,9 @@ class EmulatedGPU(EmulatedMeter):
         scaled = profile.scaled(time_scale, time_scale)
         if power_limit_max_w is None:
             heaviest_w = float(math.ceil(heaviest_power_w(profile)))  # time_scale keeps powers
-            power_limit_max_w = heaviest_w if realistic else max(IDEAL_POWER_LIMIT_MAX_W, heaviest_w)
+            power_limit_max_w = (
+                heaviest_w if realistic else max(IDEAL_POWER_LIMIT_MAX_W, heaviest_w)
+            )
         if energy_update_period_s is None:
             energy_update_period_s = COUNTER_PERIOD_S if realistic else IDEAL_PERIOD_S
         check_args(

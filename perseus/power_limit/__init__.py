@@ -19,7 +19,7 @@ Under ``torch.distributed`` every rank runs one on its own GPU; windows are comb
 process group (energy summed, time of the slowest rank), so all ranks choose the same limit.
 """
 
-from perseus.power_limit.optimizer import PowerLimitOptimizer
+from perseus.power_limit.limit_optimizer import PowerLimitOptimizer
 from perseus.power_limit.selectors import (
     SELECTORS,
     PowerLimitMeasurement,

@@ -14,7 +14,7 @@ Every name is imported from here (``from perseus.wire import JobSpec``); the mod
 * :mod:`~perseus.wire.fields`: the size limits and bounded field types every message uses;
 * :mod:`~perseus.wire.jobs`: ``POST /jobs`` (:class:`JobSpec` with its settings) and
   :class:`IterationTime`;
-* :mod:`~perseus.wire.ranks`: ``POST /jobs/{job_id}/ranks`` (:class:`RankRegistration`);
+* :mod:`~perseus.wire.registration`: ``POST /jobs/{job_id}/ranks`` (:class:`RankRegistration`);
 * :mod:`~perseus.wire.steps`: one iteration's :class:`Schedule` and :class:`StepReport`, and
   the encoded ``(instruction, microbatch)`` sequences;
 * :mod:`~perseus.wire.codec`: models to and from JSON.
@@ -43,7 +43,7 @@ from perseus.wire.fields import (
     StepId,
 )
 from perseus.wire.jobs import EnergySettings, IterationTime, JobCreated, JobSpec, ProfilerSettings
-from perseus.wire.ranks import PeerRank, RankRegistration
+from perseus.wire.registration import PeerRank, RankRegistration
 from perseus.wire.steps import (
     CounterUpdate,
     InstructionReport,
