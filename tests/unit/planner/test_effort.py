@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.config import PerseusConfig, PlannerEffort, validate
+from perseus.config import PerseusConfig
+from perseus.config_enums import PlannerEffort
+from perseus.config_validation import validate
 from perseus.errors import ConfigError
 from perseus.planner import plan_frontier
 from perseus.planner.limits import estimate
