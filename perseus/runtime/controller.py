@@ -56,7 +56,10 @@ class ClockController:
         self._pending: Tuple[int, Optional[int]] = (0, None)
         self._done_seq = 0
         self._closed = False
-        self._wake = threading.Event()
+        # The thread's wake-up: a bare lock, held while the thread has nothing to do and released
+        # by a request (half the cost of an Event's set on the training thread, ~5 vs ~11 us).
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._done = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         if not synchronous:
@@ -82,7 +85,7 @@ class ClockController:
             return
         self._seq += 1
         self._pending = (self._seq, frequency_mhz)  # one atomic store
-        self._wake.set()
+        self._signal()
 
     def check(self) -> None:
         """Raise the error the controller hit, if any."""
@@ -133,7 +136,7 @@ class ClockController:
             return
         self._closed = True
         if self._thread is not None:
-            self._wake.set()
+            self._signal()
             self._thread.join(timeout_s)
 
     @property
@@ -158,8 +161,7 @@ class ClockController:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
-            self._wake.clear()
+            self._wake.acquire()  # until a request (or close) releases it
             seq, frequency_mhz = self._pending
             if seq > self._done_seq:
                 try:
@@ -170,6 +172,13 @@ class ClockController:
                 self._notify(seq)
             if self._closed and self._done_seq >= self._seq:
                 return
+
+    def _signal(self) -> None:
+        """Wake the thread; a wake-up already pending covers this one (it reads the latest)."""
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # released before and not yet taken: the thread will see the latest request
 
     def _notify(self, seq: int) -> None:
         with self._done:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Dict
 
 import pytest
@@ -98,7 +99,8 @@ def _environ(monkeypatch: pytest.MonkeyPatch, env: Dict[str, str]) -> None:
 def test_zero_config_job_id_carries_the_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
     _environ(monkeypatch, {"SLURM_JOB_ID": "42", "TORCHELASTIC_RUN_ID": "42"})
     job = endpoint.new_job_id()
-    assert job.startswith("slurm-42-") and job.count("42") == 1  # torchrun --rdzv-id $SLURM_JOB_ID
+    # torchrun --rdzv-id $SLURM_JOB_ID: the id once, then the random part (8 hex digits)
+    assert re.fullmatch(r"slurm-42-[0-9a-f]{8}", job), job
     _environ(monkeypatch, {"SLURM_JOB_ID": "42", "TORCHELASTIC_RUN_ID": "mine"})
     assert endpoint.new_job_id().startswith("slurm-42-mine-")
     _environ(monkeypatch, {})
