@@ -163,10 +163,11 @@ CHILD = textwrap.dedent(
     guard = GPUGuard(NVMLGPU(0), state_dir=state_dir, watchdog=False).acquire()
     guard.lock_sm_clocks_mhz(1410, 1410)
     guard.set_power_limit_mw(300_000)
-    open(ready, "w").close()
     if mode == "exit":
+        open(ready, "w").close()
         sys.exit(3)  # a normal exit without releasing the guard
-    try:
+    try:  # ready is announced inside: a signal that comes as the file appears is caught too
+        open(ready, "w").close()
         time.sleep(60)
     except KeyboardInterrupt:
         dump()

@@ -91,11 +91,12 @@ def _start_rank(tmp_path: Path, mode: str):
 def _watchdog_calls(calls: Path, pid: int) -> List[str]:
     out = calls / f"calls-{pid}.json"
     deadline = time.monotonic() + 60  # a hang guard only
-    while not out.exists():
-        assert time.monotonic() < deadline, "the watchdog never finished"
-        time.sleep(0.05)
-    time.sleep(0.1)  # the file is written in one go; let the writer close it
-    return json.loads(out.read_text())
+    while True:  # until the writer has closed it: a file seen mid-write does not parse yet
+        try:
+            return json.loads(out.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            assert time.monotonic() < deadline, "the watchdog never finished"
+            time.sleep(0.05)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
