@@ -146,8 +146,16 @@ class GPUGuard:
 
     # -- changes ----------------------------------------------------------------------------
     def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
-        """Lock the SM clock (acquires the GPU if needed)."""
+        """Lock the SM clock (acquires the GPU if needed).
+
+        Once the SM clock is locked, the GPU is owned and its state file already lists the SM
+        clock: a plan's per-instruction changes then only make the change (nothing to record,
+        and a failed change leaves that record as it should be).
+        """
         with self._mutex:
+            if self._sm_locked and self._lock_file.held:
+                self.gpu.lock_sm_clocks_mhz(min_mhz, max_mhz)
+                return
             self._before_change(sm=True)
             self._attempt(lambda: self.gpu.lock_sm_clocks_mhz(min_mhz, max_mhz), "_sm_locked")
 

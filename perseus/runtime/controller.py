@@ -81,7 +81,8 @@ class ClockController:
             )
         self._requested = frequency_mhz
         if self.synchronous:
-            self._apply(frequency_mhz)
+            if frequency_mhz != self._applied:
+                self._apply(frequency_mhz)
             return
         self._seq += 1
         self._pending = (self._seq, frequency_mhz)  # one atomic store

@@ -185,8 +185,12 @@ class OnlineSource:
         self._steps_run += 1
         if self.stopped:
             return
-        sequence = encode_sequence([(i.instruction, i.microbatch) for i in record.instructions])
-        diff = first_difference(self.expected_sequence, sequence)
+        ran = [(i.instruction, i.microbatch) for i in record.instructions]
+        if ran == self.order:  # the usual case: no string built on the training thread
+            sequence, diff = self.expected_sequence, None
+        else:
+            sequence = encode_sequence(ran)
+            diff = first_difference(self.expected_sequence, sequence)
         compute_s = finite_or_none(
             record.instructions[-1].end_s - record.start_s if record.instructions else 0.0
         )

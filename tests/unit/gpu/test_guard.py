@@ -72,6 +72,54 @@ def test_restores_after_exception(tmp_path):
     assert not (tmp_path / STATE_NAME).exists()
 
 
+def test_clock_changes_after_the_first_only_change_the_clock(tmp_path, monkeypatch):
+    """A plan's per-instruction locks: one state file written before the first, none after,
+    each later change exactly one NVML call; restoring still undoes the lock."""
+    import perseus.gpu.guard as guard_module
+
+    writes = []
+    real_write = guard_module.write_state
+
+    def write_state(path, data):
+        writes.append(data)
+        real_write(path, data)
+
+    monkeypatch.setattr(guard_module, "write_state", write_state)
+    m = make_pynvml_mock(power_limit_mw=350_000)
+    with patched_pynvml(m), GPUGuard(NVMLGPU(0), state_dir=tmp_path) as g:
+        for mhz in (1410, 1200, 1005, 1200):
+            g.lock_sm_clocks_mhz(mhz, mhz)
+        state = json.loads((tmp_path / STATE_NAME).read_text())
+    assert len(writes) == 1
+    assert state["restore"] == {"reset_sm_clocks": True}
+    assert m.mock_calls == [
+        *opening_calls(0),
+        *(call.nvmlDeviceSetGpuLockedClocks(H0, f, f) for f in (1410, 1200, 1005, 1200)),
+        call.nvmlDeviceResetGpuLockedClocks(H0),
+    ]
+    assert not (tmp_path / STATE_NAME).exists()
+
+
+def test_a_guard_that_let_go_owns_the_gpu_again_before_a_change(tmp_path):
+    """Restoring failed, so the guard gave up the GPU with the SM lock still recorded: the
+    next change takes the GPU again (another owner is refused) instead of changing it unowned."""
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        g = GPUGuard(NVMLGPU(0), state_dir=tmp_path)
+        g.lock_sm_clocks_mhz(1410, 1410)
+        m.nvmlDeviceResetGpuLockedClocks.side_effect = no_permission()
+        with pytest.raises(GPUPermissionError):
+            g.release()
+        assert not g.acquired
+        m.nvmlDeviceResetGpuLockedClocks.side_effect = None
+        g.lock_sm_clocks_mhz(1200, 1200)
+        assert g.acquired
+        with pytest.raises(GPUOwnershipError):
+            GPUGuard(NVMLGPU(0), state_dir=tmp_path).acquire()
+        g.release()
+    assert not (tmp_path / STATE_NAME).exists()
+
+
 def test_second_owner_is_refused_with_holder_named(tmp_path):
     with patched_pynvml():
         first = GPUGuard(NVMLGPU(0), state_dir=tmp_path, owner="clock-controller").acquire()
