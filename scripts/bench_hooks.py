@@ -8,7 +8,9 @@ instructions take their profiled time (a synthetic 4-stage profile scaled by ``-
 0.5-1 ms each). What is timed is the hooks' own work: ``on_step_begin``, every
 ``on_instruction_begin`` / ``on_instruction_end`` pair and ``on_step_end``, less the time the
 device spent running the instruction inside ``on_instruction_end`` (where a real GPU's
-synchronization waits for the queued work). Modes:
+synchronization waits for the queued work), and less what the bench's own timing of the
+device's methods adds outside its timed window (calibrated per call with warm caches, printed;
+a lower bound of it). Modes:
 
 * ``measure`` (clocks untouched), ``max_speed`` (one locked clock), ``plan`` (a plan whose clock
   changes at almost every instruction), stage 1 of 4, ``--microbatches`` per iteration; clock
@@ -38,6 +40,7 @@ five iterations) hooks per pair with step hooks.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import os
 import shutil
@@ -216,6 +219,10 @@ class TimedGPU(EmulatedGPU):
 
     device_s = 0.0
     waited_s = 0.0
+    num_device_calls = 0
+    # The wrapper's own cost per device call, outside its timed window (us; see
+    # instrumentation_us): the bench's, not the hooks'.
+    wrapper_us = 0.0
 
     def _wait_until(self, deadline_s: float) -> None:
         t0 = time.perf_counter()
@@ -226,6 +233,7 @@ class TimedGPU(EmulatedGPU):
         t0 = time.perf_counter()
         method(*args)
         self.device_s += time.perf_counter() - t0
+        self.num_device_calls += 1
 
     def instruction_begin(self, stage: int, instruction: str) -> None:
         self._device(super().instruction_begin, stage, instruction)
@@ -240,14 +248,73 @@ class TimedGPU(EmulatedGPU):
         self._device(super().synchronize)
 
 
+class _Timed:
+    """The timing wrapper of :class:`TimedGPU` around a method that does nothing."""
+
+    device_s = 0.0
+    num_device_calls = 0
+
+    def noop(self) -> None:
+        pass
+
+    def timed(self) -> None:
+        self._device(self.noop)
+
+    _device = TimedGPU._device
+
+
+def instrumentation_us(calls: int = 100_000) -> float:
+    """What :class:`TimedGPU`'s wrapper adds to a device call outside its timed window (us).
+
+    The median over runs of (wrapped call - its timed window - the bare call), with warm
+    caches: a lower bound of what the wrapper charges to the hooks per device call (cold, after
+    an instruction's wait, it costs more), subtracted from the hooks' figures.
+    """
+    timed = _Timed()
+    perf = time.perf_counter
+    runs = []
+    for _ in range(7):
+        timed.device_s = 0.0
+        t0 = perf()
+        for _ in range(calls):
+            timed.timed()
+        wrapped_s = perf() - t0 - timed.device_s
+        t0 = perf()
+        for _ in range(calls):
+            timed.noop()
+        runs.append((wrapped_s - (perf() - t0)) / calls * 1e6)
+    return max(0.0, statistics.median(runs))
+
+
+_LIBC = ctypes.CDLL(None)
+_TIMESPEC = (ctypes.c_long * 2)()
+
+
+def spin_s(seconds: float) -> None:
+    """Wait by spinning, as CUDA's synchronization does by default: no sleep, no system call,
+    and the interpreter lock free meanwhile (a foreign call polling the clock, which releases
+    it, as ``torch.cuda.synchronize`` does), so the process's other threads run."""
+    perf = time.perf_counter
+    poll, timespec = _LIBC.clock_gettime, _TIMESPEC
+    deadline_s = perf() + seconds
+    while perf() < deadline_s:
+        poll(1, timespec)  # CLOCK_MONOTONIC, through the vDSO
+
+
 def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
-    """The realistic emulated GPU (100 ms counter, blocking reads) on the synthetic profile."""
+    """The realistic emulated GPU (100 ms counter, blocking reads) on the synthetic profile.
+
+    The hooks' wait for an instruction spins (``args.wait == "spin"``: CUDA's default with
+    fewer CUDA contexts than CPU cores) or sleeps until its last 0.5 ms (``"sleep"``: a blocking
+    synchronization, after which the hooks run on a CPU the kernel and other threads had).
+    """
     return TimedGPU(
         synthetic_profile(),
         blocking_power_w=83.64,
         counter="realistic",
         time_scale=args.time_scale,
         sleep=not args.hot,
+        sleeper=spin_s if args.wait == "spin" else None,
         num_pipeline_stages=num_stages,
     )
 
@@ -282,25 +349,32 @@ def one_iteration(
     opt: PerseusOptimizer, gpu: TimedGPU, names: Sequence[str]
 ) -> Tuple[float, float, float]:
     """One iteration, in us per pair: the hooks' pairs alone, all the hooks (step hooks too),
-    and the emulated device's own work; the instructions' run time (the waits) left out."""
+    and the emulated device's own work; the instructions' run time (the waits) and the timing
+    wrapper's own cost (:data:`TimedGPU.wrapper_us` per device call) left out."""
     perf = time.perf_counter
     begin, end = opt.on_instruction_begin, opt.on_instruction_end
-    device0, waited0 = gpu.device_s, gpu.waited_s
+    device0, waited0, calls0 = gpu.device_s, gpu.waited_s, gpu.num_device_calls
     t0 = perf()
     opt.on_step_begin()
     t1 = perf()
-    pairs_device0 = gpu.device_s
+    pairs_device0, pairs_calls0 = gpu.device_s, gpu.num_device_calls
     for name in names:
         begin(name)
         end(name)
     t2 = perf()
     pairs_device = gpu.device_s - pairs_device0
+    pairs_wrapper = (gpu.num_device_calls - pairs_calls0) * gpu.wrapper_us / 1e6
     opt.on_step_end()
     t3 = perf()
     device = gpu.device_s - device0
+    wrapper = (gpu.num_device_calls - calls0) * gpu.wrapper_us / 1e6
     waited = gpu.waited_s - waited0
     n = len(names) / 1e6
-    return (t2 - t1 - pairs_device) / n, (t3 - t0 - device) / n, (device - waited) / n
+    return (
+        (t2 - t1 - pairs_device - pairs_wrapper) / n,
+        (t3 - t0 - device - wrapper) / n,
+        (device - waited) / n,
+    )
 
 
 def bench_local(
@@ -387,6 +461,12 @@ def main() -> None:
     parser.add_argument("--online-profiling-iterations", type=int, default=20)
     parser.add_argument("--null-iterations", type=int, default=300)
     parser.add_argument(
+        "--wait",
+        choices=("spin", "sleep"),
+        default="spin",
+        help="how the hooks wait for an instruction (spin: CUDA's default synchronization)",
+    )
+    parser.add_argument(
         "--hot",
         action="store_true",
         help="instructions take no time (the hooks run back to back, caches warm)",
@@ -422,6 +502,11 @@ def main() -> None:
         f"{sync_med - null_med:+.2f} us per pair (median vs null GPU)"
     )
     print(f"torch.cuda.synchronize: {cuda_sync_us()}")
+    TimedGPU.wrapper_us = instrumentation_us()
+    print(
+        f"timing the emulated device: {TimedGPU.wrapper_us:.2f} us per device call outside the "
+        "timed window (warm; subtracted from the hooks' figures)"
+    )
     print(
         "realistic emulated GPU (100 ms counter, ~3 ms blocking reads, sampler thread polling), "
         + ("instructions take no time:" if args.hot else f"time scale {args.time_scale:g}:")
