@@ -1,7 +1,10 @@
 """End to end over real HTTP: a server process and four rank processes on emulated GPUs.
 
 Profiling -> planning -> applying the plan, inside training, with the measured energy saving
-checked against the plan's prediction. Prints the profiling cost and the profile's error.
+checked against the plan's prediction: within 2 points on a profile true within 2 % in every
+row; where the host's load bent rows, within 5 points, or the plan check's fallback to max
+speed where the plan ran slower than allowed.
+Prints the profiling cost and the profile's error.
 """
 
 from __future__ import annotations
@@ -85,8 +88,18 @@ def test_profile_plan_apply_over_http(tmp_path: Path) -> None:
         f"saving predicted {predicted:.2%}, measured {measured:.2%}; slowdown measured "
         f"{summary['savings']['slowdown_fraction']:.2%}; wall {elapsed_s:.0f} s"
     )
-    assert abs(measured - predicted) <= 0.02
     assert predicted > 0.05
+    # Rows timed while the host's load stretched them (beside CPU hogs: rows 4.6-12.7 % off,
+    # predictions 13.3-17.7 % against 12.6 % on a quiet run, where every row is within 1 %).
+    bent = max(time_err) > 0.02
+    fallback = summary["fallback"]
+    if not bent:  # a true profile: its plan holds, as predicted
+        assert fallback is None, fallback
+        assert abs(measured - predicted) <= 0.02
+    elif fallback is None:  # the plan held its slowdown; its saving is as near as its rows
+        assert abs(measured - predicted) <= 0.05
+    else:  # the plan check caught a plan slower than allowed: back to max speed, said why
+        assert fallback["ok"] is False and fallback["reason"], fallback
     assert statistics.median(energy_err) < 0.02 and statistics.median(time_err) < 0.02
 
 
