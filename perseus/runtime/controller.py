@@ -81,8 +81,7 @@ class ClockController:
             )
         self._requested = frequency_mhz
         if self.synchronous:
-            if frequency_mhz != self._applied:
-                self._apply(frequency_mhz)
+            self._apply(frequency_mhz)
             return
         self._seq += 1
         self._pending = (self._seq, frequency_mhz)  # one atomic store
