@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 
 from perseus.config import ServerConfig
-from perseus.formats.profile_csv import Measurement, read_profile_csv
-from perseus.profiler.virtual_run import profile_errors
 from perseus.runtime.client import ServerClient
 from perseus.server.process import start_local_server
-from tests.integration.server_harness import JobSetup, Launch, make_gpu, wait_for
+from tests.integration.server_harness import JobSetup, Launch, profile_errors_vs_truth, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +70,7 @@ def test_profile_plan_apply_over_http(tmp_path: Path) -> None:
     assert plan["first_step"] == base["first_step"] + 1
     predicted = summary["predicted"]["energy_saving_fraction"]
     measured = summary["savings"]["energy_fraction"]
-    time_err, energy_err = _profile_errors(tmp_path / "dump" / "e2e" / "profile.csv", setup)
+    time_err, energy_err = profile_errors_vs_truth(tmp_path / "dump" / "e2e" / "profile.csv", setup)
     print(
         f"\nprofiling: {profiling['baseline_iterations']} baseline + {profiling['iterations']}"
         f" profiling iterations; clocks swept {profiling['clocks_swept']}, stopped at "
@@ -101,13 +99,3 @@ def test_profile_plan_apply_over_http(tmp_path: Path) -> None:
     else:  # the plan check caught a plan slower than allowed: back to max speed, said why
         assert fallback["ok"] is False and fallback["reason"], fallback
     assert statistics.median(energy_err) < 0.02 and statistics.median(time_err) < 0.02
-
-
-def _profile_errors(path: Path, setup: JobSetup) -> tuple:
-    gpus = {}
-
-    def truth(stage: int, instruction: str, frequency_mhz: int) -> Measurement:
-        gpu = gpus.setdefault(stage, make_gpu(setup, stage))
-        return gpu.true_measurement(stage, instruction, frequency_mhz)
-
-    return profile_errors(read_profile_csv(path), truth)
