@@ -36,6 +36,7 @@ import logging
 import sys
 import time
 from collections import deque
+from itertools import starmap
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
 from perseus.pipeline_order import KINDS
@@ -235,7 +236,7 @@ class HookRuntime:
             stage=self._stage,
             start_s=self._step_t0,
             end_s=t_end,
-            instructions=[InstructionRecord(*raw) for raw in self._raw],
+            instructions=list(starmap(InstructionRecord, self._raw)),
             applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
 import time
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from perseus.errors import ServerError
 from perseus.numbers import finite_or_none
@@ -43,7 +44,7 @@ from perseus.runtime import announce
 from perseus.runtime import stage_payload as payloads
 from perseus.runtime.client import ServerClient
 from perseus.runtime.endpoint import URL_ENV, Endpoint
-from perseus.runtime.server_link import ServerLink
+from perseus.runtime.server_link import Report, ServerLink
 from perseus.runtime.stage_exchange import Member, Pending, SoloExchange, StageExchange
 from perseus.runtime.stage_reports import combined_report, stage_registration
 from perseus.schedule import stage_order
@@ -58,6 +59,8 @@ FINISH_WAIT_S = 15.0
 # this many counter updates not yet reported (beyond: the oldest are dropped).
 MAX_JOINING_STEPS = 4096
 MAX_PENDING_UPDATES = 65536
+# An instruction record's (instruction, microbatch): an item of the stage's order.
+_ITEM = operator.attrgetter("instruction", "microbatch")
 
 
 class OnlineSource:
@@ -158,21 +161,20 @@ class OnlineSource:
         self._clocks = {}
         self._scheduled = False
         self.phase = None
-        leader_payload = self._finish_exchange()
-        if self.stopped:
+        leader_payload, report = self._finish_exchange()
+        if self.link is not None:  # one hand-over to the link's thread per iteration
+            self.link.advance(None if self.stopped else step + 1, report)
+        if self.stopped or leader_payload is None:
             return
-        if leader_payload is not None:
-            nxt = payloads.next_schedule(leader_payload, len(self.order), self.rank.dp_rank)
-            if nxt is not None and nxt.step == step:
-                self._clocks = dict(zip(self.order, nxt.frequencies_mhz))
-                self._scheduled = True
-                self.phase = nxt.phase
-                if self.announces and nxt.phase != self._announced:
-                    self._announced = nxt.phase
-                    words = announce.PHASE_WORDS.get(str(nxt.phase), str(nxt.phase))
-                    announce.say(f"step {step}: {words}")
-        if self.link is not None:
-            self.link.want(step + 1)
+        nxt = payloads.next_schedule(leader_payload, len(self.order), self.rank.dp_rank)
+        if nxt is not None and nxt.step == step:
+            self._clocks = dict(zip(self.order, nxt.frequencies_mhz))
+            self._scheduled = True
+            self.phase = nxt.phase
+            if self.announces and nxt.phase != self._announced:
+                self._announced = nxt.phase
+                words = announce.PHASE_WORDS.get(str(nxt.phase), str(nxt.phase))
+                announce.say(f"step {step}: {words}")
 
     def frequency_mhz(
         self, step: int, position: int, instruction: str, microbatch: int
@@ -185,7 +187,7 @@ class OnlineSource:
         self._steps_run += 1
         if self.stopped:
             return
-        ran = [(i.instruction, i.microbatch) for i in record.instructions]
+        ran = list(map(_ITEM, record.instructions))
         if ran == self.order:  # the usual case: no string built on the training thread
             sequence, diff = self.expected_sequence, None
         else:
@@ -198,14 +200,13 @@ class OnlineSource:
         # counts as unmeasured (unscheduled), an energy as unknown.
         time_s = finite_or_none(record.iteration_time_s)
         measured = time_s is not None and compute_s is not None
-        self._energies_out.extend(
-            e for e in record.earlier_energies if finite_or_none(e.energy_j) is not None
+        out = self._energies_out
+        if record.earlier_energies:  # most iterations: none (the counter moves every ~100 ms)
+            out.extend(e for e in record.earlier_energies if finite_or_none(e.energy_j) is not None)
+        energies = (
+            [out.popleft() for _ in range(min(payloads.ENERGY_SLOTS, len(out)))] if out else []
         )
-        energies = [
-            self._energies_out.popleft()
-            for _ in range(min(payloads.ENERGY_SLOTS, len(self._energies_out)))
-        ]
-        if self.is_leader:
+        if self.is_leader and record.energy_updates:
             self._updates_out.extend(record.energy_updates)
         next_schedule = None
         stop = False
@@ -234,47 +235,52 @@ class OnlineSource:
         self._pending = (record, sequence, self.phase, pending)
 
     # -- combining ------------------------------------------------------------------------------
-    def _finish_exchange(self) -> Optional[List[float]]:
-        """Wait for the exchange started when the last iteration ended; the leader reports it."""
+    def _finish_exchange(self) -> Tuple[Optional[List[float]], Optional[Report]]:
+        """Wait for the exchange started when the last iteration ended.
+
+        Returns the leader's payload (``None``: no exchange, or Perseus stopped) and, on the
+        leader, the stage's report of that iteration, built later on the link's thread.
+        """
         pending, self._pending = self._pending, None
         if pending is None:
-            return None
+            return None, None
         record, sequence, phase, work = pending
         try:
             everyone = work.wait()
         except Exception as exc:
             self._stop(f"the stage's ranks could not exchange measurements ({exc})")
-            return None
+            return None, None
         leader = everyone[0]
+        report: Optional[Report] = None
         if self.link is not None and self.link.failure is None:
             energies = self._join_energies(everyone)
-            updates = list(self._updates_out)
-            self._updates_out.clear()
-            # Built on the link's thread: the training thread only hands it over.
-            self.link.report(
-                functools.partial(
-                    combined_report,
-                    self.rank.rank,
-                    self.exchange.members,
-                    record,
-                    sequence,
-                    phase,
-                    everyone,
-                    energies,
-                    updates,
-                )
+            updates: Sequence[EnergyUpdate] = ()
+            if self._updates_out:  # handed over whole (the link's thread reads it): start anew
+                updates, self._updates_out = self._updates_out, deque(maxlen=MAX_PENDING_UPDATES)
+            report = functools.partial(
+                combined_report,
+                self.rank.rank,
+                self.exchange.members,
+                record,
+                sequence,
+                phase,
+                everyone,
+                energies,
+                updates,
             )
         if payloads.stops(leader):
             self._stop(None)
-            return None
-        return leader
+            return None, report
+        return leader, report
 
     def _join_energies(self, everyone: List[List[float]]) -> List[StepEnergy]:
         """(Leader) The stage's energies of the iterations every member's counter now covers."""
         joining = self._joining
         for index, payload in enumerate(everyone):
-            for step, energy_j in payloads.measured(payload).energies:
+            for step, energy_j in payloads.energies(payload):
                 joining.setdefault(step, {})[index] = energy_j
+        if not joining:  # most iterations: no energies arrived
+            return []
         members = len(everyone)
         done = sorted(step for step, parts in joining.items() if len(parts) == members)
         out = [StepEnergy(step, sum(joining.pop(step).values())) for step in done]
@@ -308,10 +314,12 @@ class OnlineSource:
             if self._closed:
                 return
             self._closed = True
-        self._finish_exchange()
+        _, report = self._finish_exchange()
         link = self.link
         if link is None:
             return
+        if report is not None:
+            link.report(report)
         link.close(timeout_s)
         reachable = link.registered and link.failure is None and not link.offline
         if not link.registered and link.failure is None and not link.warned:

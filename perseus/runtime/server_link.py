@@ -100,19 +100,28 @@ class ServerLink:
 
     def want(self, step: int) -> None:
         """The rank is at ``step``: keep the next ``prefetch_steps`` schedules fetched."""
-        with self._cond:
-            self._want_from = step
-            self._want_through = step + self.prefetch_steps
-            for old in [s for s in self._schedules if s < step]:
-                del self._schedules[old]
-            self._cond.notify_all()
+        self.advance(step, None)
 
     def report(self, report: Report) -> None:
         """Queue ``report`` (or a function building it on the link's thread) for sending."""
+        self.advance(None, report)
+
+    def advance(self, step: Optional[int], report: Optional[Report]) -> None:
+        """:meth:`want` ``step`` and :meth:`report` ``report`` (each unless ``None``) at once.
+
+        The training thread's one hand-over per iteration: one lock, one wake-up of the thread.
+        """
         with self._cond:
-            if self.failure is None:
+            if report is not None and self.failure is None:
                 self._reports.append(report)
-                self._cond.notify_all()
+            if step is not None:
+                self._want_from = step
+                self._want_through = step + self.prefetch_steps
+                schedules = self._schedules
+                if schedules and min(schedules) < step:
+                    for old in [s for s in schedules if s < step]:
+                        del schedules[old]
+            self._cond.notify_all()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (waiting at most ``timeout_s``), then stop the thread."""

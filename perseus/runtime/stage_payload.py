@@ -132,25 +132,26 @@ def pack(
 
 
 def _put_clocks(out: List[float], offset: int, clocks: Sequence[Optional[int]]) -> None:
-    for i, mhz in enumerate(clocks):
-        out[offset + i] = 0.0 if mhz is None else float(mhz)
+    out[offset : offset + len(clocks)] = [0.0 if mhz is None else float(mhz) for mhz in clocks]
 
 
 def measured(payload: Sequence[float]) -> Measured:
     """A rank's measurements from its payload."""
     at = int(payload[MISMATCH_AT])
-    energies = [
-        StepEnergy(int(payload[9 + 2 * i]), float(payload[10 + 2 * i]))
-        for i in range(min(ENERGY_SLOTS, int(payload[NUM_ENERGIES])))
-    ]
     return Measured(
         scheduled=bool(int(payload[FLAGS]) & SCHEDULED),
         step=int(payload[STEP]),
         iteration_time_s=float(payload[ITERATION]),
         compute_time_s=float(payload[COMPUTE]),
-        energies=energies,
+        energies=[StepEnergy(step, energy_j) for step, energy_j in energies(payload)],
         mismatch=None if at < 0 else (at, decode_item(payload[MISMATCH_ITEM])),
     )
+
+
+def energies(payload: Sequence[float]) -> List[Tuple[int, float]]:
+    """The ``(step, energy_j)`` of the earlier iterations a payload carries."""
+    count = min(ENERGY_SLOTS, int(payload[NUM_ENERGIES]))
+    return [(int(payload[9 + 2 * i]), float(payload[10 + 2 * i])) for i in range(count)]
 
 
 def stops(leader: Sequence[float]) -> bool:
