@@ -32,9 +32,14 @@ GPU (the runtime alone, with and without the controller thread) and the cost of 
 (without CUDA in use: a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is
 usable).
 
+Every mode runs ``--rounds`` times (as many online jobs), the modes taking turns; a mode's
+figure is its best run's, as ``timeit`` takes its best: on a shared machine another process's
+load only adds time, while the hooks' own cost (their cold caches after a wait included) is in
+every run. Every run's figure is printed.
+
 Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M] [--online-s S]
-The last line is ``hook_overhead_us=<float>``: the worst mode's (or online phase's, of at least
-five iterations) hooks per pair with step hooks.
+[--rounds R]. The last line is ``hook_overhead_us=<float>``: the worst mode's (or online
+phase's, of at least five iterations) hooks per pair with step hooks.
 """
 
 from __future__ import annotations
@@ -320,7 +325,7 @@ def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
 
 
 class Costs:
-    """Per-iteration costs (us per pair, medians over iterations), grouped by phase."""
+    """Per-iteration costs (us per pair) of one run of a mode, grouped by phase."""
 
     def __init__(self) -> None:
         self.rows: Dict[str, List[Tuple[float, float, float]]] = {}
@@ -328,21 +333,46 @@ class Costs:
     def add(self, phase: str, costs: Tuple[float, float, float]) -> None:
         self.rows.setdefault(phase, []).append(costs)
 
-    def lines(self, mode: str) -> List[Tuple[str, Optional[float]]]:
-        """``(line, hooks alone with step hooks)`` per phase (``None``: too few iterations to
-        count, such as the online job's first before a schedule arrives)."""
-        out: List[Tuple[str, Optional[float]]] = []
+    def medians(self) -> Dict[str, Tuple[float, float, float, int]]:
+        """Per phase: the medians over its iterations of (pairs alone, hooks with step hooks,
+        emulated device), and its number of iterations."""
+        out: Dict[str, Tuple[float, float, float, int]] = {}
         for phase, rows in self.rows.items():
             pairs, hooks, device = (statistics.median(c) for c in zip(*rows))
-            label = mode if phase == "-" else f"{mode} ({phase})"
-            out.append(
-                (
-                    f"{label:<26} hooks {hooks:6.2f} us/pair with step hooks ({pairs:6.2f} the "
-                    f"pairs alone); emulated device {device:6.2f} ({len(rows)} iterations)",
-                    hooks if len(rows) >= MIN_COUNTED else None,
-                )
-            )
+            out[phase] = (pairs, hooks, device, len(rows))
         return out
+
+
+def round_lines(mode: str, rounds: Sequence[Costs]) -> List[Tuple[str, Optional[float]]]:
+    """``(line, figure)`` per phase over ``rounds`` runs of one mode.
+
+    Per run, each phase's medians over its iterations; the figure is the best run's (hooks per
+    pair with step hooks), as ``timeit`` takes its best: another process's load on a shared
+    machine only adds time, the hooks' own cost (cold caches after a wait included) is in every
+    run. Every run's figure is printed. ``None``: no run had enough iterations of the phase to
+    count (such as the online job's first, before a schedule arrives).
+    """
+    phases: List[str] = []
+    for costs in rounds:
+        phases += [p for p in costs.rows if p not in phases]
+    out: List[Tuple[str, Optional[float]]] = []
+    for phase in phases:
+        runs = [c.medians()[phase] for c in rounds if phase in c.rows]
+        counted = [r for r in runs if r[3] >= MIN_COUNTED]
+        best = min(counted or runs, key=lambda r: r[1])
+        pairs, hooks, device, num = best
+        each = ", ".join(
+            f"{r[1]:.2f}" if r[3] >= MIN_COUNTED else f"({r[1]:.2f}: {r[3]} iterations)"
+            for r in runs
+        )
+        label = mode if phase == "-" else f"{mode} ({phase})"
+        line = (
+            f"{label:<26} hooks {hooks:6.2f} us/pair with step hooks ({pairs:6.2f} the pairs "
+            f"alone); emulated device {device:6.2f} ({num} iterations"
+        )
+        line += f"; best of {len(runs)} runs: {each})" if len(runs) > 1 else ")"
+        out.append((line, hooks if counted else None))
+    return out
 
 
 def one_iteration(
@@ -408,48 +438,58 @@ def bench_local(
     return costs
 
 
-def bench_online(args: argparse.Namespace) -> Tuple[Costs, str]:
-    """One stage of an online job against a real server, per phase; and what happened."""
+def bench_online(args: argparse.Namespace) -> Tuple[List[Costs], List[str]]:
+    """``args.rounds`` online jobs of one stage against one real server, per phase; and what
+    each job went through."""
     dump = Path(tempfile.mkdtemp(prefix="perseus-bench-"))
     server = start_server_process(ServerConfig(), dump, port=0, exit_with_parent=True)
-    costs = Costs()
-    phases: List[str] = []
+    rounds: List[Costs] = []
+    paths: List[str] = []
     try:
-        gpu = realistic_gpu(args, 1)
-        spec = JobSpec(
-            job_id=f"bench-{uuid.uuid4().hex[:8]}",
-            num_stages=1,
-            num_microbatches=args.microbatches,
-            profiler=ProfilerSettings(max_iterations=args.online_profiling_iterations),
-        )
-        rank = RankInfo(stage=0, num_stages=1)
-        source = OnlineSource(
-            ServerClient(server.url, timeout_s=30.0),
-            spec,
-            rank,
-            gpu.supported_sm_clocks_mhz(),
-            power_limit_w=gpu.power_limit_mw() / 1000.0,
-        )
-        opt = PerseusOptimizer.on_gpu(
-            rank, gpu, source, state_dir=dump / "state", synchronous_clocks=True
-        )
-        names = [instruction for instruction, _ in source.order]
-        deadline = time.monotonic() + args.online_s
-        running = 0
-        try:
-            while time.monotonic() < deadline and running < args.iterations:
-                costs_us = one_iteration(opt, gpu, names)
-                phase = str(source.phase.value if source.phase is not None else "unscheduled")
-                if phase not in phases:
-                    phases.append(phase)
-                costs.add(phase, costs_us)
-                running += phase == "running"
-        finally:
-            opt.close()
+        for _ in range(args.rounds):
+            costs = online_job(server.url, dump, args)
+            rounds.append(costs)
+            paths.append(", ".join(f"{p} ({len(rows)})" for p, rows in costs.rows.items()))
     finally:
         server.stop()
         shutil.rmtree(dump, ignore_errors=True)
-    return costs, ", ".join(f"{p} ({len(costs.rows[p])})" for p in phases)
+    return rounds, paths
+
+
+def online_job(url: str, dump: Path, args: argparse.Namespace) -> Costs:
+    """One stage of a fresh online job, until ``args.iterations`` run planned or
+    ``args.online_s`` pass."""
+    costs = Costs()
+    gpu = realistic_gpu(args, 1)
+    spec = JobSpec(
+        job_id=f"bench-{uuid.uuid4().hex[:8]}",
+        num_stages=1,
+        num_microbatches=args.microbatches,
+        profiler=ProfilerSettings(max_iterations=args.online_profiling_iterations),
+    )
+    rank = RankInfo(stage=0, num_stages=1)
+    source = OnlineSource(
+        ServerClient(url, timeout_s=30.0),
+        spec,
+        rank,
+        gpu.supported_sm_clocks_mhz(),
+        power_limit_w=gpu.power_limit_mw() / 1000.0,
+    )
+    opt = PerseusOptimizer.on_gpu(
+        rank, gpu, source, state_dir=dump / spec.job_id, synchronous_clocks=True
+    )
+    names = [instruction for instruction, _ in source.order]
+    deadline = time.monotonic() + args.online_s
+    running = 0
+    try:
+        while time.monotonic() < deadline and running < args.iterations:
+            costs_us = one_iteration(opt, gpu, names)
+            phase = str(source.phase.value if source.phase is not None else "unscheduled")
+            costs.add(phase, costs_us)
+            running += phase == "running"
+    finally:
+        opt.close()
+    return costs
 
 
 def main() -> None:
@@ -460,6 +500,12 @@ def main() -> None:
     parser.add_argument("--online-s", type=float, default=120.0, help="online job's time budget")
     parser.add_argument("--online-profiling-iterations", type=int, default=20)
     parser.add_argument("--null-iterations", type=int, default=300)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs of every mode (and online jobs), taking turns; each mode's best run counts",
+    )
     parser.add_argument(
         "--wait",
         choices=("spin", "sleep"),
@@ -512,34 +558,40 @@ def main() -> None:
         + ("instructions take no time:" if args.hot else f"time scale {args.time_scale:g}:")
     )
     worst: List[Tuple[float, str]] = []
-    local: List[Tuple[str, FrequencySource]] = [
-        ("measure", MeasureSource()),
-        ("max_speed", MaxSpeedSource(max(CLOCKS_MHZ))),
-        ("plan", PlanSource(plan, stage)),
+    local: List[Tuple[str, Callable[[], FrequencySource]]] = [
+        ("measure", MeasureSource),
+        ("max_speed", lambda: MaxSpeedSource(max(CLOCKS_MHZ))),
+        ("plan", lambda: PlanSource(plan, stage)),
     ]
-    for mode, source in local:
-        for line, total in bench_local(source, plan, stage, args).lines(mode):
+    # The modes take turns, round after round: a spell of load elsewhere hits them alike.
+    runs: Dict[str, List[Costs]] = {mode: [] for mode, _ in local}
+    for _ in range(args.rounds):
+        for mode, make in local:
+            runs[mode].append(bench_local(make(), plan, stage, args))
+    for mode, _ in local:
+        for line, total in round_lines(mode, runs[mode]):
             print(f"  {line}")
             if total is not None:
                 worst.append((total, mode))
-    for line, _ in bench_local(MeasureSource(), plan, stage, args, False).lines("measure"):
+    for line, _ in round_lines("measure", [bench_local(MeasureSource(), plan, stage, args, False)]):
         print(f"  {line}  [without the sampler thread: reference]")
     threaded = bench_local(PlanSource(plan, stage), plan, stage, args, True, False)
-    for line, _ in threaded.lines("plan"):
+    for line, _ in round_lines("plan", [threaded]):
         print(f"  {line}  [clocks applied by the controller thread, the NVML path]")
     if not args.hot:  # the same modes back to back: the hooks with warm caches
         hot = argparse.Namespace(**{**vars(args), "hot": True})
-        for mode, source in local:
-            for line, _ in bench_local(source, plan, stage, hot).lines(mode):
+        for mode, make in local:
+            for line, _ in round_lines(mode, [bench_local(make(), plan, stage, hot)]):
                 print(f"  {line}  [instructions taking no time]")
-    online: Optional[Costs] = None
+    online: Optional[List[Costs]] = None
     try:
-        online, path = bench_online(args)
+        online, paths = bench_online(args)
     except Exception as exc:  # no server dependencies: say so, the other modes stand
         print(f"  online: not measured ({exc})")
     if online is not None:
-        print(f"  online job, iterations per phase: {path}")
-        for line, total in online.lines("online"):
+        for i, path in enumerate(paths):
+            print(f"  online job {i + 1}, iterations per phase: {path}")
+        for line, total in round_lines("online", online):
             print(f"  {line}")
             if total is not None:
                 worst.append((total, line.split(" hooks")[0].strip()))
