@@ -98,18 +98,16 @@ class ServerLink:
         """The schedule of ``step`` if it has arrived (never waits)."""
         return self._schedules.get(step)
 
-    def want(self, step: int) -> None:
-        """The rank is at ``step``: keep the next ``prefetch_steps`` schedules fetched."""
-        self.advance(step, None)
-
     def report(self, report: Report) -> None:
         """Queue ``report`` (or a function building it on the link's thread) for sending."""
         self.advance(None, report)
 
     def advance(self, step: Optional[int], report: Optional[Report]) -> None:
-        """:meth:`want` ``step`` and :meth:`report` ``report`` (each unless ``None``) at once.
+        """Prefetch from ``step`` on and queue ``report`` (each unless ``None``), at once.
 
-        The training thread's one hand-over per iteration: one lock, one wake-up of the thread.
+        The rank is at ``step``: the next ``prefetch_steps`` schedules are kept fetched;
+        ``report`` is queued for sending (not once the job failed). The training thread's one
+        hand-over per iteration: one lock, one wake-up of the link's thread.
         """
         with self._cond:
             if report is not None and self.failure is None:
@@ -117,10 +115,8 @@ class ServerLink:
             if step is not None:
                 self._want_from = step
                 self._want_through = step + self.prefetch_steps
-                schedules = self._schedules
-                if schedules and min(schedules) < step:
-                    for old in [s for s in schedules if s < step]:
-                        del schedules[old]
+                for old in [s for s in self._schedules if s < step]:
+                    del self._schedules[old]
             self._cond.notify_all()
 
     def close(self, timeout_s: float = 5.0) -> None:

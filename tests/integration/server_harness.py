@@ -275,8 +275,8 @@ def profile_errors_vs_truth(path: Path, setup: JobSetup) -> Tuple[List[float], L
     """The relative time and energy errors of every row of the job's profile (``path``)
     against the emulated GPUs' true measurements.
 
-    On a quiet machine every row is within 1 %; beside CPU hogs the host's load stretches some
-    rows (4.6-12.7 % seen), and a plan made from them does not run as predicted.
+    On a quiet machine every row is within 1-2.3 %; beside CPU hogs the host's load stretches
+    some rows (4.4-77 % seen), and a plan made from them does not run as predicted.
     """
     from perseus.formats.profile_csv import Measurement, read_profile_csv
     from perseus.profiler.virtual_run import profile_errors
