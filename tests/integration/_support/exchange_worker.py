@@ -2,11 +2,20 @@
 
 Run as ``python exchange_worker.py RANK PORT REPO``; prints one JSON line. Needs only torch and
 the core package (it runs under Merak's Python 3.9 / torch 1.10 too).
+
+Rank 0 hosts the world's store, which the other ranks use while they create their stage groups
+(``new_group`` waits on it); a stage's exchange does not wait for the other stage. So the ranks
+count themselves done on the store and rank 0 leaves last: had it left as soon as its own stage
+was done, a rank of the other stage still polling the store got "Connection reset by peer".
 """
 
 import json
 import os
 import sys
+import time
+from datetime import timedelta
+
+WORLD = 4
 
 
 def main() -> None:
@@ -14,7 +23,8 @@ def main() -> None:
     sys.path.insert(0, repo)
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    store = dist.TCPStore("127.0.0.1", int(port), WORLD, rank == 0, timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     from perseus.records import StepEnergy
     from perseus.runtime import stage_payload as payloads
     from perseus.runtime.stage_exchange import torch_stage_exchange
@@ -54,6 +64,11 @@ def main() -> None:
         ),
         flush=True,
     )
+    store.add("done", 1)
+    if rank == 0:  # the store's host leaves last
+        deadline = time.monotonic() + 120
+        while store.add("done", 0) < WORLD and time.monotonic() < deadline:
+            time.sleep(0.01)
     os._exit(0)  # gloo's threads must not meet interpreter finalization
 
 
