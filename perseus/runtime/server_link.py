@@ -1,7 +1,10 @@
 """A stage leader's connection to the coordination server, run by one background thread.
 
-The training thread never waits on the server: it asks :meth:`ServerLink.schedule` for a step's
-schedule (there or not), and hands reports to :meth:`ServerLink.report`. The link's thread
+The training thread never waits on the server, nor on a lock the link's thread holds: it reads a
+step's schedule (there or not) with :meth:`ServerLink.schedule`, and hands its iteration over with
+:meth:`ServerLink.advance` (an append to a queue and the release of a bare lock the link's thread
+sleeps on; a shared lock would let a training thread that finds it held wait for the link's thread
+to give back the interpreter lock: milliseconds). The link's thread
 
 1. registers the job and the rank (with the peers it speaks for),
 2. fetches the schedules of the next ``prefetch_steps`` steps ahead of the rank,
@@ -20,7 +23,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, Optional, Union
+from typing import Callable, Deque, Dict, Optional, Tuple, Union
 
 from perseus.errors import ServerError
 from perseus.runtime.client import ServerClient, ServerRefused, ServerUnavailable
@@ -80,11 +83,24 @@ class ServerLink:
         self.warned = False
         self._on_message = on_message
         self._message: Optional[str] = None
+        # The training thread's hand-overs: (step to prefetch from, report), each or None,
+        # drained by the link's thread (beyond the bound, the oldest are dropped, as reports are).
+        self._inbox: Deque[Tuple[Optional[int], Optional[Report]]] = collections.deque(
+            maxlen=max(1, max_queued_reports)
+        )
+        # The link thread's wake-up: a bare lock, held while it has nothing to do and released by
+        # a hand-over (never blocks the releasing thread; a pending wake-up covers later ones).
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        # close() waits on it for the queued reports to go; the link's thread notifies it.
         self._cond = threading.Condition()
+        # Written by the link's thread only; the training thread reads single keys.
         self._schedules: Dict[int, Optional[Schedule]] = {}
+        # The link's thread's own state.
         self._want_from = 0
         self._want_through = -1
         self._reports: Deque[Report] = collections.deque(maxlen=max(1, max_queued_reports))
+        self._prefetching = True  # cleared by close(): no more schedules needed
         self._registered = False
         self._closing = False
         self._pause_s = 0.0
@@ -107,31 +123,28 @@ class ServerLink:
 
         The rank is at ``step``: the next ``prefetch_steps`` schedules are kept fetched;
         ``report`` is queued for sending (not once the job failed). The training thread's one
-        hand-over per iteration: one lock, one wake-up of the link's thread.
+        hand-over per iteration: an append and a wake-up, no lock to wait for.
         """
-        with self._cond:
-            if report is not None and self.failure is None:
-                self._reports.append(report)
-            if step is not None:
-                self._want_from = step
-                self._want_through = step + self.prefetch_steps
-                for old in [s for s in self._schedules if s < step]:
-                    del self._schedules[old]
-            self._cond.notify_all()
+        if report is not None and self.failure is not None:
+            report = None
+        if step is None and report is None:
+            return
+        self._inbox.append((step, report))
+        self._signal()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (waiting at most ``timeout_s``), then stop the thread."""
         deadline = time.monotonic() + timeout_s
+        self._prefetching = False
+        self._signal()
         with self._cond:
-            self._want_through = -1
-            self._cond.notify_all()
-            while self._reports and self.failure is None and not self.offline:
+            while (self._inbox or self._reports) and self.failure is None and not self.offline:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     break
                 self._cond.wait(min(left, 0.1))
-            self._closing = True
-            self._cond.notify_all()
+        self._closing = True
+        self._signal()
         self._thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
@@ -142,17 +155,17 @@ class ServerLink:
     # -- the link's thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._closing and self.failure is None and not self._has_work():
-                    self._cond.wait()
-                if self._closing or self.failure is not None:
+            self._take_inbox()
+            if self._closing or self.failure is not None:
+                return
+            if not self._has_work():
+                self._wake.acquire()  # until a hand-over (or close) releases it
+                continue
+            if self._pause_s:
+                self._pause(self._pause_s)
+                if self._closing:
                     return
-                pause = self._pause_s
-            if pause:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._closing, pause)
-                    if self._closing:
-                        return
+                self._take_inbox()
             try:
                 self._one_task()
             except ServerUnavailable as exc:
@@ -177,10 +190,49 @@ class ServerLink:
                 )
             self._pause_s = 0.0
 
+    def _take_inbox(self) -> None:
+        """Take the training thread's hand-overs: the step it is at, the reports to send."""
+        inbox = self._inbox
+        step: Optional[int] = None
+        while inbox:
+            at, report = inbox.popleft()
+            if report is not None and self.failure is None:
+                self._reports.append(report)
+            if at is not None:
+                step = at
+        if step is not None:
+            self._want_from = step
+            self._want_through = step + self.prefetch_steps
+            for old in [s for s in self._schedules if s < step]:
+                del self._schedules[old]
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before the next attempt (hand-overs meanwhile wait in the inbox)."""
+        deadline = time.monotonic() + seconds
+        while not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.acquire(timeout=left)
+
+    def _signal(self) -> None:
+        """Wake the link's thread; a wake-up already pending covers this one."""
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # released before and not yet taken: the thread will see the inbox
+
+    def _notify(self) -> None:
+        """Tell a close() waiting for the queue that something changed."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _has_work(self) -> bool:
         return (not self._registered) or bool(self._reports) or self._missing() is not None
 
     def _missing(self) -> Optional[int]:
+        if not self._prefetching:
+            return None
         for step in range(self._want_from, self._want_through + 1):
             if step not in self._schedules:
                 return step
@@ -193,9 +245,7 @@ class ServerLink:
         # The next step's schedule first, then one report, then the steps further ahead: the
         # reports never starve behind the prefetching.
         step = self._missing()
-        with self._cond:
-            report_waiting = bool(self._reports)
-        if step is not None and (step == self._want_from or not report_waiting):
+        if step is not None and (step == self._want_from or not self._reports):
             try:
                 answer = self.client.get(
                     Route.SCHEDULE.format(job_id=self.job_id),
@@ -206,20 +256,18 @@ class ServerLink:
                 if exc.status == _FORGOTTEN:
                     raise
                 logger.warning("the Perseus server refused step %d's schedule: %s", step, exc)
-                with self._cond:
-                    self._schedules[step] = None  # that step runs at default clocks
+                self._schedules[step] = None  # that step runs at default clocks
                 return
             schedule = from_json(Schedule, answer)
-            with self._cond:
-                if step >= self._want_from:
-                    self._schedules[step] = schedule
+            self._take_inbox()  # the rank may have moved on meanwhile
+            if step >= self._want_from:
+                self._schedules[step] = schedule
             if schedule.message and schedule.message != self._message:
                 self._message = schedule.message
                 if self._on_message is not None:
                     self._on_message(schedule.message)
             return
-        with self._cond:
-            report = self._reports[0] if self._reports else None
+        report = self._reports[0] if self._reports else None
         if report is None:
             return
         body = to_json(report if isinstance(report, StepReport) else report())
@@ -233,10 +281,9 @@ class ServerLink:
             raise
         except ServerError as exc:  # not sent: a measurement strict JSON cannot hold
             logger.warning("Perseus dropped a report it could not send: %s", exc)
-        with self._cond:
-            if self._reports and self._reports[0] is report:
-                self._reports.popleft()
-            self._cond.notify_all()
+        if self._reports and self._reports[0] is report:
+            self._reports.popleft()
+        self._notify()
 
     def _register(self) -> None:
         created = from_json(JobCreated, self.client.post(Route.JOBS, to_json(self.spec)))
@@ -258,8 +305,7 @@ class ServerLink:
             )
         self.offline = True
         self._pause_s = min(self.max_pause_s, max(0.05, 2 * self._pause_s))
-        with self._cond:
-            self._cond.notify_all()
+        self._notify()
 
     def _forgotten(self, exc: ServerRefused) -> None:
         logger.warning(
@@ -277,9 +323,8 @@ class ServerLink:
             logger.warning("the Perseus server refused a request: %s", exc)
             self._pause_s = min(self.max_pause_s, max(0.05, 2 * self._pause_s))
             return
-        with self._cond:
-            self.failure = str(exc)
-            self._cond.notify_all()
+        self.failure = str(exc)
+        self._notify()
         self.warned = True
         logger.warning(
             "Perseus server refused job %s (%s); rank %d continues at default GPU clocks "
