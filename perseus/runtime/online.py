@@ -126,6 +126,10 @@ class OnlineSource:
         self._joining: Dict[int, Dict[int, float]] = {}
         self._updates_out: Deque[EnergyUpdate] = deque(maxlen=MAX_PENDING_UPDATES)
         self._clocks: Dict[Tuple[str, int], Optional[int]] = {}
+        # The last schedule's clocks as the payload carried them, and as the map built from them
+        # (reused while the schedule stays the same: no decoding on most iterations).
+        self._clock_values: List[float] = []
+        self._clock_map: Dict[Tuple[str, int], Optional[int]] = {}
         self._step = -1
         self._scheduled = False
         self._pending: Optional[Tuple[StepRecord, str, Optional[Phase], Pending]] = None
@@ -166,14 +170,20 @@ class OnlineSource:
             self.link.advance(None if self.stopped else step + 1, report)
         if self.stopped or leader_payload is None:
             return
-        nxt = payloads.next_schedule(leader_payload, len(self.order), self.rank.dp_rank)
-        if nxt is not None and nxt.step == step:
-            self._clocks = dict(zip(self.order, nxt.frequencies_mhz))
+        num_positions = len(self.order)
+        nxt = payloads.next_clocks_at(leader_payload, num_positions, self.rank.dp_rank)
+        if nxt is not None and nxt[0] == step:
+            _, phase, offset = nxt
+            values = leader_payload[offset : offset + num_positions]
+            if values != self._clock_values:  # most iterations: the clocks of the one before
+                self._clock_values = values
+                self._clock_map = dict(zip(self.order, payloads.decode_clocks(values)))
+            self._clocks = self._clock_map  # read only
             self._scheduled = True
-            self.phase = nxt.phase
-            if self.announces and nxt.phase != self._announced:
-                self._announced = nxt.phase
-                words = announce.PHASE_WORDS.get(str(nxt.phase), str(nxt.phase))
+            self.phase = phase
+            if self.announces and phase != self._announced:
+                self._announced = phase
+                words = announce.PHASE_WORDS.get(str(phase), str(phase))
                 announce.say(f"step {step}: {words}")
 
     def frequency_mhz(

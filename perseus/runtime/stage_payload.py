@@ -163,14 +163,31 @@ def next_schedule(
     leader: Sequence[float], num_positions: int, dp_rank: int
 ) -> Optional[NextSchedule]:
     """The next step's schedule for replica ``dp_rank``, if the leader's payload has one."""
+    where = next_clocks_at(leader, num_positions, dp_rank)
+    if where is None:
+        return None
+    step, phase, offset = where
+    return NextSchedule(step, phase, decode_clocks(leader[offset : offset + num_positions]))
+
+
+def next_clocks_at(
+    leader: Sequence[float], num_positions: int, dp_rank: int
+) -> Optional[Tuple[int, Phase, int]]:
+    """Where the leader's payload has the next step's schedule for replica ``dp_rank``.
+
+    Returns ``(step, phase, offset)``: its ``num_positions`` clocks are
+    ``leader[offset:offset + num_positions]`` (see :func:`decode_clocks`); ``None`` if the
+    payload has no schedule.
+    """
     if not int(leader[FLAGS]) & HAS_NEXT:
         return None
     word, bit = divmod(dp_rank, MASK_BITS)
-    base = HEADER + 2 * num_positions
-    index = base + word
+    index = HEADER + 2 * num_positions + word
     overridden = index < len(leader) and (int(leader[index]) >> bit) & 1
     offset = HEADER + num_positions if overridden else HEADER
-    clocks: List[Optional[int]] = [
-        int(v) if v > 0 else None for v in leader[offset : offset + num_positions]
-    ]
-    return NextSchedule(int(leader[NEXT_STEP]), PHASES[int(leader[NEXT_PHASE])], clocks)
+    return int(leader[NEXT_STEP]), PHASES[int(leader[NEXT_PHASE])], offset
+
+
+def decode_clocks(values: Sequence[float]) -> List[Optional[int]]:
+    """A payload's clocks (0: default clocks) as clocks in MHz (``None``: default clocks)."""
+    return [int(v) if v > 0 else None for v in values]
