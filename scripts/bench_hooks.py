@@ -18,7 +18,11 @@ a lower bound of it). Modes:
   hands them to the controller thread, the NVML path: here the emulated GPU's clock change
   then runs in Python on that thread and competes for the interpreter lock);
 * ``online``: one stage talking to a real coordination server (a ``perseus-server`` process),
-  per phase as far as ``--online-s`` lets the job get (baseline, profiling, planning, running).
+  per phase as far as ``--online-s`` lets the job get (baseline of
+  ``--online-baseline-steps`` iterations, profiling, planning, running). The server's first job
+  (job 0) is printed as a reference and not counted: meanwhile the server starts its estimator
+  and planner worker processes (a new interpreter importing the solver, seconds of CPU), which
+  on a two-core machine takes the CPU the bench's threads share; the jobs after it count.
 
 Per mode, medians over iterations, in us per pair: everything the hooks did in an iteration
 divided by its pairs (``with step hooks``: what training pays), the pairs alone, and the
@@ -32,10 +36,10 @@ GPU (the runtime alone, with and without the controller thread) and the cost of 
 (without CUDA in use: a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is
 usable).
 
-Every mode runs ``--rounds`` times (as many online jobs), the modes taking turns; a mode's
-figure is its best run's, as ``timeit`` takes its best: on a shared machine another process's
-load only adds time, while the hooks' own cost (their cold caches after a wait included) is in
-every run. Every run's figure is printed.
+Every mode runs ``--rounds`` times (as many counted online jobs), the modes taking turns; a
+mode's figure is its best run's, as ``timeit`` takes its best: on a shared machine another
+process's load only adds time, while the hooks' own cost (their cold caches after a wait
+included) is in every run. Every run's figure is printed.
 
 Usage: python scripts/bench_hooks.py [--iterations N] [--microbatches M] [--online-s S]
 [--rounds R]. The last line is ``hook_overhead_us=<float>``: the worst mode's (or online
@@ -438,22 +442,24 @@ def bench_local(
     return costs
 
 
-def bench_online(args: argparse.Namespace) -> Tuple[List[Costs], List[str]]:
-    """``args.rounds`` online jobs of one stage against one real server, per phase; and what
-    each job went through."""
+def bench_online(args: argparse.Namespace) -> Tuple[Costs, List[Costs], List[str]]:
+    """A first online job on a fresh server (a reference: the server starts its estimator and
+    planner worker processes meanwhile), then ``args.rounds`` online jobs of one stage against
+    the same server, per phase; and what each job went through (the first job's first)."""
     dump = Path(tempfile.mkdtemp(prefix="perseus-bench-"))
     server = start_server_process(ServerConfig(), dump, port=0, exit_with_parent=True)
     rounds: List[Costs] = []
     paths: List[str] = []
     try:
-        for _ in range(args.rounds):
-            costs = online_job(server.url, dump, args)
-            rounds.append(costs)
+        first = online_job(server.url, dump, args)
+        for costs in [first] + [online_job(server.url, dump, args) for _ in range(args.rounds)]:
+            if costs is not first:
+                rounds.append(costs)
             paths.append(", ".join(f"{p} ({len(rows)})" for p, rows in costs.rows.items()))
     finally:
         server.stop()
         shutil.rmtree(dump, ignore_errors=True)
-    return rounds, paths
+    return first, rounds, paths
 
 
 def online_job(url: str, dump: Path, args: argparse.Namespace) -> Costs:
@@ -465,7 +471,10 @@ def online_job(url: str, dump: Path, args: argparse.Namespace) -> Costs:
         job_id=f"bench-{uuid.uuid4().hex[:8]}",
         num_stages=1,
         num_microbatches=args.microbatches,
-        profiler=ProfilerSettings(max_iterations=args.online_profiling_iterations),
+        profiler=ProfilerSettings(
+            max_iterations=args.online_profiling_iterations,
+            baseline_steps=args.online_baseline_steps,
+        ),
     )
     rank = RankInfo(stage=0, num_stages=1)
     source = OnlineSource(
@@ -499,6 +508,12 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--online-s", type=float, default=120.0, help="online job's time budget")
     parser.add_argument("--online-profiling-iterations", type=int, default=20)
+    parser.add_argument(
+        "--online-baseline-steps",
+        type=int,
+        default=12,
+        help="the online job's baseline iterations (the job spec's profiler.baseline_steps)",
+    )
     parser.add_argument("--null-iterations", type=int, default=300)
     parser.add_argument(
         "--rounds",
@@ -585,12 +600,14 @@ def main() -> None:
                 print(f"  {line}  [instructions taking no time]")
     online: Optional[List[Costs]] = None
     try:
-        online, paths = bench_online(args)
+        first, online, paths = bench_online(args)
     except Exception as exc:  # no server dependencies: say so, the other modes stand
         print(f"  online: not measured ({exc})")
     if online is not None:
         for i, path in enumerate(paths):
-            print(f"  online job {i + 1}, iterations per phase: {path}")
+            print(f"  online job {i}, iterations per phase: {path}")
+        for line, _ in round_lines("online", [first]):
+            print(f"  {line}  [job 0, on a fresh server: reference]")
         for line, total in round_lines("online", online):
             print(f"  {line}")
             if total is not None:
