@@ -448,17 +448,16 @@ def bench_online(args: argparse.Namespace) -> Tuple[Costs, List[Costs], List[str
     the same server, per phase; and what each job went through (the first job's first)."""
     dump = Path(tempfile.mkdtemp(prefix="perseus-bench-"))
     server = start_server_process(ServerConfig(), dump, port=0, exit_with_parent=True)
-    rounds: List[Costs] = []
-    paths: List[str] = []
     try:
         first = online_job(server.url, dump, args)
-        for costs in [first] + [online_job(server.url, dump, args) for _ in range(args.rounds)]:
-            if costs is not first:
-                rounds.append(costs)
-            paths.append(", ".join(f"{p} ({len(rows)})" for p, rows in costs.rows.items()))
+        rounds = [online_job(server.url, dump, args) for _ in range(args.rounds)]
     finally:
         server.stop()
         shutil.rmtree(dump, ignore_errors=True)
+    paths = [
+        ", ".join(f"{p} ({len(rows)})" for p, rows in costs.rows.items())
+        for costs in (first, *rounds)
+    ]
     return first, rounds, paths
 
 
