@@ -15,14 +15,20 @@ from perseus.records import RankInfo
 from perseus.runtime.job_spec import job_spec_from_config
 from perseus.server.app import create_app
 from perseus.wire import (
+    CounterUpdate,
     EnergySettings,
+    InstructionReport,
     IterationTime,
     JobSpec,
     Phase,
     ProfilerSettings,
     RankRegistration,
+    ReplicaSchedule,
+    ReplicaTime,
     Route,
     Schedule,
+    SequenceMismatch,
+    StepEnergyReport,
     StepReport,
     from_json,
     to_json,
@@ -82,6 +88,67 @@ def test_phases() -> None:
     assert schedule.phase is Phase.running  # unknown keys would be ignored, bad phases raise
     with pytest.raises(ValueError):
         from_json(Schedule, {"step": 1, "phase": "done", "frequencies_mhz": []})
+
+
+def _full_messages() -> Any:
+    """Messages with every kind of field filled: nested models, lists, options, enums."""
+    report = StepReport(
+        rank=3,
+        step=7,
+        iteration_time_s=0.25,
+        compute_time_s=0.2,
+        start_s=1.5,
+        end_s=1.75,
+        energies=[StepEnergyReport(5, 41.5), StepEnergyReport(6, 42.0)],
+        energy_updates=[CounterUpdate(1.6, 1e6, 0.002)],
+        instructions=[
+            InstructionReport(
+                position=i,
+                instruction=name,
+                microbatch=i // 2,
+                start_s=1.5 + i,
+                end_s=1.6 + i,
+                frequency_mhz=None if i == 1 else 1200,
+            )
+            for i, name in enumerate(["forward", "backward", "backward_input"])
+        ],
+        scheduled=False,
+        peers=[4, 5],
+        replicas=[ReplicaTime(0, 0.2), ReplicaTime(1, 0.19)],
+        sequence="F0 B0",
+        mismatches=[SequenceMismatch(4, 2, "B1")],
+    )
+    schedule = Schedule(
+        step=8,
+        phase=Phase.profiling,
+        frequencies_mhz=[1410, None, 1200],
+        overrides=[ReplicaSchedule([1, 2], [1005, None, 900])],
+        message="straggler",
+    )
+    spec = job_spec_from_config(PerseusConfig(), RankInfo(num_stages=2), "job-2")
+    return [report, schedule, spec]
+
+
+@pytest.mark.parametrize("message", _full_messages(), ids=lambda m: type(m).__name__)
+def test_to_json_is_asdict_without_shared_containers(message: Any) -> None:
+    encoded = to_json(message)
+    assert encoded == dataclasses.asdict(message)
+    for name, value in encoded.items():  # the message's own lists are never handed out
+        if isinstance(value, list):
+            assert value is not getattr(message, name), name
+    assert from_json(type(message), encoded) == message
+
+
+def test_from_json_converts_nested_models_each_time() -> None:
+    body = to_json(_full_messages()[1])
+    for _ in range(2):  # the second decode runs on the model's cached converters
+        schedule = from_json(Schedule, body)
+        assert schedule.phase is Phase.profiling
+        assert schedule.overrides == [ReplicaSchedule([1, 2], [1005, None, 900])]
+        assert isinstance(schedule.overrides[0], ReplicaSchedule)
+    assert from_json(Schedule, {**body, "overrides": [], "unknown": 1}).overrides == []
+    with pytest.raises(TypeError):
+        from_json(Schedule, {**body, "overrides": [1]})
 
 
 def test_server_serves_exactly_the_wire_routes(tmp_path: Any) -> None:
