@@ -10,7 +10,6 @@ the stage's energies of earlier iterations and the leader's counter updates).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
 from perseus.numbers import finite_or_none
@@ -92,7 +91,17 @@ def combined_report(
             for u in updates
             if math.isfinite(u.time_s) and math.isfinite(u.energy_mj) and u.energy_mj >= 0
         ],
-        instructions=[InstructionReport(**asdict(i)) for i in record.instructions]
+        instructions=[
+            InstructionReport(
+                position=i.position,
+                instruction=i.instruction,  # type: ignore[arg-type]  # one of KINDS
+                microbatch=i.microbatch,
+                start_s=i.start_s,
+                end_s=i.end_s,
+                frequency_mhz=i.frequency_mhz,
+            )
+            for i in record.instructions
+        ]
         if with_records
         else [],
         scheduled=all(r.scheduled for r in rows),
