@@ -3,7 +3,8 @@
 
 Every mode runs on the realistic emulated GPU (``gpu.emulated.counter=realistic``: its energy
 counter updates every 100 ms, each read blocks its caller ~3 ms and 15-35 ms right after an
-update), with the device's energy sampler thread polling it beside the hooks, as in a job. The
+update, asleep with the interpreter lock free as in the driver), with the device's energy
+sampler thread polling it beside the hooks, as in a job. The
 instructions take their profiled time (a synthetic 4-stage profile scaled by ``--time-scale``:
 0.5-1 ms each). What is timed is the hooks' own work: ``on_step_begin``, every
 ``on_instruction_begin`` / ``on_instruction_end`` pair and ``on_step_end``, less the time the
@@ -32,7 +33,9 @@ controller thread). A reference run of ``measure`` without the sampler thread sh
 thread itself costs the hooks, and the local modes run again with instructions that take no
 time (``--hot`` for all: hooks back to back, caches warm; the online job then outruns its
 server). The machine load (1-minute average) is printed before and after. Also kept: the null
-GPU (the runtime alone, with and without the controller thread) and the cost of synchronizing
+GPU (the runtime alone, with and without the controller thread, and with instructions taking
+their time: the runtime alone after each wait, no emulation, which shows what a wait costs the
+code that runs after it on this machine) and the cost of synchronizing
 (without CUDA in use: a no-op call; ``torch.cuda.synchronize`` on an idle device where CUDA is
 usable).
 
@@ -87,6 +90,7 @@ class NullGPU(GPU):
     index = 0
     name = "null"
     fast_clock_changes = True
+    waited_s = 0.0  # time its synchronization spent waiting for instructions (none here)
 
     def supported_sm_clocks_mhz(self) -> List[int]:
         return list(CLOCKS_MHZ)
@@ -123,6 +127,29 @@ class NullGPU(GPU):
 
     def power_mw(self) -> int:
         return 0
+
+
+class WaitingNullGPU(NullGPU):
+    """The null GPU whose instructions take time: its synchronization spins until the running
+    instruction's end (as CUDA's does), and nothing else runs (no emulation, no sampler).
+
+    The hooks' cost beside it, waits left out, is the runtime alone after every instruction's
+    wait: against the null GPU's (hooks back to back) it shows what a wait itself costs the
+    code that runs after it on this machine (cold caches), whatever the device.
+    """
+
+    def __init__(self, seconds_of: Dict[str, float]) -> None:
+        self._seconds_of = seconds_of
+        self._deadline_s = 0.0
+
+    def instruction_begin(self, stage: int, instruction: str) -> None:
+        self._deadline_s = time.perf_counter() + self._seconds_of[instruction]
+
+    def synchronize(self) -> None:
+        t0 = time.perf_counter()
+        if self._deadline_s > t0:
+            spin_s(self._deadline_s - t0)
+        self.waited_s += time.perf_counter() - t0
 
 
 class CudaSyncNullGPU(NullGPU):
@@ -192,8 +219,9 @@ def make_plan(num_mb: int) -> Plan:
     return Plan("1f1b", NUM_STAGES, num_mb, stages)
 
 
-def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:
-    """Median and best per-pair cost (us) over iterations, the pairs alone (null GPUs)."""
+def time_pairs_us(gpu: NullGPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:
+    """Median and best per-pair cost (us) over iterations, the pairs alone (null GPUs), their
+    waits for the instructions left out."""
     opt = PerseusOptimizer.on_gpu(
         RankInfo(stage=stage, num_stages=NUM_STAGES), gpu, PlanSource(plan, stage)
     )
@@ -205,11 +233,13 @@ def time_pairs_us(gpu: GPU, plan: Plan, stage: int, iterations: int) -> Tuple[fl
     try:
         for _ in range(iterations):
             opt.on_step_begin()
+            waited0_s = gpu.waited_s
             t0 = perf()
             for name in names:
                 begin(name)
                 end(name)
-            per_pair_us.append((perf() - t0) / len(names) * 1e6)
+            spent_s = perf() - t0 - (gpu.waited_s - waited0_s)
+            per_pair_us.append(spent_s / len(names) * 1e6)
             opt.on_step_end()
     finally:
         gc.enable()
@@ -237,6 +267,18 @@ class TimedGPU(EmulatedGPU):
         t0 = time.perf_counter()
         super()._wait_until(deadline_s)
         self.waited_s += time.perf_counter() - t0
+
+    def _block_until(self, deadline_s: float) -> None:
+        """A counter read's block: a real sleep, whatever the instructions' wait does.
+
+        A real GPU's counter read blocks the sampler's thread inside the driver, the
+        interpreter lock free and no Python running; spinning in Python instead (the
+        instructions' ``--wait spin``) would have the sampler fight the hooks for the lock
+        through its whole ~3 ms read, which no real read does.
+        """
+        remaining_s = deadline_s - self._clock()
+        if remaining_s > 0:
+            time.sleep(remaining_s)
 
     def _device(self, method: Callable[..., None], *args: Any) -> None:
         t0 = time.perf_counter()
@@ -556,6 +598,18 @@ def main() -> None:
     threaded.fast_clock_changes = False  # clock changes go through the controller thread
     thr_med, thr_best = time_pairs_us(threaded, plan, stage, args.null_iterations)
     print(f"null GPU, controller thread: median {thr_med:.2f} us/pair, best {thr_best:.2f}")
+    if not args.hot:
+        seconds_of = {"forward": 0.010 * args.time_scale, "backward": 0.020 * args.time_scale}
+        waits = [
+            time_pairs_us(WaitingNullGPU(seconds_of), plan, stage, args.iterations)
+            for _ in range(args.rounds)
+        ]
+        print(
+            "null GPU, instructions taking their time (the runtime alone after each wait): "
+            f"{min(w[0] for w in waits):.2f} us/pair, the best run's median (each run's: "
+            + ", ".join(f"{w[0]:.2f}" for w in waits)
+            + ")"
+        )
     sync_med, _ = time_pairs_us(CudaSyncNullGPU(), plan, stage, args.null_iterations)
     print(
         f"sync cost: {sync_call_ns():.0f} ns per CudaSynchronizer call without CUDA in use; "

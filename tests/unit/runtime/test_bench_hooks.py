@@ -37,6 +37,7 @@ def test_bench_hooks_prints_hook_overhead_last() -> None:
     assert "8 clock changes/iteration" in proc.stdout  # the plan changes clock at every pair
     assert re.search(r"^  plan .*best of 2 runs: ", proc.stdout, re.M), proc.stdout
     assert "online job 2, iterations per phase" in proc.stdout
+    assert "null GPU, instructions taking their time" in proc.stdout  # the after-wait reference
 
 
 def test_a_mode_counts_its_best_run_of_enough_iterations() -> None:
