@@ -132,7 +132,9 @@ def create_app(
 
 
 def _auth_dependency(token: Optional[str]) -> Any:
-    def check(request: Request) -> None:
+    # A coroutine: FastAPI runs a plain function dependency on its thread pool, a hand-over to
+    # another thread and back for every request (a header check needs none).
+    async def check(request: Request) -> None:
         if not token:
             return
         header = request.headers.get("authorization", "")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 import pytest
 from fastapi.testclient import TestClient
 
 from perseus.config import ServerConfig
 from perseus.errors import ConfigError
+from perseus.server import app as app_module
 from perseus.server.app import create_app
 from perseus.server.process import check_exposure, is_loopback
+from perseus.server.registry import JobRegistry
 from perseus.wire import MAX_INSTRUCTIONS
 
 SPEC = {"job_id": "job-a", "num_stages": 2, "num_microbatches": 4}
@@ -98,6 +101,31 @@ def test_token_guards_everything_but_healthz(tmp_path: Path) -> None:
         ok = c.post("/jobs", json=SPEC, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert c.get("/openapi.json").status_code == 200
+
+
+def test_token_is_checked_on_the_event_loop_not_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain-function dependency would run on the thread pool: a hand-over to another thread
+    # and back for every request the stage leaders send each iteration.
+    threads: Dict[str, int] = {}
+    compare = app_module.hmac.compare_digest
+    create = JobRegistry.create
+
+    def checking(a: bytes, b: bytes) -> bool:
+        threads["token"] = threading.get_ident()
+        return compare(a, b)
+
+    def creating(self: JobRegistry, spec: Any) -> Any:
+        threads["endpoint"] = threading.get_ident()
+        return create(self, spec)
+
+    monkeypatch.setattr(app_module.hmac, "compare_digest", checking)
+    monkeypatch.setattr(JobRegistry, "create", creating)
+    with TestClient(create_app(ServerConfig(token="s3cret"), tmp_path)) as c:
+        ok = c.post("/jobs", json=SPEC, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    assert threads["token"] == threads["endpoint"]
 
 
 def test_jobs_are_isolated_in_their_own_directories(client: TestClient, tmp_path: Path) -> None:
