@@ -82,6 +82,8 @@ CLOCKS_MHZ = (1410, 1305, 1200, 1095, 1005, 900)
 # A mode or phase counts for the worst figure with at least this many iterations.
 MIN_COUNTED = 5
 NUM_STAGES = 4
+# The synthetic profile's instruction times at the highest clock (s), before --time-scale.
+BASE_TIME_S = {"forward": 0.010, "backward": 0.020}
 
 
 class NullGPU(GPU):
@@ -193,7 +195,7 @@ def cuda_sync_us() -> str:
 def synthetic_profile() -> Profile:
     rows = []
     for stage in range(NUM_STAGES):
-        for name, base_s in (("forward", 0.010), ("backward", 0.020)):
+        for name, base_s in BASE_TIME_S.items():
             for f in CLOCKS_MHZ:
                 t = base_s * 1410 / f
                 rows.append((stage, name, f, t, t * (150 + 0.1 * f)))
@@ -263,22 +265,20 @@ class TimedGPU(EmulatedGPU):
     # instrumentation_us): the bench's, not the hooks'.
     wrapper_us = 0.0
 
+    # The wait for an instruction spins (``spin_s``) instead of the emulated GPU's sleep. Only
+    # that wait: a counter read keeps the emulated GPU's real sleep, as a driver call blocks
+    # asleep with the interpreter lock free (a spinning read would fight the hooks for it).
+    spin_waits = False
+
     def _wait_until(self, deadline_s: float) -> None:
         t0 = time.perf_counter()
-        super()._wait_until(deadline_s)
+        if self.spin_waits:
+            remaining_s = deadline_s - self._clock()
+            if remaining_s > 0:
+                spin_s(remaining_s)
+        else:
+            super()._wait_until(deadline_s)
         self.waited_s += time.perf_counter() - t0
-
-    def _block_until(self, deadline_s: float) -> None:
-        """A counter read's block: a real sleep, whatever the instructions' wait does.
-
-        A real GPU's counter read blocks the sampler's thread inside the driver, the
-        interpreter lock free and no Python running; spinning in Python instead (the
-        instructions' ``--wait spin``) would have the sampler fight the hooks for the lock
-        through its whole ~3 ms read, which no real read does.
-        """
-        remaining_s = deadline_s - self._clock()
-        if remaining_s > 0:
-            time.sleep(remaining_s)
 
     def _device(self, method: Callable[..., None], *args: Any) -> None:
         t0 = time.perf_counter()
@@ -359,15 +359,16 @@ def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
     fewer CUDA contexts than CPU cores) or sleeps until its last 0.5 ms (``"sleep"``: a blocking
     synchronization, after which the hooks run on a CPU the kernel and other threads had).
     """
-    return TimedGPU(
+    gpu = TimedGPU(
         synthetic_profile(),
         blocking_power_w=83.64,
         counter="realistic",
         time_scale=args.time_scale,
         sleep=not args.hot,
-        sleeper=spin_s if args.wait == "spin" else None,
         num_pipeline_stages=num_stages,
     )
+    gpu.spin_waits = args.wait == "spin"
+    return gpu
 
 
 class Costs:
@@ -599,7 +600,7 @@ def main() -> None:
     thr_med, thr_best = time_pairs_us(threaded, plan, stage, args.null_iterations)
     print(f"null GPU, controller thread: median {thr_med:.2f} us/pair, best {thr_best:.2f}")
     if not args.hot:
-        seconds_of = {"forward": 0.010 * args.time_scale, "backward": 0.020 * args.time_scale}
+        seconds_of = {name: base_s * args.time_scale for name, base_s in BASE_TIME_S.items()}
         waits = [
             time_pairs_us(WaitingNullGPU(seconds_of), plan, stage, args.iterations)
             for _ in range(args.rounds)
