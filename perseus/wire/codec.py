@@ -29,6 +29,8 @@ Converter = Optional[Callable[[Any], Any]]
 # Per model: its fields' converters, built once (type hints are slow to resolve; the link's
 # thread decodes a schedule every iteration).
 _PLANS: Dict[type, Dict[str, Converter]] = {}
+# Values ``to_json`` hands on as they are.
+_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def to_json(message: Any) -> Dict[str, Any]:
@@ -56,9 +58,6 @@ def _encode(value: Any) -> Any:
     if isinstance(value, dict):
         return cls((_encode(k), _encode(v)) for k, v in value.items())
     return value
-
-
-_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def from_json(model: Type[M], data: Any) -> M:
