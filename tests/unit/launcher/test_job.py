@@ -95,11 +95,37 @@ def test_report_from_summary_gives_the_savings_with_their_intervals() -> None:
     assert report["block_steps"] == 2 and report["num_block_pairs"] == 4
     assert report["plan"]["predicted_energy_j"] == 905.0
     assert report["plan"]["predicted_iteration_time_s"] == 2.0
-    assert report["predicted_energy_saving"] == pytest.approx(0.095)
+    assert report["predicted_energy_saving"] == pytest.approx(0.094)  # the prediction's own
+    assert report["plan"]["predicted_energy_error"] == pytest.approx(905.0 / 900.0 - 1.0)
     assert report["predicted"]["plan_id"] == 7
     assert report["predicted"]["energy_saving_ci95"] == [0.088, 0.1]
     assert report["profiling_iterations"] == 12
     assert report["job_id"] == "train-1"
+
+
+def test_a_profile_off_by_a_constant_predicts_no_saving_in_an_a_a_run() -> None:
+    """An A/A run on the real H200 (clocks never changed): the profile put the plan's energy 5 %
+    under the measured one, and the prediction is 0.9 %; the report's predicted saving is that
+    0.9 %, not the profile's 5 % error read against the measured baseline."""
+    summary = {
+        "baseline": {"iteration_time_s": 0.2643, "energy_j": 114.35, "num_steps": 40},
+        "plan": {"iteration_time_s": 0.2593, "energy_j": 113.68, "num_steps": 40},
+        "savings": {
+            "energy_fraction": None,
+            "energy_saving_ci95": [-0.004, 0.016],
+            "energy_saving_measurable": False,
+        },
+        "predicted": {
+            "iteration_time_s": 0.238,
+            "energy_j": 108.0,
+            "energy_saving_fraction": 0.0092,
+            "energy_saving_ci95": [-0.044, 0.062],
+        },
+    }
+    report = report_from_summary(summary)
+    assert report["predicted_energy_saving"] == pytest.approx(0.0092)
+    assert report["plan"]["predicted_energy_error"] == pytest.approx(108.0 / 113.68 - 1.0)
+    assert report["energy_saving"] is None and not report["energy_saving_measurable"]
 
 
 def test_report_without_plan_has_no_fractions() -> None:
