@@ -1,0 +1,66 @@
+"""scripts/bench_real_gpu_hooks.py: its statistics here; on a real GPU, its contract line."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "bench_real_gpu_hooks.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_real_gpu_hooks", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("n", [24, 400])
+def test_median_interval_covers_the_median_with_95_percent(n: int) -> None:
+    median_ci95 = load_script().median_ci95
+    samples = [float(x) for x in range(n, 0, -1)]  # any order
+    mid, low, high = median_ci95(samples)
+    assert low < mid < high and mid == (n + 1) / 2
+    # The interval [x(j), x(k)] holds the true median with probability P(j <= B < k) for
+    # B ~ Binomial(n, 1/2) (j, k 1-based order statistics): at least 95 %, not far above.
+    j, k = int(low), int(high)
+    coverage = sum(math.comb(n, b) for b in range(j, k)) / 2**n
+    assert 0.95 <= coverage < 0.99
+
+
+def test_without_cuda_it_says_it_needs_a_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is usable here")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, cwd=str(REPO)
+    )
+    assert proc.returncode == 2
+    assert "needs a real NVIDIA GPU" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_no_counter_read_comes_from_the_training_thread() -> None:
+    small = ["--pairs-tiny", "20", "--pairs-big", "2", "--blocks", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *small],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(REPO),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    pattern = r"real_gpu_hook_overhead_us tiny=-?\d+\.\d big=-?\d+\.\d training_thread_reads=(\d+)"
+    match = re.fullmatch(pattern, last)
+    assert match, last
+    assert match.group(1) == "0"
