@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.scripts import SCRIPTS, load_script
+
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "scripts" / "bench_real_gpu_hooks.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_real_gpu_hooks", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = SCRIPTS / "bench_real_gpu_hooks.py"
 
 
 @pytest.mark.parametrize("n", [24, 400])
 def test_median_interval_covers_the_median_with_95_percent(n: int) -> None:
-    median_ci95 = load_script().median_ci95
+    median_ci95 = load_script("bench_real_gpu_hooks").median_ci95
     samples = [float(x) for x in range(n, 0, -1)]  # any order
     mid, low, high = median_ci95(samples)
     assert low < mid < high and mid == (n + 1) / 2

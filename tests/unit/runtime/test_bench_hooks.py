@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+
+from tests.scripts import SCRIPTS, load_script
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "scripts" / "bench_hooks.py"
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_hooks", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = SCRIPTS / "bench_hooks.py"
 
 
 def test_bench_hooks_prints_hook_overhead_last() -> None:
@@ -41,7 +33,7 @@ def test_bench_hooks_prints_hook_overhead_last() -> None:
 
 
 def test_a_mode_counts_its_best_run_of_enough_iterations() -> None:
-    bench = load_bench()
+    bench = load_script("bench_hooks")
     runs = []
     for hooks_us, num in ((9.0, 6), (4.0, 2), (7.0, 5)):
         costs = bench.Costs()
