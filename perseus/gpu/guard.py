@@ -163,9 +163,12 @@ class GPUGuard:
         """Unlock the SM clock (acquires the GPU if needed)."""
         with self._mutex:
             self.acquire()
-            self.gpu.reset_sm_clocks()
-            self._sm_locked = False
-            self._write_or_remove_state()
+            self._reset_sm_clocks()
+
+    def _reset_sm_clocks(self) -> None:
+        self.gpu.reset_sm_clocks()
+        self._sm_locked = False
+        self._write_or_remove_state()
 
     def lock_memory_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
         """Lock the memory clock (acquires the GPU if needed)."""
@@ -179,9 +182,12 @@ class GPUGuard:
         """Unlock the memory clock (acquires the GPU if needed)."""
         with self._mutex:
             self.acquire()
-            self.gpu.reset_memory_clocks()
-            self._memory_locked = False
-            self._write_or_remove_state()
+            self._reset_memory_clocks()
+
+    def _reset_memory_clocks(self) -> None:
+        self.gpu.reset_memory_clocks()
+        self._memory_locked = False
+        self._write_or_remove_state()
 
     def set_power_limit_mw(self, limit_mw: int) -> None:
         """Set the power limit (acquires the GPU if needed; remembers the one found)."""
@@ -200,13 +206,16 @@ class GPUGuard:
         """Put back the power limit found before the first change (default if none)."""
         with self._mutex:
             self.acquire()
-            found = self._found_power_limit_mw
-            if found is None:
-                self.gpu.reset_power_limit()
-                return
-            self.gpu.set_power_limit_mw(found)
-            self._found_power_limit_mw = None
-            self._write_or_remove_state()
+            self._reset_power_limit()
+
+    def _reset_power_limit(self) -> None:
+        found = self._found_power_limit_mw
+        if found is None:
+            self.gpu.reset_power_limit()
+            return
+        self.gpu.set_power_limit_mw(found)
+        self._found_power_limit_mw = None
+        self._write_or_remove_state()
 
     def restore(self) -> None:
         """Undo every change this guard made; raises the first failure after trying all.
@@ -216,23 +225,40 @@ class GPUGuard:
         """
         if not (self._sm_locked or self._memory_locked or self._found_power_limit_mw is not None):
             return
-        run_bounded(self._restore_now, self.restore_timeout_s, f"restoring {self._describe_gpu()}")
+        what = f"restoring {self._describe_gpu()}"
+        if self._mutex.acquire(blocking=False):
+            # This thread holds the guard now, and may have held it already: a signal handler
+            # that interrupted one of the guard's own methods on this thread (a synchronous
+            # clock change) runs here, and that method cannot go on before the process ends.
+            # The bounded worker then undoes the changes without taking the lock again (it
+            # would wait for this thread until the timeout and leave the GPU changed); no
+            # other thread can change the GPU meanwhile.
+            try:
+                run_bounded(self._undo_changes, self.restore_timeout_s, what)
+            finally:
+                self._mutex.release()
+            return
+        run_bounded(self._restore_now, self.restore_timeout_s, what)  # after the holder's change
 
     def _restore_now(self) -> None:
         with self._mutex:
-            failures = []
-            for changed, undo in (
-                (self._sm_locked, self.reset_sm_clocks),
-                (self._memory_locked, self.reset_memory_clocks),
-                (self._found_power_limit_mw is not None, self.reset_power_limit),
-            ):
-                if changed:
-                    try:
-                        undo()
-                    except GPUError as exc:
-                        failures.append(exc)
-            if failures:
-                raise failures[0]
+            self._undo_changes()
+
+    def _undo_changes(self) -> None:
+        """Undo every recorded change (the caller holds the mutex for this thread's use)."""
+        failures = []
+        for changed, undo in (
+            (self._sm_locked, self._reset_sm_clocks),
+            (self._memory_locked, self._reset_memory_clocks),
+            (self._found_power_limit_mw is not None, self._reset_power_limit),
+        ):
+            if changed:
+                try:
+                    undo()
+                except GPUError as exc:
+                    failures.append(exc)
+        if failures:
+            raise failures[0]
 
     def restore_quietly(self) -> None:
         """Restore, logging failures (for exit paths that must not raise)."""

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from unittest.mock import call
 
 import pytest
 
@@ -56,6 +57,24 @@ def test_restore_gives_up_after_its_timeout_and_keeps_the_state(tmp_path, hung):
         guard.restore_quietly()  # the exit hooks' path: logs, returns
     assert guard.acquired  # the lock stays held until the process ends (for the watchdog)
     assert (tmp_path / f"{uuid_of(0)}.state.json").exists()  # what to restore is kept
+
+
+def test_restore_from_a_thread_inside_the_guard_does_not_wait_for_itself(tmp_path):
+    """A signal handler runs on the thread it interrupted: inside one of the guard's own methods
+    (a synchronous clock change), that thread holds the guard. The restore must not wait for it
+    (it never goes on before the process ends): the clocks are reset at once, not left changed
+    after the timeout."""
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        guard = GPUGuard(NVMLGPU(0), state_dir=tmp_path, restore_timeout_s=1.0, watchdog=False)
+        guard.acquire().lock_sm_clocks_mhz(1005, 1005)
+        m.reset_mock()
+        with guard._mutex:  # interrupted inside a guard method, as a signal handler finds it
+            guard.restore_quietly()
+            # Done while this thread still holds the guard (before: nothing, after the timeout).
+            assert m.mock_calls == [call.nvmlDeviceResetGpuLockedClocks("handle-0")]
+        guard.release()
+    assert not (tmp_path / f"{uuid_of(0)}.state.json").exists()
 
 
 def test_optimizer_close_and_gpu_close_are_bounded(tmp_path, hung, monkeypatch, caplog):
