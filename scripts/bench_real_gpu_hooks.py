@@ -149,7 +149,7 @@ def paired_us(step: Step, opt: Any, num_pairs: int) -> List[float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--pairs-tiny", type=int, default=400, help="step pairs per mode")
     p.add_argument("--pairs-big", type=int, default=24, help="step pairs per mode")
