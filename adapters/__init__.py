@@ -9,12 +9,12 @@ nothing) and can be undone. The registry below does the same by name::
     adapters.unpatch("deepspeed")  # the framework's own functions are back
 
 Where the optimizer's configuration comes from (first match wins; details in
-:mod:`perseus.runtime.context`): an explicit ``perseus.runtime.context.configure(cfg)`` call in
-the training script; a YAML file (only the keys to change) named by the environment variable
+:mod:`perseus.runtime.context`): an explicit ``perseus.runtime.context.configure(cfg)`` call in the
+training script; a YAML file (only the keys to change) named by the environment variable
 ``PERSEUS_CONFIG`` (``perseus-train`` points its ranks at the resolved configuration this way);
-otherwise the defaults of :class:`perseus.config.PerseusConfig`: online mode with a coordination
-server the job starts itself (:mod:`perseus.runtime.rendezvous`). The job's shape is always read
-from the engine.
+otherwise the defaults of :class:`perseus.config.schema.PerseusConfig`: online mode with a
+coordination server the job starts itself (:mod:`perseus.runtime.launch.rendezvous`). The job's
+shape is always read from the engine.
 
 Nothing here imports a framework until an adapter is asked for.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from perseus.records import RankInfo
-from perseus.runtime import slurm
+from perseus.runtime.launch import slurm
 
 
 def grid_rank_info(engine: Any) -> RankInfo:

@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Dict, List, Sequence, Tuple
 
+from perseus.config.checked import Bound
 from perseus.errors import ConfigError
-from perseus.wire_bounds import Bound
 
 # Bounds of an order on the wire (a job's spec; the server's validation reads them): the
 # wire's stages, and a rank's actions (``perseus.wire.fields.MAX_INSTRUCTIONS`` of them, each

@@ -16,7 +16,7 @@ online source (send the last reports), a locally started coordination server (te
   not end the process, so nothing is restored. Handlers can only be installed from the main
   thread; elsewhere ``atexit`` and the owners' context managers remain.
 * **SIGKILL** cannot be caught: the guards' state files cover it (see
-  :mod:`perseus.gpu.guard`).
+  :mod:`perseus.gpu.guard.owner`).
 
 A forked child (a data-loader worker) starts with no closers: what its parent registered is
 the parent's to close. A closer is removed with :func:`cancel` once its owner closed normally. See

@@ -63,17 +63,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from perseus.config import ServerConfig
-from perseus.formats.plan_json import Plan, PlanStep
-from perseus.formats.profile_csv import Profile
+from perseus.config.schema import ServerConfig
+from perseus.formats.plan.document import Plan, PlanStep
+from perseus.formats.profile.table import Profile
 from perseus.gpu.base import GPU
-from perseus.gpu.emulated import EmulatedGPU
+from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.gpu.sync import CudaSynchronizer
 from perseus.records import RankInfo
-from perseus.runtime.client import ServerClient
-from perseus.runtime.online import OnlineSource
+from perseus.runtime.launch.spawn import start_server_process
+from perseus.runtime.online.client import ServerClient
+from perseus.runtime.online.source import OnlineSource
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.server_spawn import start_server_process
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
 from perseus.runtime.types import FrequencySource
 from perseus.wire import JobSpec, ProfilerSettings

@@ -83,13 +83,13 @@ def run_case(
     name: str, stages: int, num_mb: int, scope: str, effort: str, with_bound: bool
 ) -> Dict[str, Any]:
     """Solve one case in this process and measure it (called in a child process)."""
-    from perseus.config import EnergyConfig
+    from perseus.config.schema import EnergyConfig
     from perseus.planner import plan_frontier, plan_policy
     from perseus.planner.cases import case_problem
     from perseus.planner.frontier import max_gap_rel
     from perseus.planner.policies import choose
-    from perseus.planner.solvers.lp.bounds import lp_bound
-    from perseus.planner.solvers.lp.cuts import MAX_PATH_NODES
+    from perseus.planner.solvers.lp.milp.bounds import lp_bound
+    from perseus.planner.solvers.lp.milp.cuts import MAX_PATH_NODES
 
     policy = EnergyConfig(policy="no_slowdown")
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -123,7 +123,7 @@ def run_case(
 
 def run_sharing(name: str, stages: int, num_mb: int) -> Dict[str, Any]:
     """LP optimum and no-slowdown saving, exact LP against shared clocks (child process)."""
-    from perseus.config import EnergyConfig
+    from perseus.config.schema import EnergyConfig
     from perseus.planner import plan_frontier
     from perseus.planner.cases import case_problem
     from perseus.planner.policies import choose

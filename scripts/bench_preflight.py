@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import List, Tuple
 
-from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.schedule import stage_order
 
 SMALL = ["parallelism.pp=2", "parallelism.num_microbatches=4", "gpu=emulated"]

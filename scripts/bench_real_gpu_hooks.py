@@ -87,7 +87,7 @@ def make_step(torch: Any, size: str, num_mb: int) -> Step:
 
 def one_plan(clocks_mhz: List[int], num_mb: int) -> Any:
     """A one-stage plan that moves the clock at every instruction (dry run: nothing changes)."""
-    from perseus.formats.plan_json import Plan, PlanStep
+    from perseus.formats.plan.document import Plan, PlanStep
 
     order = [("forward", m) for m in range(num_mb)] + [("backward", m) for m in range(num_mb)]
     top = clocks_mhz[: min(4, len(clocks_mhz))]
@@ -161,8 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("no usable CUDA device here: this benchmark needs a real NVIDIA GPU", file=sys.stderr)
         return 2
-    from perseus.gpu.nvml import NVMLGPU
-    from perseus.gpu.nvml_support import load_pynvml
+    from perseus.gpu.nvml.device import NVMLGPU
+    from perseus.gpu.nvml.support import load_pynvml
     from perseus.records import RankInfo
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource

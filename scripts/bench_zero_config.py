@@ -52,7 +52,7 @@ def timed(self, *args, **kwargs):
 engine_module.PipelineEngine.train_batch = timed
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 module.main()
-rendezvous = sys.modules.get("perseus.runtime.rendezvous")
+rendezvous = sys.modules.get("perseus.runtime.launch.rendezvous")
 rank = int(__import__("os").environ["RANK"])
 with open(f"bench-rank{rank}.json", "w") as out:
     json.dump({"rank": rank, "steps": times,
@@ -61,8 +61,8 @@ with open(f"bench-rank{rank}.json", "w") as out:
 
 
 def spawn_times(count: int) -> List[float]:
-    from perseus.config import ServerConfig
-    from perseus.runtime.server_spawn import new_token, start_server_process
+    from perseus.config.schema import ServerConfig
+    from perseus.runtime.launch.spawn import new_token, start_server_process
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

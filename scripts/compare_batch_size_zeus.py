@@ -8,7 +8,7 @@ both policies on the same luck (seeds 1..N), and prints per job: the mean cumula
 each, Perseus's difference, each one's regret against the best fixed (batch size, power limit),
 Perseus's saving against always running the default (b0 at the highest power limit), and the
 number of runs that ended in a broken state. The Zeus side is
-:mod:`perseus.batch_size.zeus_reference` (the published method, re-implemented). The last line
+:mod:`perseus.batch_size.zeus.reference` (the published method, re-implemented). The last line
 is ``all_at_or_below_zeus=<bool> broken=<count>``.
 """
 
@@ -19,9 +19,9 @@ import statistics
 import time
 from pathlib import Path
 
-from perseus.batch_size.replay import replay, replay_perseus
-from perseus.batch_size.zeus_reference import ZeusReference
-from perseus.batch_size.zeus_trace import (
+from perseus.batch_size.zeus.reference import ZeusReference
+from perseus.batch_size.zeus.replay import replay, replay_perseus
+from perseus.batch_size.zeus.trace import (
     PUBLISHED_JOBS,
     best_fixed_choice,
     fixed_choice_cost,

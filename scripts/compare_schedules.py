@@ -7,7 +7,7 @@ stage per GPU (the profile's 8 stages); the V schedules (``ScheduleZBVZeroBubble
 ``ScheduleDualPipeV``) and ``ScheduleInterleavedZeroBubble`` run two model chunks per GPU, each
 modelled as half of that GPU's 1F1B stage (time and energy of every instruction halved), with
 the backward split into its input and weight halves by the documented rule
-(:func:`perseus.formats.profile_split.split_backward`: half of the backward's time and energy
+(:func:`perseus.formats.profile.split.split_backward`: half of the backward's time and energy
 each). DualPipeV needs at least as many microbatches as stages: 16 for 16 stages.
 
 Columns: all-max iteration time and energy, the bubble (the share of GPU time spent blocked
@@ -43,15 +43,15 @@ def run(name: str, num_mb: int, input_fraction: float) -> Dict[str, Any]:
     """Plan one schedule; its figures."""
     from perseus.adapters.torch_pipelining import generated_order
 
-    from perseus.config import EnergyConfig
-    from perseus.formats.profile_split import split_backward
+    from perseus.config.schema import EnergyConfig
+    from perseus.formats.profile.split import split_backward
     from perseus.planner import plan_frontier
     from perseus.planner.cases import blocking_power_w, case_profile
     from perseus.planner.policies import choose
     from perseus.planner.problem import PlanningProblem
     from perseus.planner.simulate import simulate
-    from perseus.planner.solvers.lp.bounds import lp_bound
-    from perseus.planner.solvers.lp.cuts import MAX_PATH_NODES
+    from perseus.planner.solvers.lp.milp.bounds import lp_bound
+    from perseus.planner.solvers.lp.milp.cuts import MAX_PATH_NODES
 
     chunks = SCHEDULES[name]
     profile = case_profile(PROFILE, NUM_GPUS)

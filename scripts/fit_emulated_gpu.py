@@ -1,6 +1,6 @@
 """Fit the realistic emulated GPU to recordings of a real one (``polls.csv`` / ``segments.csv``).
 
-Prints every figure the realistic emulated GPU (:mod:`perseus.gpu.emulated_nvml`) takes from the
+Prints every figure the realistic emulated GPU (:mod:`perseus.gpu.emulated.readings`) takes from the
 H100 recordings in ``tests/data/h100-nvml`` and how well each fits; ``--write`` regenerates the
 read-latency table ``perseus/data/h100_nvml/read_latency.csv``. Sections:
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Load-test one coordination server with whole simulated jobs; print what it could take.
 
-Every rank of every job is a thread running the real online source (``perseus.runtime.online``:
+Every rank of every job is a thread running the real online source
+(``perseus.runtime.online.source``:
 its stage exchange, its server link, its HTTP client): the ranks of one stage share a
 ``ThreadStage`` exchange inside one process per stage, and only the stage leaders talk to the
 server, as in a real job. Leaders measure their iterations on the emulated GPU on a virtual
@@ -33,12 +34,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.profiler.virtual_run import run_step, virtual_gpu
 from perseus.records import InstructionRecord, RankInfo, StepRecord
-from perseus.runtime.client import ServerClient
-from perseus.runtime.online import OnlineSource
-from perseus.runtime.stage_exchange import Member, ThreadStage
+from perseus.runtime.online.client import ServerClient
+from perseus.runtime.online.exchange import Member, ThreadStage
+from perseus.runtime.online.source import OnlineSource
 from perseus.server.process import start_server_process
 from perseus.wire import EnergySettings, JobSpec, ProfilerSettings
 

@@ -22,8 +22,8 @@ import statistics
 import time
 from typing import Optional
 
-from perseus.formats.profile_csv import read_profile_csv
-from perseus.gpu.emulated import EmulatedGPU, bundled_profile_names, bundled_profile_path
+from perseus.formats.profile.table import read_profile_csv
+from perseus.gpu.emulated.device import EmulatedGPU, bundled_profile_names, bundled_profile_path
 from perseus.profiler import StageSweep, sweep_clocks_mhz
 from perseus.profiler.virtual_run import VirtualClock, profile_errors, profile_virtually
 from perseus.schedule import stage_order

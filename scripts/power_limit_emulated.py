@@ -28,9 +28,9 @@ from __future__ import annotations
 import argparse
 from typing import Dict, List, Tuple
 
-from perseus.config import PowerLimitConfig
-from perseus.formats.profile_csv import Profile
-from perseus.gpu.emulated import (
+from perseus.config.schema import PowerLimitConfig
+from perseus.formats.profile.table import Profile
+from perseus.gpu.emulated.device import (
     EmulatedGPU,
     bundled_profile_names,
     bundled_profile_path,

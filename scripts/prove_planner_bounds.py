@@ -4,8 +4,9 @@
 For each case (profile x microbatches) at the no-slowdown deadline ``T_allmax``:
 
 1. the convex-hull LP with the iteration time as a variable and path cuts (seconds);
-2. the MILP over every instruction's discrete options (:mod:`perseus.planner.solvers.lp.milp`)
-   with path cuts (:mod:`perseus.planner.solvers.lp.cuts`),
+2. the MILP over every instruction's discrete options
+(:mod:`perseus.planner.solvers.lp.milp.program`)
+   with path cuts (:mod:`perseus.planner.solvers.lp.milp.cuts`),
    HiGHS branch and bound on one thread for ``--time-limit-s``, started from the best plan
    the ``lp`` solver finds; its dual bound is proven whenever the search stops, and a closed
    gap is the optimum itself;
@@ -36,12 +37,12 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Dict, List, Optional  # noqa: E402
 
-from perseus.config import EnergyConfig  # noqa: E402
+from perseus.config.schema import EnergyConfig  # noqa: E402
 from perseus.planner import plan_policy  # noqa: E402
 from perseus.planner.cases import MICROBATCHES, PROFILES, case_problem  # noqa: E402
 from perseus.planner.policies import choose  # noqa: E402
-from perseus.planner.solvers.lp.bounds import Bound, lp_bound, milp_bound  # noqa: E402
-from perseus.planner.solvers.lp.cuts import MAX_PATH_NODES  # noqa: E402
+from perseus.planner.solvers.lp.milp.bounds import Bound, lp_bound, milp_bound  # noqa: E402
+from perseus.planner.solvers.lp.milp.cuts import MAX_PATH_NODES  # noqa: E402
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "planner_bounds.json"
 

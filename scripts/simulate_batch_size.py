@@ -19,10 +19,10 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from perseus.batch_size.replay import ReplayResult, replay, replay_perseus
-from perseus.batch_size.zeus_reference import NAME as ZEUS
-from perseus.batch_size.zeus_reference import ZeusReference
-from perseus.batch_size.zeus_trace import (
+from perseus.batch_size.zeus.reference import NAME as ZEUS
+from perseus.batch_size.zeus.reference import ZeusReference
+from perseus.batch_size.zeus.replay import ReplayResult, replay, replay_perseus
+from perseus.batch_size.zeus.trace import (
     PUBLISHED_JOBS,
     JobSpec,
     Workload,

@@ -37,8 +37,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from perseus.batch_size.batch_size_optimizer import BatchSizeOptimizer
 from perseus.batch_size.env import run_environment
+from perseus.batch_size.optimizer import BatchSizeOptimizer
 from perseus.batch_size.reporting import REASON_ERROR
 from perseus.batch_size.store import RUNNING
 from perseus.errors import ConfigError

@@ -2,7 +2,7 @@
 
 :func:`hydra_app` turns a function ``fn(cfg: PerseusConfig, out_dir: Path)`` into a console-script
 ``main()``: the config is composed from the packaged ``perseus.conf`` (so the app works from any
-working directory), typed and validated once with :func:`perseus.config_validation.to_object`, and a
+working directory), typed and validated once with :func:`perseus.config.validation.to_object`, and a
 :class:`~perseus.errors.PerseusError` becomes a one-paragraph message on stderr and exit code 2
 instead of a traceback.
 """
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from perseus.config import PerseusConfig
-from perseus.config_validation import to_object
+from perseus.config.schema import PerseusConfig
+from perseus.config.validation import to_object
 from perseus.errors import PerseusError
 
 CONFIG_PATH = "pkg://perseus.conf"
@@ -79,7 +79,7 @@ def run_app(
         prog: The command name used in error messages (``perseus-plan``).
         fn: The app body.
         raw_cfg: The ``DictConfig`` Hydra composed.
-        convert: Types and validates it (default :func:`perseus.config_validation.to_object`).
+        convert: Types and validates it (default :func:`perseus.config.validation.to_object`).
 
     Returns:
         Whatever ``fn`` returned.

@@ -28,8 +28,8 @@ from typing import Any, Callable, List, Optional, TextIO
 
 from perseus.errors import GPUError, GPUNotFoundError
 from perseus.gpu.doctor import READY, Diagnosis, diagnose, privileges
-from perseus.gpu.energy_probe import EmulatedLoad, Load
-from perseus.profiler.sweep_windows import window_s
+from perseus.gpu.energy.probe import EmulatedLoad, Load
+from perseus.profiler.sweep.windows import window_s
 
 # How long the CUDA load runs at most (the probe stops it sooner).
 CUDA_LOAD_S = 30.0
@@ -49,7 +49,7 @@ def run_doctor(
 
     ``idle``: make no load change (the field's lag is then not measured).
     """
-    from perseus.config import GPUConfig
+    from perseus.config.schema import GPUConfig
     from perseus.gpu.factory import resolve_backend
 
     try:
@@ -83,7 +83,7 @@ def _env(name: str) -> str:
 
 
 def _emulated(out: TextIO, idle: bool, **kwargs: object) -> List[Diagnosis]:
-    from perseus.config import GPUBackend, GPUConfig
+    from perseus.config.schema import GPUBackend, GPUConfig
     from perseus.gpu.factory import build_emulated
 
     print(
@@ -114,8 +114,8 @@ def _emulated(out: TextIO, idle: bool, **kwargs: object) -> List[Diagnosis]:
 
 
 def _nvml(out: TextIO, idle: bool, **kwargs: object) -> List[Diagnosis]:
-    from perseus.gpu.nvml import NVMLGPU
-    from perseus.gpu.nvml_support import as_text, call, load_pynvml
+    from perseus.gpu.nvml.device import NVMLGPU
+    from perseus.gpu.nvml.support import as_text, call, load_pynvml
 
     nvml = load_pynvml()
     call(nvml, "NVML", "nvmlInit")
@@ -236,7 +236,7 @@ def cuda_load(uuid: str) -> Optional[Load]:
     torch is imported only where the node has NVIDIA devices (importing it is slow, and there is
     nothing for it to load elsewhere).
     """
-    from perseus.gpu.nvml_support import nvidia_present
+    from perseus.gpu.nvml.support import nvidia_present
 
     if not nvidia_present():
         return None
@@ -244,7 +244,7 @@ def cuda_load(uuid: str) -> Optional[Load]:
         import torch
     except ImportError:
         return None
-    from perseus.gpu.device_map import cuda_device
+    from perseus.gpu.nvml.device_map import cuda_device
 
     try:
         if not torch.cuda.is_available():

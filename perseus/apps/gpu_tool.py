@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 
 def state_dirs(explicit: Sequence[Path], all_users: bool) -> List[Path]:
     """The state dirs to scan: the given ones, else this user's default (plus every user's)."""
-    from perseus.gpu.guard_files import default_state_dir
+    from perseus.gpu.guard.files import default_state_dir
 
     dirs = list(explicit) or [default_state_dir()]
     if all_users:
@@ -39,8 +39,8 @@ def state_dirs(explicit: Sequence[Path], all_users: bool) -> List[Path]:
 
 def restore(dirs: Sequence[Path]) -> int:
     """Restore what dead owners left in ``dirs``; prints a summary, returns the exit status."""
-    from perseus.gpu.guard import GPUGuard
-    from perseus.gpu.nvml import NVMLGPU
+    from perseus.gpu.guard.owner import GPUGuard
+    from perseus.gpu.nvml.device import NVMLGPU
 
     left = 0
     for directory in dirs:

@@ -6,7 +6,7 @@ Usage::
         planner.p2p_power_w=83.64 energy=slowdown energy.max_slowdown=0.05 hydra.run.dir=out
 
 Writes into Hydra's run directory (``hydra.run.dir=...`` moves it), through
-:mod:`perseus.formats.plan_outputs`:
+:mod:`perseus.formats.plan.outputs`:
 
 * ``frontier.csv``: one row per frontier plan (re-simulated): plan_id, iteration_time_s, energy_j,
   slowdown and saving against the all-max plan, is_allmax, is_chosen, plan_file;
@@ -38,8 +38,8 @@ from perseus.apps.plan_stages import (
     pp_on_command_line,
     subset_reason,
 )
-from perseus.config import PerseusConfig
-from perseus.formats import plan_outputs
+from perseus.config.schema import PerseusConfig
+from perseus.formats.plan import outputs as plan_outputs
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import Frontier, FrontierPoint

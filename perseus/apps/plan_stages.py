@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Sequence
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:
-    from perseus.formats.profile_csv import Profile
+    from perseus.formats.profile.table import Profile
     from perseus.planner.problem import PlanningProblem
 
 logger = logging.getLogger("perseus.plan")
@@ -52,7 +52,7 @@ def planned_profile(cfg: PerseusConfig, subset_by_pp: bool = True) -> PlannedPro
         ConfigError: ``planner.profile`` not set, or bad ``planner.stages``. ProfileError: a
             bad profile CSV.
     """
-    from perseus.formats.profile_csv import read_profile_csv
+    from perseus.formats.profile.table import read_profile_csv
     from perseus.planner.derived import planned_stages, select_stages
 
     if not cfg.planner.profile:

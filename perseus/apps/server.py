@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from perseus.apps.common import hydra_app
-from perseus.config import PerseusConfig, ServerConfig
-from perseus.config_validation import validate
+from perseus.config.schema import PerseusConfig, ServerConfig
+from perseus.config.validation import validate
 from perseus.errors import ConfigError
 
 logger = logging.getLogger(__name__)

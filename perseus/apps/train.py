@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from perseus.apps.common import hydra_app
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.runtime.announce import saving_words
 
 logger = logging.getLogger("perseus.train")

@@ -1,6 +1,6 @@
 """Batch-size optimizer for recurring jobs (pruning + Thompson sampling, SQLite state).
 
-From Python: :class:`BatchSizeOptimizer` (see :mod:`perseus.batch_size.batch_size_optimizer`).
+From Python: :class:`BatchSizeOptimizer` (see :mod:`perseus.batch_size.optimizer`).
 With Hydra multirun, the sweeper plugin installed with this package runs the job N times::
 
     python train.py -m hydra/sweeper=perseus_batch_size
@@ -14,8 +14,8 @@ object: batch size, power limit per batch size, epochs, early stopping), :func:`
 of Zeus's published traces: ``scripts/simulate_batch_size.py``.
 """
 
-from perseus.batch_size.batch_size_optimizer import BatchSizeOptimizer
 from perseus.batch_size.env import current_run
+from perseus.batch_size.optimizer import BatchSizeOptimizer
 from perseus.batch_size.recurring import RecurringJob
 
 __all__ = ["BatchSizeOptimizer", "RecurringJob", "current_run"]

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from perseus.batch_size.batch_size_optimizer import BatchSizeOptimizer
+from perseus.batch_size.optimizer import BatchSizeOptimizer
 from perseus.formats import strict_json
 
 ENV_DB = "PERSEUS_BSO_DB"

@@ -34,7 +34,7 @@ one warning, and the run goes on at the GPU's current limit.
 
 This module owns the job's training-loop interface and its batch size across ranks; the GPUs,
 their readings and their power limit are held by :class:`~perseus.batch_size.run_devices.RunDevices`
-and the search by :class:`~perseus.batch_size.batch_size_optimizer.BatchSizeOptimizer`.
+and the search by :class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
-from perseus.batch_size.batch_size_optimizer import BatchSizeOptimizer
 from perseus.batch_size.env import current_run
+from perseus.batch_size.optimizer import BatchSizeOptimizer
 from perseus.batch_size.reporting import REASON_ERROR
 from perseus.batch_size.run_devices import RunDevices
-from perseus.config import GPUConfig, PowerLimitConfig
+from perseus.config.schema import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
-from perseus.gpu.energy_meter import EnergyMeter
+from perseus.gpu.energy.meter import EnergyMeter
 from perseus.power_limit import aggregate
-from perseus.power_limit.limit_optimizer import PowerLimitOptimizer
+from perseus.power_limit.optimizer import PowerLimitOptimizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

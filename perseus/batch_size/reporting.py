@@ -5,7 +5,7 @@ batch size's chosen power limit), its early stop (the next epoch, predicted from
 far, would take it past ``beta`` x the cheapest converged run; or ``max_epochs`` ran out), and
 its outcome (a run that reaches the target above that bound counts as failed,
 ``cost_exceeded``). :class:`RunReporting` is the base of
-:class:`~perseus.batch_size.batch_size_optimizer.BatchSizeOptimizer`, which sets the attributes it
+:class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`, which sets the attributes it
 declares, owns the store and chooses the batch size each run trains with.
 
 Standard library only.
@@ -29,7 +29,7 @@ _BOUND_SLACK = 1e-9
 class RunReporting:
     """Report the current run of a recurring job: its epochs, whether to stop, its end.
 
-    A base class: :class:`~perseus.batch_size.batch_size_optimizer.BatchSizeOptimizer` sets the
+    A base class: :class:`~perseus.batch_size.optimizer.BatchSizeOptimizer` sets the
     attributes below (see its arguments).
     """
 

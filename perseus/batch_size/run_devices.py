@@ -2,10 +2,10 @@
 
 :class:`RunDevices` is what :class:`~perseus.batch_size.recurring.RecurringJob` holds of the
 hardware: it opens this process's GPU (or takes the ones given) and their energy samplers (one
-per GPU, off the training thread: :class:`~perseus.gpu.energy_meter.EnergyMeter`), stamps
+per GPU, off the training thread: :class:`~perseus.gpu.energy.meter.EnergyMeter`), stamps
 epoch edges after queued work finished, marks forward and backward passes for the emulated GPU,
 runs the power-limit optimizer
-(:class:`~perseus.power_limit.limit_optimizer.PowerLimitOptimizer`, on the same samplers)
+(:class:`~perseus.power_limit.optimizer.PowerLimitOptimizer`, on the same samplers)
 around every epoch and step, measures each epoch over every rank and prices it at the power
 limit chosen for the batch size, and at the end puts the power limit back and
 closes what it opened.
@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from perseus.config import GPUConfig, PowerLimitConfig
+from perseus.config.schema import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
-from perseus.gpu.energy_meter import EnergyMeter
+from perseus.gpu.energy.meter import EnergyMeter
 from perseus.power_limit import aggregate
-from perseus.power_limit.limit_optimizer import DONE, PowerLimitOptimizer
+from perseus.power_limit.optimizer import DONE, PowerLimitOptimizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,9 +14,9 @@ import json
 import re
 from typing import Any, Callable, Optional, Tuple, Type, Union
 
+from perseus.config.numbers import non_finite_paths
 from perseus.errors import NonFiniteError
 from perseus.formats.text_file import decode_utf8
-from perseus.numbers import non_finite_paths
 
 Default = Optional[Callable[[Any], Any]]
 

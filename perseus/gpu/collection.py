@@ -14,9 +14,9 @@ import dataclasses
 import logging
 from typing import Any, Callable, Iterator, List, Optional, Sequence, overload
 
-from perseus.config import GPUConfig
+from perseus.config.schema import GPUConfig
 from perseus.gpu.base import GPU
-from perseus.gpu.energy_meter import EnergyMeter
+from perseus.gpu.energy.meter import EnergyMeter
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class GPUs(Sequence[GPU]):
 
 def _visible_nvml_count() -> int:
     """How many GPUs this process sees: ``CUDA_VISIBLE_DEVICES`` if set, else NVML's count."""
-    from perseus.gpu.nvml_support import call, load_pynvml, visible_devices
+    from perseus.gpu.nvml.support import call, load_pynvml, visible_devices
 
     visible = visible_devices()
     if visible is not None:

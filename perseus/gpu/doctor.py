@@ -1,7 +1,7 @@
 """The node self-check behind ``perseus-doctor``: whether a GPU is ready for Perseus.
 
 For each GPU: model, UUID, MIG, persistence mode; this process's privileges; supported clocks;
-the energy readings, polled for a few seconds (:mod:`perseus.gpu.energy_probe`: the counter's
+the energy readings, polled for a few seconds (:mod:`perseus.gpu.energy.probe`: the counter's
 update period and jitter, how long a read blocks, the instant power field's update period and
 its lag after a load change) and what follows from them (the source the energy sampler will
 use, the shortest profiling window); the power-limit range; a locked-clock round trip (lock,
@@ -15,7 +15,7 @@ read the clock back, reset) and the latency of a clock change; then a verdict:
 
 By default nothing is changed: the round trip is a dry run (the changes are logged, the clock
 read back is the current one) and permissions are judged from the process's privileges.
-``apply=True`` does the round trip for real, through a :class:`~perseus.gpu.guard.GPUGuard`
+``apply=True`` does the round trip for real, through a :class:`~perseus.gpu.guard.owner.GPUGuard`
 (everything restored). Time comes from ``clock`` / ``sleeper`` so tests run on virtual time.
 The load that shows the field's lag is the caller's (the emulated GPU's instructions, or a CUDA
 matmul burst where the doctor can make one); without one only the idle readings are reported.
@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 from perseus.errors import GPUError, GPUNotSupportedError, GPUPermissionError
 from perseus.gpu.base import GPU
-from perseus.gpu.energy_probe import EnergyProbe, Load, probe_energy
+from perseus.gpu.energy.probe import EnergyProbe, Load, probe_energy
 
 # The profiling window for a counter's update period and one interval's noise (the profiler's).
 WindowRule = Callable[[float, Optional[float]], float]
@@ -283,7 +283,7 @@ def _round_trip(
         else:
             d.add("privileges", f"{who}: clock and power-limit changes are allowed")
         return
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
 
     try:
         with GPUGuard(gpu, state_dir=state_dir, owner="perseus-doctor") as guard:
@@ -315,7 +315,7 @@ def _round_trip(
 
 
 def _memory_round_trip(guard: object) -> str:
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
 
     assert isinstance(guard, GPUGuard)
     top = max(guard.gpu.supported_memory_clocks_mhz())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from perseus.config import GPUBackend, GPUConfig
+from perseus.config.schema import GPUBackend, GPUConfig
 from perseus.errors import ConfigError, GPUNotFoundError
 from perseus.gpu.base import GPU
 
@@ -49,7 +49,7 @@ def resolve_backend(cfg: GPUConfig) -> GPUBackend:
 
 
 def _detect_auto() -> GPUBackend:
-    from perseus.gpu import nvml_support
+    from perseus.gpu.nvml import support as nvml_support
 
     visible = nvml_support.visible_devices()
     if visible is not None and not visible:
@@ -114,7 +114,7 @@ def build_gpu(
     if cfg.backend == "auto":
         logger.info("gpu=auto: using the %s backend for GPU %d", backend, local_index)
     if backend == "nvml":
-        from perseus.gpu.nvml import NVMLGPU
+        from perseus.gpu.nvml.device import NVMLGPU
 
         if not cfg.dry_run:
             recover_killed_owners(cfg)
@@ -126,13 +126,13 @@ def recover_killed_owners(cfg: GPUConfig) -> int:
     """Restore GPUs left changed by a process that was killed (SIGKILL) while it owned them.
 
     Every start on the NVML backend does this before opening its GPU: a dead owner's state
-    file in ``gpu.state_dir`` says what to put back (see :mod:`perseus.gpu.guard`). GPUs whose
+    file in ``gpu.state_dir`` says what to put back (see :mod:`perseus.gpu.guard.owner`). GPUs whose
     owner is alive are left alone. Returns how many GPUs were restored.
     """
     from pathlib import Path
 
-    from perseus.gpu.guard import GPUGuard
-    from perseus.gpu.nvml import NVMLGPU
+    from perseus.gpu.guard.owner import GPUGuard
+    from perseus.gpu.nvml.device import NVMLGPU
 
     state_dir = Path(cfg.state_dir) if cfg.state_dir else None
     restored = GPUGuard.recover_stale(state_dir, lambda index: NVMLGPU(index), NVMLGPU.from_uuid)
@@ -151,12 +151,12 @@ def build_emulated(
 
     ``timing``: ``clock`` / ``sleeper`` for the device (virtual time in tests).
     """
-    from perseus.gpu.device_profiles import (
+    from perseus.gpu.emulated.device import EmulatedGPU
+    from perseus.gpu.emulated.profiles import (
         blocking_power_for,
         load_device_profile,
         resolve_profile_path,
     )
-    from perseus.gpu.emulated import EmulatedGPU
 
     em = cfg.emulated
     path = resolve_profile_path(em.profile)

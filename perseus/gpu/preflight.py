@@ -4,7 +4,7 @@ Without it, ``NVML_ERROR_NO_PERMISSION`` (no root / CAP_SYS_ADMIN) or ``NOT_SUPP
 (locked SM clocks before Volta, memory-clock locking before Ampere, no energy counter before
 Volta or on some vGPUs) surfaces mid-iteration in the clock thread. So each rank, when it opens
 its GPU, checks what its configuration will use (:func:`needs_for`) by doing it once, through a
-:class:`~perseus.gpu.guard.GPUGuard` (state file first, everything restored):
+:class:`~perseus.gpu.guard.owner.GPUGuard` (state file first, everything restored):
 
 * lock the SM clocks at the highest supported clock, then reset them;
 * lock the memory clock at its highest, then reset it (only with ``gpu.lock_memory_clock``);
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Tuple
 
-from perseus.config import GPUOnUnsupported, RuntimeMode
+from perseus.config.schema import GPUOnUnsupported, RuntimeMode
 from perseus.errors import (
     GPUError,
     GPUNotSupportedError,
@@ -44,11 +44,11 @@ from perseus.errors import (
     PlanError,
 )
 from perseus.gpu.base import GPU
-from perseus.gpu.nvml_support import PERMISSION_HINT
+from perseus.gpu.nvml.support import PERMISSION_HINT
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
-    from perseus.gpu.guard import GPUGuard
+    from perseus.config.schema import PerseusConfig
+    from perseus.gpu.guard.owner import GPUGuard
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def check_capabilities(
     if gpu.dry_run:
         caps.warnings.append(f"{caps.gpu}: dry run: clock and power-limit changes not tried")
         return caps
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
 
     own = guard is None
     held = guard or GPUGuard(gpu, state_dir=state_dir, owner="perseus start-up check").acquire()

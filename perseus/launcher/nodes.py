@@ -21,10 +21,10 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
-from perseus.runtime import slurm
-from perseus.runtime.slurm import SlurmStep
+from perseus.runtime.launch import slurm
+from perseus.runtime.launch.slurm import SlurmStep
 
 logger = logging.getLogger(__name__)
 

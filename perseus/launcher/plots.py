@@ -12,10 +12,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from perseus.config import PerseusConfig
-from perseus.formats import plan_outputs
-from perseus.formats.plan_json import Plan
-from perseus.formats.profile_csv import read_profile_csv
+from perseus.config.schema import PerseusConfig
+from perseus.formats.plan import outputs as plan_outputs
+from perseus.formats.plan.document import Plan
+from perseus.formats.profile.table import read_profile_csv
 from perseus.formats.trace_csv import read_traces
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Optional, Tuple
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, PlanError
 from perseus.models.zoo import ModelDescription, describe
 from perseus.schedule import ORDER_SCHEDULES
@@ -111,7 +111,7 @@ def check_plan(cfg: PerseusConfig) -> None:
     The order is each stage's under ``parallelism.schedule``; without ``runtime.strict`` an
     order that differs is a warning (the ranks fall back to per-microbatch clocks).
     """
-    from perseus.formats.plan_json import check_plan_for_job, load_plan
+    from perseus.formats.plan.document import check_plan_for_job, load_plan
 
     if not cfg.runtime.plan:
         raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
@@ -145,7 +145,7 @@ def check_online(cfg: PerseusConfig) -> None:
     a configured ``server.url`` must answer ``/healthz`` and accept ``server.token``.
     """
     from perseus.records import RankInfo
-    from perseus.runtime.job_spec import job_spec_from_config
+    from perseus.runtime.online.job_spec import job_spec_from_config
     from perseus.server.limits import job_problems
 
     par = cfg.parallelism
@@ -191,7 +191,7 @@ def _order_sized_like(cfg: PerseusConfig) -> Tuple[str, ...]:
 def check_server(cfg: PerseusConfig) -> None:
     """``server.url`` answers, and accepts ``server.token`` (one attempt, a few seconds)."""
     from perseus.errors import ServerError
-    from perseus.runtime.client import ServerClient, ServerRefused
+    from perseus.runtime.online.client import ServerClient, ServerRefused
     from perseus.wire import Route
 
     assert cfg.server.url is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.launcher.nodes import Nodes
 from perseus.launcher.ports import free_port

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.formats.atomic_file import write_json_atomic
 
 

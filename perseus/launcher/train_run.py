@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
-from perseus.config import PerseusConfig, RuntimeMode
+from perseus.config.schema import PerseusConfig, RuntimeMode
 from perseus.errors import ConfigError
-from perseus.formats import plan_outputs
+from perseus.formats.plan import outputs as plan_outputs
 from perseus.launcher import nodes
 from perseus.launcher.nodes import Nodes
 from perseus.launcher.preflight import check_job
@@ -32,7 +32,7 @@ from perseus.launcher.report import (
     report_from_summary,
     write_report,
 )
-from perseus.runtime import slurm
+from perseus.runtime.launch import slurm
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def run_job(cfg: PerseusConfig, out_dir: Path) -> Dict[str, Any]:
 
 def _fetch_summary(cfg: PerseusConfig, job_id: str) -> Optional[Dict[str, Any]]:
     from perseus.errors import ServerError
-    from perseus.runtime.client import ServerClient
+    from perseus.runtime.online.client import ServerClient
 
     assert cfg.server.url is not None
     client = ServerClient(

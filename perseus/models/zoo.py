@@ -1,4 +1,4 @@
-"""Model zoo: turn a :class:`~perseus.config.ModelConfig` into an ordered list of layers.
+"""Model zoo: turn a :class:`~perseus.config.schema.ModelConfig` into an ordered list of layers.
 
 A model is described as a flat sequence of layers (``LayerDef``) so the same description builds a
 plain ``nn.Sequential`` (torch DDP, parameter counting on the meta device) or a DeepSpeed
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from perseus.config import ModelConfig
+from perseus.config.schema import ModelConfig
 from perseus.errors import ConfigError
 
 FAMILIES = ("gpt", "bert", "t5", "bloom", "wide_resnet")
@@ -131,14 +131,14 @@ def _tied_stack(
 def _gpt(cfg: ModelConfig) -> ModelDescription:
     from torch import nn
 
-    from perseus.models import layers_gpt as g
+    from perseus.models.layers import gpt as g
 
     final_norm = LayerDef(nn.LayerNorm, {"normalized_shape": cfg.hidden_size})
     return _tied_stack(cfg, "gpt", (g.GPTEmbedding, g.GPTBlock), final_norm, g.tied_logits)
 
 
 def _bert(cfg: ModelConfig) -> ModelDescription:
-    from perseus.models import layers_bert as b
+    from perseus.models.layers import bert as b
 
     transform = LayerDef(b.BertMLMTransform, {"hidden_size": cfg.hidden_size})
     modules = (b.BertEmbedding, b.BertBlock)
@@ -146,7 +146,7 @@ def _bert(cfg: ModelConfig) -> ModelDescription:
 
 
 def _bloom(cfg: ModelConfig) -> ModelDescription:
-    from perseus.models import layers_bloom as b
+    from perseus.models.layers import bloom as b
 
     embed = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size}
     sizes = {"hidden_size": cfg.hidden_size, "num_heads": cfg.num_attention_heads}
@@ -159,7 +159,7 @@ def _bloom(cfg: ModelConfig) -> ModelDescription:
 
 
 def _t5(cfg: ModelConfig) -> ModelDescription:
-    from perseus.models import layers_t5 as t
+    from perseus.models.layers import t5 as t
 
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     embed = {"vocab_size": cfg.vocab_size, "hidden_size": h}
@@ -179,7 +179,7 @@ def _t5(cfg: ModelConfig) -> ModelDescription:
 
 
 def _wide_resnet(cfg: ModelConfig) -> ModelDescription:
-    from perseus.models import layers_resnet as r
+    from perseus.models.layers import resnet as r
 
     base = cfg.base_channels
     layers = [LayerDef(r.ResNetStem, {"channels": base})]

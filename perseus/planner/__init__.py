@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
-    from perseus.config import EnergyConfig
+    from perseus.config.schema import EnergyConfig
     from perseus.planner.frontier import Frontier
     from perseus.planner.problem import PlanningProblem
 

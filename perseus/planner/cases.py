@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Tuple
 
-from perseus.formats.profile_csv import Profile, read_profile_csv
+from perseus.formats.profile.table import Profile, read_profile_csv
 from perseus.planner.derived import deepen_profile
 from perseus.planner.problem import PlanningProblem
 

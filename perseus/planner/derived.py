@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from perseus.errors import ConfigError
-from perseus.formats.profile_csv import INSTRUCTIONS, Profile
+from perseus.formats.profile.table import INSTRUCTIONS, Profile
 
 
 def planned_stages(

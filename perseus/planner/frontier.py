@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from perseus.errors import SolverError
-from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.planner.problem import Freqs, PlanningProblem
 from perseus.planner.simulate import simulate_choices
 
@@ -80,7 +80,7 @@ class Frontier:
         return 1.0 - point.energy_j / self.allmax.energy_j
 
     def to_plan(self, point: FrontierPoint) -> Plan:
-        """The point as a plan (:mod:`perseus.formats.plan_json`), with its re-simulated figures."""
+        """The point as a plan (:mod:`perseus.formats.plan.document`) with re-simulated figures."""
         problem = self.problem
         # A plan of an engine's order names each instruction's pipeline stage (model chunk).
         named = not problem.is_generated

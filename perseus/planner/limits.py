@@ -19,7 +19,7 @@ from typing import Optional
 from perseus.errors import ConfigError
 from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, effort_settings
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
-from perseus.planner.solvers.lp.steady import applies_to as steady_applies_to
+from perseus.planner.solvers.lp.steady.splice import applies_to as steady_applies_to
 
 #: Seconds per instruction: problem, all-max re-simulation, one LP rounding pass.
 BUILD_S_PER_NODE = 2.5e-5

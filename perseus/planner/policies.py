@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.errors import ConfigError
 from perseus.planner.frontier import Frontier, FrontierPoint
 

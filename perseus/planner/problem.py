@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple, Union
 import numpy as np
 
 from perseus.errors import ConfigError, ProfileError
-from perseus.formats.profile_csv import Profile, blocking_power_per_stage_w
+from perseus.formats.profile.table import Profile, blocking_power_per_stage_w
 from perseus.pipeline_order import KINDS, PipelineOrder
 from perseus.planner.dag import PipelineDAG, build_dag
 from perseus.schedule import SCHEDULES, ScheduleLike, pipeline_order, schedule_name
@@ -100,7 +100,7 @@ class PlanningProblem:
                 f"{self.profile.source}: the {self.schedule} schedule runs {name} "
                 f"instructions but stage {s} has no {name} rows; profile this schedule "
                 "(its run measures every kind it runs), or derive them from the backward "
-                "(perseus.formats.profile_split.split_backward; docs/design.md, 'Profile CSV')"
+                "(perseus.formats.profile.split.split_backward; docs/design.md, 'Profile CSV')"
             )
         tables = [self.profile.measurements(s, name) for s, name in groups]
         tables = [sorted(ms, key=lambda m: (m.time_s, -m.frequency_mhz)) for ms in tables]

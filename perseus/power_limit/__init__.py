@@ -2,7 +2,7 @@
 
 In one's own training loop::
 
-    from perseus.config import PowerLimitConfig
+    from perseus.config.schema import PowerLimitConfig
     from perseus.gpu.factory import build_gpu
     from perseus.power_limit import PowerLimitOptimizer
 
@@ -19,7 +19,7 @@ Under ``torch.distributed`` every rank runs one on its own GPU; windows are comb
 process group (energy summed, time of the slowest rank), so all ranks choose the same limit.
 """
 
-from perseus.power_limit.limit_optimizer import PowerLimitOptimizer
+from perseus.power_limit.optimizer import PowerLimitOptimizer
 from perseus.power_limit.selectors import (
     SELECTORS,
     PowerLimitMeasurement,

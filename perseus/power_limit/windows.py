@@ -23,13 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-from perseus.config import PowerLimitConfig
+from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
 from perseus.power_limit import aggregate
 from perseus.power_limit.selectors import MeasuredWindow, PowerLimitMeasurement
 
 if TYPE_CHECKING:
-    from perseus.gpu.energy_meter import EnergyMeter
+    from perseus.gpu.energy.meter import EnergyMeter
 
 log = logging.getLogger(__name__)
 

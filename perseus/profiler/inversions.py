@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 
 # Flag only inversions larger than this fraction of the higher clock's time: the published
 # profiles, measured on quiet real GPUs, wobble by up to 1.8 % between clocks (Bloom on A40).

@@ -1,9 +1,9 @@
 """Profiling of a whole job in one process: one sweep per stage, the job's estimates.
 
-:class:`JobProfiler` drives the sweeps (:mod:`perseus.profiler.stage_sweep`) with the estimates
-(:mod:`perseus.profiler.job_estimates`) right away, in the caller's thread: the profiler's
-benchmarks and tests use it. The coordination server keeps the sweeps itself and runs the
-estimates in a worker process (:mod:`perseus.server.phase_profiling`); both use the same rules
+:class:`JobProfiler` drives the sweeps (:mod:`perseus.profiler.sweep.stage`) with the estimates
+(:mod:`perseus.profiler.estimation.job_estimates`) right away, in the caller's thread: the
+profiler's benchmarks and tests use it. The coordination server keeps the sweeps itself and runs the
+estimates in a worker process (:mod:`perseus.server.phases.profiling`); both use the same rules
 (:func:`sweep_update`).
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
-from perseus.formats.profile_csv import Profile
-from perseus.profiler.estimate import TypeEstimate
-from perseus.profiler.job_estimates import JobEstimates, Key
-from perseus.profiler.stage_sweep import StageSweep
+from perseus.formats.profile.table import Profile
+from perseus.profiler.estimation.estimate import TypeEstimate
+from perseus.profiler.estimation.job_estimates import JobEstimates, Key
+from perseus.profiler.sweep.stage import StageSweep
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate
 

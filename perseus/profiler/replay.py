@@ -7,16 +7,16 @@ A recording is two CSV files:
 * ``segments.csv`` — what the GPU did, in the same time base (boundaries after a device
   synchronize): ``label``, ``kind``, ``start_s``, ``end_s``.
 
-A segment's *group* is its label without a trailing ``:step<N>`` (``mlp4096:stage0:step3`` is
-step 3 of ``mlp4096:stage0``). Every (group, kind) with kind ``forward``, ``backward`` or
-``idle`` is one unknown power; every other kind is activity of unknown power (no equation spans
-it). The reads become updates exactly as the live sampler records them
-(:func:`perseus.gpu.energy_sampler.updates_from_polls`) and the powers come from the profiler's
-own attribution (:func:`perseus.profiler.attribution.attribute`), all at once. Time between
-segments is one shared nuisance power ("gap"); an instruction that ran far longer than its
-type's median duration (:data:`STALL_FACTOR` times; a host stall) is taken to have worked for
-the median duration and stalled for the rest (one shared "stall" power), as the profiler does
-with instructions.
+A segment's *group* is its label without a trailing ``:step<N>`` (``mlp4096:stage0:step3`` is step 3
+of ``mlp4096:stage0``). Every (group, kind) with kind ``forward``, ``backward`` or ``idle`` is one
+unknown power; every other kind is activity of unknown power (no equation spans it). The reads
+become updates exactly as the live sampler records them
+(:func:`perseus.gpu.energy.sampler.updates_from_polls`) and the powers come from the profiler's own
+attribution (:func:`perseus.profiler.estimation.attribution.attribute`), all at once. Time between
+segments is one shared nuisance power ("gap"); an instruction that ran far longer than its type's
+median duration (:data:`STALL_FACTOR` times; a host stall) is taken to have worked for the median
+duration and stalled for the rest (one shared "stall" power), as the profiler does with
+instructions.
 
 Physics bounds: no power above the highest power the counter showed sustained for a second (or
 the given power limit) and none below the lowest (or the given idle power, or 15 % of the
@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from perseus.errors import RecordingError
-from perseus.gpu.energy_sampler import updates_from_polls
-from perseus.profiler.attribution import (
+from perseus.gpu.energy.sampler import updates_from_polls
+from perseus.profiler.estimation.attribution import (
     Span,
     Timeline,
     attribute,
     covering_updates,
     sustained_power_range_w,
 )
-from perseus.profiler.power_fit import PowerFit, Prior
+from perseus.profiler.estimation.power_fit import PowerFit, Prior
 from perseus.records.energy import EnergySeries, EnergyUpdate
 
 KINDS = ("forward", "backward", "idle")

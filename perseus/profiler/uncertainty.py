@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Tuple
 
-from perseus.formats.plan_json import Plan
-from perseus.formats.profile_csv import Profile
+from perseus.formats.plan.document import Plan
+from perseus.formats.profile.table import Profile
 
 RowKey = Tuple[int, str, int]
 # Two-sided 95 % normal quantile.

@@ -2,7 +2,7 @@
 
 No sleeping and no host jitter: iterations run as fast as the machine computes them, and the
 outcome does not depend on how busy it is. The GPU's energy is measured by the product's own
-sampler (:class:`perseus.gpu.energy_sampler.EnergySampler`) polling the emulated counter on the
+sampler (:class:`perseus.gpu.energy.sampler.EnergySampler`) polling the emulated counter on the
 virtual clock as its thread would (:func:`attach_sampler`); the hooks only stamp times. The
 profiler's accuracy benchmark (``scripts/online_profiling_accuracy.py``) and its tests drive
 profiles through this.
@@ -13,14 +13,14 @@ from __future__ import annotations
 import random
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from perseus.formats.profile_csv import Measurement, Profile, read_profile_csv
+from perseus.formats.profile.table import Measurement, Profile, read_profile_csv
 from perseus.gpu.base import GPU
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
-from perseus.gpu.energy_meter import EnergyMeter
-from perseus.gpu.energy_sampler import EnergySampler
-from perseus.profiler.job_estimates import JobEstimates
+from perseus.gpu.emulated.device import EmulatedGPU, default_device_profile_path
+from perseus.gpu.energy.meter import EnergyMeter
+from perseus.gpu.energy.sampler import EnergySampler
+from perseus.profiler.estimation.job_estimates import JobEstimates
 from perseus.profiler.job_profiler import JobProfiler
-from perseus.profiler.stage_sweep import StageSweep
+from perseus.profiler.sweep.stage import StageSweep
 from perseus.records import InstructionRecord, StepRecord
 
 # A poller: called at a virtual instant, returns the seconds until it wants to run again.

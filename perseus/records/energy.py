@@ -5,13 +5,13 @@ move continuously: it is updated every ~100 ms (with jitter), and a read returns
 the last update. Between two *updates* the difference is exact (the counter integrates power
 continuously); between two arbitrary instants it is not. So Perseus keeps the updates themselves
 (:class:`EnergyUpdate`: when the counter moved and to what), collected off the training thread by
-the GPU's sampler (:mod:`perseus.gpu.energy_sampler`), and derives everything else from them:
+the GPU's sampler (:mod:`perseus.gpu.energy.sampler`), and derives everything else from them:
 
 * the energy between two instants (:meth:`EnergySeries.energy_j_between`): the counter's values
   interpolated linearly between the updates around each instant. Over windows of many updates the
   error is a small part of one update at each end, and sums over consecutive windows telescope;
 * the exact equations of the profiler (the energy between consecutive updates, against what ran
-  between them: :mod:`perseus.profiler.attribution`);
+  between them: :mod:`perseus.profiler.estimation.attribution`);
 * the counter's update period and jitter (:func:`estimate_update_period`), the one estimator the
   sampler, ``perseus-doctor``, the profiler and the server use.
 

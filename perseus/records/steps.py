@@ -2,7 +2,7 @@
 
 Times are stamped by the hooks after synchronizing the device, on the device's clock (the host's
 ``time.perf_counter`` unless the device has its own). Energy is never read by the hooks: it comes
-from the GPU's energy sampler (:mod:`perseus.gpu.energy_sampler`), whose counter updates arrive
+from the GPU's energy sampler (:mod:`perseus.gpu.energy.sampler`), whose counter updates arrive
 up to ~100 ms after the instant they cover. So a :class:`StepRecord` is handed on at once with
 its times, the counter updates seen since the previous record and the energies of *earlier*
 iterations that became known; its own ``energy_j`` is filled in once an update after its end has

@@ -10,11 +10,11 @@ walk).
 Where the configuration comes from, first match wins:
 
 1. An explicit :func:`configure` call in the training script: ``configure(cfg)`` with a
-   :class:`~perseus.config.PerseusConfig`, or ``configure(factory=...)`` with a callable
+   :class:`~perseus.config.schema.PerseusConfig`, or ``configure(factory=...)`` with a callable
    ``RankInfo -> Hooks`` (tests and custom set-ups).
 2. Under ``perseus-train``: the launcher writes the resolved configuration as YAML into the run
    directory and sets the environment variable ``PERSEUS_CONFIG`` to its path in every rank.
-3. Otherwise the defaults of :class:`~perseus.config.PerseusConfig`.
+3. Otherwise the defaults of :class:`~perseus.config.schema.PerseusConfig`.
 
 The job's shape (stages, microbatches, data- and tensor-parallel sizes, schedule) is the
 engine's: the adapters read it into the :class:`~perseus.records.RankInfo`, and
@@ -49,7 +49,7 @@ from perseus.runtime.session import (
 from perseus.runtime.types import Hooks
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
 
 __all__ = [
     "CONFIG_ENV",

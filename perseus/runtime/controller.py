@@ -24,7 +24,7 @@ from perseus.errors import GPUError, PerseusError
 
 
 class ClockTarget(Protocol):
-    """What the controller drives: a :class:`~perseus.gpu.guard.GPUGuard` (or a bare GPU)."""
+    """What the controller drives: a :class:`~perseus.gpu.guard.owner.GPUGuard` (or a bare GPU)."""
 
     def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
         """Lock the SM clock."""
@@ -120,7 +120,7 @@ class ClockController:
         Raises:
             GPUTimeoutError: the driver did not answer in time (``None``: the default bound).
         """
-        from perseus.gpu.bounded import RESTORE_TIMEOUT_S, run_bounded
+        from perseus.gpu.guard.bounded import RESTORE_TIMEOUT_S, run_bounded
 
         bound_s = RESTORE_TIMEOUT_S if timeout_s is None else timeout_s
 

@@ -10,7 +10,7 @@ This is the one place where they are built and closed:
 * :class:`DeviceTable` keeps one device per local GPU index for the whole process, so that
   several engines (several optimizers) in one process share one guard and one controller.
 
-Every device has an energy sampler (:mod:`perseus.gpu.energy_sampler`): a thread of its own that
+Every device has an energy sampler (:mod:`perseus.gpu.energy.sampler`): a thread of its own that
 watches the GPU's energy counter, so that no hook ever reads it. A device closes in the reverse
 order of building, through one :class:`contextlib.ExitStack`: controller stopped, clocks and power
 limit restored and the guard released, sampler stopped, GPU closed. A device built from the
@@ -27,14 +27,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from perseus.gpu.energy_sampler import EnergySampler
+from perseus.gpu.energy.sampler import EnergySampler
 from perseus.records import EnergySeries, RankInfo
 from perseus.runtime.controller import ClockController
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.gpu.base import GPU
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
     from perseus.gpu.preflight import Capabilities
 
 
@@ -144,7 +144,7 @@ def open_device(
             sampler.start()
         if not control_clocks:
             return RankDevice(gpu, sampler=sampler, closing=stack.pop_all())
-        from perseus.gpu.guard import GPUGuard
+        from perseus.gpu.guard.owner import GPUGuard
 
         guard = GPUGuard(gpu, state_dir=state_dir, owner=owner)
         guard.acquire()

@@ -21,7 +21,7 @@ clock-locked instruction is recorded too (``applied_mhz``).
 
 No hook reads the energy counter (a read blocks ~3 ms on a real GPU, and the counter moves only
 every ~100 ms). The device's energy sampler watches it from its own thread
-(:mod:`perseus.gpu.energy_sampler`); at the end of every iteration the hooks attach the counter
+(:mod:`perseus.gpu.energy.sampler`); at the end of every iteration the hooks attach the counter
 updates seen since the previous one and the energies of earlier iterations that the updates now
 cover (:attr:`~perseus.records.StepRecord.earlier_energies`), and fill those iterations'
 ``energy_j`` in place: a step's energy is known once an update after its end has arrived.

@@ -25,7 +25,7 @@ from perseus.records import RankInfo
 __all__ = ["JobShapeError", "Origin", "apply_engine_shape", "keys_in_yaml", "keys_off_default"]
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
 
 # (parallelism key, RankInfo field, what the engine runs, in words)
 SHAPE_KEYS: Tuple[Tuple[str, str, str], ...] = (
@@ -49,7 +49,7 @@ def keys_in_yaml(data: Any) -> FrozenSet[str]:
 
 def keys_off_default(cfg: PerseusConfig) -> FrozenSet[str]:
     """The shape keys of ``cfg`` whose value differs from the configuration's default."""
-    from perseus.config import ParallelismConfig
+    from perseus.config.schema import ParallelismConfig
 
     defaults = ParallelismConfig()
     return frozenset(

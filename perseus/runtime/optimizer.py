@@ -24,14 +24,14 @@ from perseus.formats.trace_csv import TraceWriter, trace_path
 from perseus.records import RankInfo
 from perseus.runtime.device import RankDevice, build_device, open_device
 from perseus.runtime.hook_runtime import HookRuntime
-from perseus.runtime.rendezvous import Launch
+from perseus.runtime.launch.rendezvous import Launch
 from perseus.runtime.sources import build_source
 from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.gpu.base import GPU
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ The session owns, and is the only owner of:
   process so that several engines drive one device without fighting over it;
 * the **optimizers** (one per ``(stage, key)``; each owns its frequency source, and an online
   source its server link);
-* the **launch** (:class:`~perseus.runtime.rendezvous.Launch`: the job's server and id found
+* the **launch** (:class:`~perseus.runtime.launch.rendezvous.Launch`: the job's server and id found
   through the job's store, the server global rank 0 started, the ranks' agreement);
 * the **announcer** (:class:`~perseus.runtime.announce.Announcer`: the one warning, the start
   line).
@@ -17,7 +17,7 @@ from (an explicit one, else the file ``PERSEUS_CONFIG`` names, else the defaults
 shape (:mod:`perseus.runtime.job_shape`), the device with its start-up check
 (:func:`~perseus.runtime.device.build_device`, once per GPU, its verdict kept on the device), the
 optimizer with its source (:meth:`~perseus.runtime.optimizer.PerseusOptimizer.from_config`;
-online: :mod:`perseus.runtime.online_build`, joining the launch once), the start line. The
+online: :mod:`perseus.runtime.online.build`, joining the launch once), the start line. The
 session registers one closer with :mod:`perseus.process_exit` and closes in this order:
 optimizers (sources send their last reports, ranks say they finished), the launch (the server
 started here stops after the reports), the devices (clocks and power limits restored, guards
@@ -39,12 +39,12 @@ from perseus.records import RankInfo
 from perseus.runtime import job_shape
 from perseus.runtime.announce import Announcer
 from perseus.runtime.device import DeviceTable
+from perseus.runtime.launch.rendezvous import Launch
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.rendezvous import Launch
 from perseus.runtime.types import Hooks
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
 
 # Builds one rank's hooks instead of a PerseusOptimizer (tests, custom set-ups).
 HooksFactory = Callable[[RankInfo], Hooks]
@@ -78,8 +78,8 @@ class Settings:
         if path:
             cfg, content = read_config_file(Path(path))
             return cfg, job_shape.Origin(f"{CONFIG_ENV}={path}", file_content=content)
-        from perseus.config import PerseusConfig
-        from perseus.config_validation import validate
+        from perseus.config.schema import PerseusConfig
+        from perseus.config.validation import validate
 
         cfg = PerseusConfig()
         validate(cfg)
@@ -91,8 +91,8 @@ def read_config_file(path: Path) -> Tuple[PerseusConfig, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from perseus.config import PerseusConfig
-    from perseus.config_validation import to_object
+    from perseus.config.schema import PerseusConfig
+    from perseus.config.validation import to_object
 
     if not path.is_file():
         raise ConfigError(

@@ -2,11 +2,11 @@
 
 * :class:`MeasureSource` never touches clocks; the optimizer only measures.
 * :class:`MaxSpeedSource` runs every instruction at one clock (the device's highest).
-* :class:`PlanSource` applies a :class:`perseus.formats.plan_json.Plan` and checks that the training
-  framework runs instructions in the order the plan expects.
+* :class:`PlanSource` applies a :class:`perseus.formats.plan.document.Plan` and checks that the
+  training framework runs instructions in the order the plan expects.
 
-The online profiler's source lives in :mod:`perseus.runtime.online`; :func:`build_source` picks
-the one ``runtime.mode`` names. ``frequency_mhz`` runs on the training critical path: plan
+The online profiler's source lives in :mod:`perseus.runtime.online.source`; :func:`build_source`
+picks the one ``runtime.mode`` names. ``frequency_mhz`` runs on the training critical path: plan
 lookups are precomputed per position.
 """
 
@@ -16,15 +16,15 @@ import warnings
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
-from perseus.formats.plan_json import Plan
+from perseus.formats.plan.document import Plan
 from perseus.records import RankInfo, StepRecord
-from perseus.runtime.endpoint import Endpoint
+from perseus.runtime.launch.endpoint import Endpoint
 from perseus.runtime.types import FrequencySource
 
 if TYPE_CHECKING:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.gpu.base import GPU
-    from perseus.runtime.rendezvous import Launch
+    from perseus.runtime.launch.rendezvous import Launch
 
 
 class _LocalSource:
@@ -206,7 +206,7 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU, launch: Launch) -
       ``freqs_pipeline_%05d.py``), checked against ``parallelism.pp``,
       ``parallelism.num_microbatches`` and the clocks the GPU supports;
     * ``online``: the coordination server's profiler and plans, joining ``launch``
-      (:func:`perseus.runtime.online_build.build_online_source`, imported only for this mode).
+      (:func:`perseus.runtime.online.build.build_online_source`, imported only for this mode).
     """
     mode = cfg.runtime.mode
     if mode == "measure":
@@ -216,14 +216,14 @@ def build_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU, launch: Launch) -
     if mode == "plan":
         return _plan_source(cfg, rank, gpu)
     if mode == "online":
-        from perseus.runtime.online_build import build_online_source
+        from perseus.runtime.online.build import build_online_source
 
         return build_online_source(cfg, rank, gpu, launch)
     raise ConfigError(f"runtime.mode={mode!r}: choose measure, max_speed, plan or online")
 
 
 def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
-    from perseus.formats.plan_json import check_plan_for_job, load_plan
+    from perseus.formats.plan.document import check_plan_for_job, load_plan
     from perseus.gpu.preflight import check_plan_clocks
 
     if not cfg.runtime.plan:

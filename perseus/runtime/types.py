@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional, Protocol
 
 from perseus.records import StepRecord
-from perseus.runtime.endpoint import Endpoint
+from perseus.runtime.launch.endpoint import Endpoint
 
 
 class Hooks(Protocol):

@@ -34,11 +34,11 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.errors import ServerError
 from perseus.server.bodies import RequestBodies
+from perseus.server.jobs.registry import JobRegistry
 from perseus.server.limits import MB
-from perseus.server.registry import JobRegistry
 from perseus.wire import (
     JOB_ID_PATTERN,
     MAX_RANKS,

@@ -5,7 +5,7 @@
 ``server.max_body_mb``; nothing of such a body is kept.
 
 An answer sent before the request's body has been read must still reach the client. A client
-such as ``urllib`` (or the runtime's :class:`~perseus.runtime.client.ServerClient`) sends its
+such as ``urllib`` (or the runtime's :class:`~perseus.runtime.online.client.ServerClient`) sends its
 whole body before it reads the answer; a server that closes the connection while body bytes it
 never read are still arriving makes the kernel reset the connection, and the reset discards the
 answer. So before any answer leaves while the body is unread (a 413, a refused path, a job or

@@ -6,7 +6,7 @@ handler. A job's first plan is planned at :data:`ONLINE_EFFORT` (``balanced``: s
 the same job again at :data:`REFINE_EFFORT` (``thorough``: minutes) and returns a result only
 when the energy policy then chooses a better plan, which the job can switch to.
 
-Files go under the job's own directory through :mod:`perseus.formats.plan_outputs`:
+Files go under the job's own directory through :mod:`perseus.formats.plan.outputs`:
 ``profile.csv``, ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json`` (and
 ``summary.json`` once the plan is measured). A solved job is kept as data
 (:func:`result_to_json`) so that a restarted server goes on with the same plans.
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.errors import ServerError
-from perseus.formats import plan_outputs
-from perseus.formats.profile_csv import Profile
+from perseus.formats.plan import outputs as plan_outputs
+from perseus.formats.profile.table import Profile
 from perseus.wire import JobSpec
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Running the server: in this process (:func:`serve`), or the child side of a server process.
 
 ``python -m perseus.server.process CONFIG_JSON DUMP_DIR [READY_FD]`` is the child that
-:func:`perseus.runtime.server_spawn.start_server_process` starts (the parent's side lives in
+:func:`perseus.runtime.launch.spawn.start_server_process` starts (the parent's side lives in
 the runtime so that a training process can start a server without importing the server; its
 names are re-exported here). The child binds its socket, restores the jobs its dump
 directory's state file holds, and then writes one line of JSON (``{"url": ...}`` or
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from perseus import process_exit
-from perseus.config import DEFAULT_SERVER_PORT, ServerConfig
+from perseus.config.schema import DEFAULT_SERVER_PORT, ServerConfig
 from perseus.errors import ConfigError, ServerError
-from perseus.runtime.server_spawn import (
+from perseus.runtime.launch.spawn import (
     PARENT_PID_ENV,
     TOKEN_ENV,
     ServerHandle,
@@ -118,7 +118,7 @@ def serve(
         cfg: The server's configuration (``host``, ``port``, budgets, workers).
         dump_dir: Job directories and the state file.
         sock: A socket already bound (else ``cfg.host:cfg.port`` is bound here, ``cfg.port``
-            unset: :data:`~perseus.config.DEFAULT_SERVER_PORT`).
+            unset: :data:`~perseus.config.schema.DEFAULT_SERVER_PORT`).
         on_ready: Called with the server's URL once it restored its jobs and serves.
 
     Raises:

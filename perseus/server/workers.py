@@ -1,10 +1,10 @@
 """The server's heavy work, away from request handlers and job locks.
 
 * :class:`EstimatorPool`: worker processes that keep every job's profile estimates
-  (:class:`perseus.profiler.job_estimates.JobEstimates`). The server sends each new step's
-  records once (incremental: nothing is sent twice) and asks for a stage's energies when the
-  stage completed a step; the answer comes back on a reader thread and is applied under the
-  job's lock. A job always goes to the same worker.
+  (:class:`perseus.profiler.estimation.job_estimates.JobEstimates`). The server sends each new
+  step's records once (incremental: nothing is sent twice) and asks for a stage's energies when the
+  stage completed a step; the answer comes back on a reader thread and is applied under the job's
+  lock. A job always goes to the same worker.
 * :class:`PlannerPool`: planning (:func:`perseus.server.planning.plan_and_write`) in worker
   processes.
 
@@ -62,7 +62,7 @@ def _init_worker(threads: int, nice: int, server_pid: int) -> None:
 # -- the work itself (runs in a worker) -----------------------------------------------------------
 def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ...]) -> Any:
     """Run one estimator command on the worker's jobs."""
-    from perseus.profiler.job_estimates import JobEstimates
+    from perseus.profiler.estimation.job_estimates import JobEstimates
     from perseus.records import EnergyUpdate, InstructionRecord
 
     if command == "open":

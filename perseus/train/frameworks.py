@@ -1,13 +1,13 @@
 """The training frameworks ``perseus-train`` can run, by name: one registry for every dispatch.
 
 Each ``perseus/train/<framework>_job.py`` is a :class:`FrameworkJob`: it exposes ``check(cfg)``
-(made by the launcher before any rank starts, and again by every rank) and ``run(cfg)`` (one
-rank's training), and may expose ``check_launch(cfg)``: checks of what the ranks will run in
-(e.g. probing another interpreter, ``train.python``), made by the launcher only. The launcher's
-preflight, the worker and the configuration's :class:`~perseus.config.Framework` choices all go
-through :data:`REGISTRY`.
+(made by the launcher before any rank starts, and again by every rank) and ``run(cfg)`` (one rank's
+training), and may expose ``check_launch(cfg)``: checks of what the ranks will run in (e.g. probing
+another interpreter, ``train.python``), made by the launcher only. The launcher's preflight, the
+worker and the configuration's :class:`~perseus.config.schema.Framework` choices all go through
+:data:`REGISTRY`.
 
-Adding a framework is one entry here (and its member of :class:`~perseus.config.Framework`).
+Adding a framework is one entry here (and its member of :class:`~perseus.config.schema.Framework`).
 Job modules are imported on first use: they import their framework lazily too.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict, Protocol, cast
 
-from perseus.config import Framework, PerseusConfig
+from perseus.config.schema import Framework, PerseusConfig
 from perseus.errors import ConfigError
 
 
@@ -37,11 +37,11 @@ class FrameworkJob(Protocol):
 
 
 REGISTRY: Dict[Framework, str] = {
-    Framework.deepspeed: "perseus.train.deepspeed_job",
-    Framework.megatron: "perseus.train.megatron_job",
-    Framework.merak: "perseus.train.merak_job",
-    Framework.torch: "perseus.train.torch_job",
-    Framework.torch_pipelining: "perseus.train.torch_pipelining_job",
+    Framework.deepspeed: "perseus.train.jobs.deepspeed",
+    Framework.megatron: "perseus.train.jobs.megatron",
+    Framework.merak: "perseus.train.merak.job",
+    Framework.torch: "perseus.train.jobs.torch",
+    Framework.torch_pipelining: "perseus.train.jobs.torch_pipelining",
 }
 
 

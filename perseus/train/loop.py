@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from perseus.config import PerseusConfig
+from perseus.config.numbers import finite_or_none
+from perseus.config.schema import PerseusConfig
 from perseus.formats.atomic_file import write_json_atomic
-from perseus.numbers import finite_or_none
 from perseus.wire import Phase
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.process_exit import exit_without_finalizing
 from perseus.train import frameworks

@@ -1,9 +1,9 @@
 """The coordination protocol: route names, job phases, and one model per message.
 
-Training ranks (the client, :mod:`perseus.runtime.online`) and the coordination server
+Training ranks (the client, :mod:`perseus.runtime.online.source`) and the coordination server
 (:mod:`perseus.server.app`) speak through these definitions only. The models are frozen standard
 library dataclasses, so the client needs nothing beyond the standard library; every size and
-value is bounded with :class:`~perseus.wire_bounds.Bound` annotations, which the server's
+value is bounded with :class:`~perseus.config.checked.Bound` annotations, which the server's
 validation (pydantic, via FastAPI) enforces: a request outside them is answered 422 without
 being processed. The same annotations appear in the server's OpenAPI schema
 (``GET /openapi.json``).
@@ -24,7 +24,7 @@ Every message and route is listed in ``docs/design.md`` ("HTTP API").
 
 from __future__ import annotations
 
-from perseus.bounds import JOB_ID_PATTERN
+from perseus.config.bounds import JOB_ID_PATTERN
 from perseus.wire.codec import from_json, to_json
 from perseus.wire.fields import (
     MAX_CLOCKS,

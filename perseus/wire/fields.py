@@ -1,15 +1,15 @@
 """The wire's bounded field types and size limits, shared by every message.
 
 Part of :mod:`perseus.wire` (see there). Every size a message may have is capped here; the
-annotated types carry their :class:`~perseus.wire_bounds.Bound`.
+annotated types carry their :class:`~perseus.config.checked.Bound`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from perseus.bounds import JOB_ID_PATTERN, MHZ
-from perseus.wire_bounds import Bound
+from perseus.config.bounds import JOB_ID_PATTERN, MHZ
+from perseus.config.checked import Bound
 
 MAX_STAGES = 512
 MAX_MICROBATCHES = 4096

@@ -1,9 +1,9 @@
 """The job's messages: ``POST /jobs`` (the spec and its settings) and the imposed iteration time.
 
-Part of :mod:`perseus.wire` (see there). The client builds these (the runtime builds the spec
-and its settings from the configuration: :mod:`perseus.runtime.job_spec`), so they check their
-bounds on construction (:class:`~perseus.wire_bounds.Checked`). Their numeric bounds are those
-of :mod:`perseus.bounds`, the configuration's too.
+Part of :mod:`perseus.wire` (see there). The client builds these (the runtime builds the spec and
+its settings from the configuration: :mod:`perseus.runtime.online.job_spec`), so they check their
+bounds on construction (:class:`~perseus.config.checked.Checked`). Their numeric bounds are those of
+:mod:`perseus.config.bounds`, the configuration's too.
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Optional, Union
 
-from perseus.bounds import ENERGY_SETTINGS, P2P_POWER_W, PROFILER_SETTINGS, SOLVER_NAME_PATTERN
-from perseus.config_enums import EnergyPolicy, ProfilerMode
+from perseus.config.bounds import (
+    ENERGY_SETTINGS,
+    P2P_POWER_W,
+    PROFILER_SETTINGS,
+    SOLVER_NAME_PATTERN,
+)
+from perseus.config.checked import Bound, Checked
+from perseus.config.enums import EnergyPolicy, ProfilerMode
 from perseus.pipeline_order import PipelineOrder
 from perseus.wire.fields import (
     FORBID_EXTRA,
@@ -22,7 +28,6 @@ from perseus.wire.fields import (
     JobId,
     Mhz,
 )
-from perseus.wire_bounds import Bound, Checked
 
 
 @dataclass(frozen=True)

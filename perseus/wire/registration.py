@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Optional
 
-from perseus.bounds import POWER_W
+from perseus.config.bounds import POWER_W
+from perseus.config.checked import Bound, Checked
 from perseus.wire.fields import FORBID_EXTRA, MAX_CLOCKS, MAX_RANKS, MAX_STAGES, Mhz, RankId
-from perseus.wire_bounds import Bound, Checked
 
 
 @dataclass(frozen=True)

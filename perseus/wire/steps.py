@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional, Sequence, Tuple
 
+from perseus.config.checked import Bound
 from perseus.pipeline_order import KIND_OF_LETTER, LETTERS
 from perseus.wire.fields import (
     FORBID_EXTRA,
@@ -27,7 +28,6 @@ from perseus.wire.fields import (
     StepId,
 )
 from perseus.wire.vocabulary import Phase
-from perseus.wire_bounds import Bound
 
 
 @dataclass(frozen=True)

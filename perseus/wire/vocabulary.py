@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict
 
-from perseus.config_enums import ConfigChoice
+from perseus.config.enums import ConfigChoice
 
 
 class Route:
@@ -26,7 +26,7 @@ class Route:
 
 
 class Phase(ConfigChoice):
-    """Where a job is (see :mod:`perseus.server.job_phases` and ``docs/design.md``).
+    """Where a job is (see :mod:`perseus.server.phases.table` and ``docs/design.md``).
 
     ``baseline`` -> ``profiling`` -> ``planning`` -> ``running`` -> ``watching``; ``failed``
     means max speed for good.

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import pytest
 
-from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.launcher.ports import free_port
 from perseus.schedule import stage_order
 from tests.e2e._support.processes import processes_mentioning

@@ -15,7 +15,7 @@ import pytest
 
 import perseus
 from perseus.errors import PlanError
-from perseus.formats.plan_json import check_plan_for_job, load_plan
+from perseus.formats.plan.document import check_plan_for_job, load_plan
 
 pytestmark = pytest.mark.e2e
 

@@ -167,10 +167,10 @@ RUNTIME_CHILD = textwrap.dedent(
     from pathlib import Path
 
     from perseus import PerseusOptimizer
-    from perseus.config import PerseusConfig
-    from perseus.formats.plan_json import Plan, PlanStep
-    from perseus.formats.profile_csv import Profile
-    from perseus.gpu.emulated import EmulatedGPU
+    from perseus.config.schema import PerseusConfig
+    from perseus.formats.plan.document import Plan, PlanStep
+    from perseus.formats.profile.table import Profile
+    from perseus.gpu.emulated.device import EmulatedGPU
     from perseus.runtime.sources import PlanSource
     from perseus.records import RankInfo
 

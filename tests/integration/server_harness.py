@@ -49,7 +49,7 @@ class JobSetup:
 
 
 def build_config(setup: JobSetup) -> Any:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
 
     cfg = PerseusConfig()
     cfg.parallelism.pp = setup.pp
@@ -66,8 +66,8 @@ def build_config(setup: JobSetup) -> Any:
 
 
 def make_gpu(setup: JobSetup, rank: int, seed: int = 0) -> Any:
-    from perseus.formats.profile_csv import read_profile_csv
-    from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path
+    from perseus.formats.profile.table import read_profile_csv
+    from perseus.gpu.emulated.device import EmulatedGPU, default_device_profile_path
 
     return EmulatedGPU(
         read_profile_csv(default_device_profile_path()),
@@ -93,9 +93,9 @@ def rank_main(
     import os
 
     from perseus.records import RankInfo
-    from perseus.runtime.online_build import build_online_source
+    from perseus.runtime.launch.rendezvous import Launch
+    from perseus.runtime.online.build import build_online_source
     from perseus.runtime.optimizer import PerseusOptimizer
-    from perseus.runtime.rendezvous import Launch
     from perseus.schedule import stage_order
 
     stage, dp_rank = rank % setup.pp, rank // setup.pp
@@ -278,7 +278,7 @@ def profile_errors_vs_truth(path: Path, setup: JobSetup) -> Tuple[List[float], L
     On a quiet machine every row is within 1-2.3 %; beside CPU hogs the host's load stretches
     some rows (4.4-77 % seen), and a plan made from them does not run as predicted.
     """
-    from perseus.formats.profile_csv import Measurement, read_profile_csv
+    from perseus.formats.profile.table import Measurement, read_profile_csv
     from perseus.profiler.virtual_run import profile_errors
 
     gpus: Dict[int, Any] = {}

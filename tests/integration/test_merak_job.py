@@ -1,7 +1,7 @@
 """framework=merak's model on real merak-zeus engines equals the same model trained unsplit.
 
 Two CPU ranks in the Merak environment (see test_merak_adapter.py for how) build zoo models with
-``perseus.train.merak_engine.build_engine`` and train them; rank 0 trains the same model as one
+``perseus.train.merak.engine.build_engine`` and train them; rank 0 trains the same model as one
 ``nn.Sequential`` in the same process. Equal losses show the stage cut, the tied embedding and
 output head on different stages, and Merak's tuple passing (T5) change nothing.
 """

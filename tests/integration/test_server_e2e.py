@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import ServerConfig
-from perseus.runtime.client import ServerClient
+from perseus.config.schema import ServerConfig
+from perseus.runtime.online.client import ServerClient
 from perseus.server.process import start_local_server
 from tests.integration.server_harness import JobSetup, Launch, profile_errors_vs_truth, wait_for
 

@@ -16,8 +16,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from perseus.config import ServerConfig
-from perseus.runtime.client import ServerClient
+from perseus.config.schema import ServerConfig
+from perseus.runtime.online.client import ServerClient
 from perseus.server.process import start_server_process
 from perseus.server.state_store import STATE_FILE
 from tests.integration.server_harness import JobSetup, Launch, wait_for

@@ -10,8 +10,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from perseus.config import ServerConfig
-from perseus.runtime.client import ServerClient
+from perseus.config.schema import ServerConfig
+from perseus.runtime.online.client import ServerClient
 from perseus.server.process import start_server_process
 from tests.integration._support.launch import run_ranks
 

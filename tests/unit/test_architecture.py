@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 
 from tests import architecture as arch
 
@@ -23,14 +24,61 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m in arch.module_files() if arch.layer_of(m) is None] == []
 
 
-def test_no_module_is_past_the_split_size() -> None:
-    """docs/design.md: a module past ~400 lines is split along a seam of responsibility."""
+def test_long_modules_are_named_for_review() -> None:
+    """docs/design.md: a module is split when it holds two responsibilities, not at a size; a
+    long one is named in the test report (a warning) so a reviewer looks at it."""
     sizes = {m: len(p.read_text().splitlines()) for m, p in arch.module_files().items()}
-    assert {m: n for m, n in sizes.items() if n > arch.MAX_MODULE_LINES} == {}
+    for module, lines in sorted(sizes.items()):
+        if lines > arch.REVIEW_MODULE_LINES:
+            warnings.warn(
+                f"{module} has {lines} lines: does it hold more than one responsibility?",
+                stacklevel=1,
+            )
+
+
+def test_no_folder_holds_more_modules_than_one_concept_needs() -> None:
+    """A folder is a concept; more than a handful of modules side by side says a subpackage
+    is missing (docs/design.md, "Layers")."""
+    crowded = {
+        str(folder.relative_to(arch.REPO)): count
+        for folder, count in arch.modules_per_folder().items()
+        if count > arch.MAX_FOLDER_MODULES
+    }
+    assert crowded == {}
+
+
+def test_no_module_name_repeats_its_folder_as_a_prefix_family() -> None:
+    """Three or more modules of one folder sharing a name prefix (``emulated_*``, ``job_*``) are
+    a subpackage waiting to be made."""
+    families: dict = {}
+    for module in arch.module_files():
+        folder, _, name = module.rpartition(".")
+        if "_" in name and not name.startswith("_"):
+            families.setdefault((folder, name.split("_")[0]), []).append(name)
+    assert {k: v for k, v in families.items() if len(v) >= 3} == {}
 
 
 def test_no_import_circle() -> None:
     assert arch.cycles(_internal_edges()) == []
+
+
+def test_no_import_circle_through_a_package_init() -> None:
+    """Importing ``p.m`` runs ``p/__init__`` first: a circle through it fails at import time
+    in whichever order the modules are first imported."""
+    assert arch.cycles(arch.package_edges(arch.graph())) == []
+
+
+def test_package_edges_see_the_init_a_target_runs() -> None:
+    imp = arch.Import
+    graph = {
+        "x": [imp("x", "p.y", 1, False)],
+        "p": [imp("p", "p.z", 1, False)],
+        "p.y": [],
+        "p.z": [imp("p.z", "x", 1, False)],
+    }
+    edges = arch.package_edges(graph)
+    assert edges["x"] == {"p.y", "p"}
+    assert arch.cycles(edges) == [["p", "p.z", "x"]]
 
 
 def test_cycle_finder_finds_a_circle() -> None:  # the check above can fail
@@ -105,7 +153,7 @@ def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
         import json, sys
         import perseus
         import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.device
-        import perseus.runtime.online, perseus.runtime.online_build, perseus.wire
+        import perseus.runtime.online.source, perseus.runtime.online.build, perseus.wire
         perseus.PerseusOptimizer
         print(json.dumps(sorted(m for m in sys.modules
                                 if m.split(".")[0] in ("torch", "pandas", "numpy", "pydantic",
@@ -124,12 +172,12 @@ def test_configuration_validation_and_wire_import_in_one_direction() -> None:
     (the runtime builds the job spec from it); the records import nothing of Perseus but the
     records layer."""
     graph = arch.graph()
-    config = {"perseus.config", "perseus.config_validation"}
+    config = {"perseus.config.schema", "perseus.config.validation"}
     wrong = sorted(
         f"{imp.source}:{imp.line} imports {imp.target}"
         for module, imports in graph.items()
         for imp in imports
-        if (module == "perseus.config" and imp.target == "perseus.config_validation")
+        if (module == "perseus.config.schema" and imp.target == "perseus.config.validation")
         or (module.startswith("perseus.wire") and imp.target in config)
         or (
             arch.layer_of(module) == arch.layer_named("records")

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
 from perseus.apps.common import register_configs
-from perseus.config import PerseusConfig
-from perseus.config_validation import to_object, validate
+from perseus.config.schema import PerseusConfig
+from perseus.config.validation import to_object, validate
 from perseus.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """Bad configuration values, as a user types them on the command line: each one refused.
 
-Every case goes through Hydra's composition and :func:`perseus.config_validation.to_object` (what
+Every case goes through Hydra's composition and :func:`perseus.config.validation.to_object` (what
 the apps do) and must end in :class:`~perseus.errors.ConfigError` naming the key and the problem,
 one line per problem. The NaN / infinity / out-of-range cases are generated from the range table
 itself, so a key added to it is covered at once.
@@ -17,12 +17,12 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from perseus.apps.common import register_configs
-from perseus.config import PerseusConfig
-from perseus.config_validation import P2P_POWER_W, RANGES, to_object, validate
+from perseus.config.checked import Bound
+from perseus.config.numbers import Range
+from perseus.config.schema import PerseusConfig
+from perseus.config.validation import P2P_POWER_W, RANGES, to_object, validate
 from perseus.errors import ConfigError
-from perseus.numbers import Range
 from perseus.wire import EnergySettings, JobSpec, ProfilerSettings
-from perseus.wire_bounds import Bound
 
 
 def _compose(*overrides: str, name: str = "perseus_train") -> Any:

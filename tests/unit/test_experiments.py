@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from perseus.apps.common import register_configs
-from perseus.config_validation import to_object
+from perseus.config.validation import to_object
 from perseus.models.partition import partition
 from perseus.models.zoo import describe
 

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import TypeAdapter, ValidationError
 
-from perseus.config import EnergyConfig, PerseusConfig, ProfilerConfig, ServerConfig
+from perseus.config.schema import EnergyConfig, PerseusConfig, ProfilerConfig, ServerConfig
 from perseus.records import RankInfo
-from perseus.runtime.job_spec import job_spec_from_config
+from perseus.runtime.online.job_spec import job_spec_from_config
 from perseus.server.app import create_app
 from perseus.wire import (
     CounterUpdate,

@@ -2,7 +2,7 @@
 
 * When the number of plans (product of every instruction's candidate count) is at most
   ``max_plans``, every plan is enumerated and re-simulated; the Pareto-optimal ones are exact.
-* Otherwise a mixed-integer program (:mod:`perseus.planner.solvers.lp.milp`) is solved for a
+* Otherwise a mixed-integer program (:mod:`perseus.planner.solvers.lp.milp.program`) is solved for a
   sweep of deadlines; each answer is optimal for its deadline (within ``mip_rel_gap``).
 
 Both grow exponentially; use it on a few stages and microbatches.
@@ -20,7 +20,7 @@ from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
-from perseus.planner.solvers.lp.milp import solve_milp
+from perseus.planner.solvers.lp.milp.program import solve_milp
 
 _BATCH = 20000
 

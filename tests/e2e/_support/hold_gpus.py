@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from perseus.gpu.guard import GPUGuard
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.guard.owner import GPUGuard
+from perseus.gpu.nvml.device import NVMLGPU
 
 LOCKED_MHZ = 1005
 LIMIT_MW = 300_000

@@ -33,9 +33,9 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.runtime import context
-    from perseus.train import megatron_job
+    from perseus.train.jobs import megatron as megatron_job
     from tests.integration._support.cuda_redirect import cuda_on_cpu
 
     cfg = PerseusConfig()

@@ -47,7 +47,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     _quiet_deepspeed()
     import deepspeed
 
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.runtime import context
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -26,8 +26,8 @@ def main() -> None:
     store = dist.TCPStore("127.0.0.1", int(port), WORLD, rank == 0, timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     from perseus.records import StepEnergy
-    from perseus.runtime import stage_payload as payloads
-    from perseus.runtime.stage_exchange import torch_stage_exchange
+    from perseus.runtime.online import payload as payloads
+    from perseus.runtime.online.exchange import torch_stage_exchange
     from perseus.wire import Phase, Schedule
 
     stage, dp_rank = rank % 2, rank // 2

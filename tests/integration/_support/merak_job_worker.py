@@ -1,4 +1,4 @@
-"""One rank of the framework=merak model check: zoo models built by ``perseus.train.merak_engine``.
+"""One rank of the framework=merak model check: zoo models built by ``perseus.train.merak.engine``.
 
 Runs in the Merak environment (2 CPU ranks, gloo). Rank 0 also trains the same model as one
 plain ``nn.Sequential`` in this process (the same per-layer seeds, data and optimizer), so the
@@ -22,7 +22,7 @@ CONF = Path(__file__).resolve().parents[3] / "conf" / "model"
 def _cfg(model: str, schedule: str) -> Any:
     from omegaconf import OmegaConf
 
-    from perseus.config import ModelConfig, PerseusConfig
+    from perseus.config.schema import ModelConfig, PerseusConfig
 
     cfg = PerseusConfig()
     yaml = OmegaConf.load(CONF / f"{model}.yaml")
@@ -50,7 +50,7 @@ def _reference_losses(cfg: Any, description: Any, data: List[Any]) -> List[float
 
     from perseus.models.build import build_layers
     from perseus.models.losses import loss_fn
-    from perseus.train.merak_engine import real_linear
+    from perseus.train.merak.engine import real_linear
 
     with real_linear():
         model = torch.nn.Sequential(*build_layers(description.layers, seed=cfg.train.seed))
@@ -73,7 +73,8 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from perseus.models.zoo import describe
-    from perseus.train import merak_engine, merak_job
+    from perseus.train.merak import engine as merak_engine
+    from perseus.train.merak import job as merak_job
     from tests.integration._support import merak_cpu
 
     merak_cpu.install()

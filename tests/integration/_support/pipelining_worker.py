@@ -25,10 +25,10 @@ TIME_SCALE = 0.02
 
 def make_plan(order: Any, profile_path: str, out: Path) -> None:
     """The planner's no-slowdown plan for ``order`` on the emulated GPU's profile."""
-    from perseus.config import EnergyConfig
-    from perseus.formats.profile_csv import read_profile_csv
-    from perseus.formats.profile_split import split_backward
-    from perseus.gpu.emulated_model import map_stage
+    from perseus.config.schema import EnergyConfig
+    from perseus.formats.profile.split import split_backward
+    from perseus.formats.profile.table import read_profile_csv
+    from perseus.gpu.emulated.model import map_stage
     from perseus.planner import plan_frontier
     from perseus.planner.derived import select_stages
     from perseus.planner.policies import choose
@@ -44,7 +44,7 @@ def make_plan(order: Any, profile_path: str, out: Path) -> None:
 
 
 def plan_config(plan: Path, out_dir: Path, state_dir: str) -> Any:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
 
     cfg = PerseusConfig()
     cfg.runtime.mode = "plan"
@@ -62,7 +62,7 @@ def main(rank: int, world_size: int, args: Dict[str, Any]) -> Dict[str, Any]:
 
     dist.init_process_group("gloo")
     adapter = importlib.import_module("perseus.adapters.torch_pipelining")  # the one import
-    from perseus.gpu.device_profiles import default_device_profile_path
+    from perseus.gpu.emulated.profiles import default_device_profile_path
     from perseus.runtime import context
     from tests.integration._support.recording import HookLog
 

@@ -107,7 +107,7 @@ class ClockLogGPU(RecordingGPU):
 
 def cycling_plan(num_stages: int, num_microbatches: int, clocks_mhz: Sequence[int]) -> Any:
     """A 1F1B plan whose clock changes at every position (so every change reaches the GPU)."""
-    from perseus.formats.plan_json import Plan, PlanStep
+    from perseus.formats.plan.document import Plan, PlanStep
     from perseus.schedule import stage_order
 
     stages = []

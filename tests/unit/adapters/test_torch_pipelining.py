@@ -11,14 +11,14 @@ import perseus.adapters as adapters
 import perseus.adapters.torch_pipelining as tp
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import AdapterError, ConfigError
 from perseus.pipeline_order import PipelineOrder
 from perseus.records import RankInfo
-from perseus.runtime.job_spec import job_spec_from_config
+from perseus.runtime.online.job_spec import job_spec_from_config
 from perseus.schedule import pipeline_order
-from perseus.train import torch_pipelining_job as job
 from perseus.train.frameworks import job_for
+from perseus.train.jobs import torch_pipelining as job
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 stage_module = pytest.importorskip("torch.distributed.pipelining.stage")

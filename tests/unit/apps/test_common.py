@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from perseus.apps import common
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, ProfileError
 
 

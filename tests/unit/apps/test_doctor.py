@@ -20,7 +20,7 @@ import pytest
 from perseus.apps import doctor as doctor_app
 from perseus.apps.doctor import run_doctor
 from perseus.gpu import doctor as doctor_lib
-from perseus.gpu import nvml_support
+from perseus.gpu.nvml import support as nvml_support
 from perseus.profiler.virtual_run import VirtualClock
 from tests.unit.gpu.nvml_mock import (
     field_value,

@@ -10,10 +10,10 @@ import pytest
 
 from perseus.apps.plan import run_plan, solver_options
 from perseus.apps.plan_stages import pp_on_command_line
-from perseus.config import EnergyConfig, PerseusConfig, PlannerEffort
+from perseus.config.schema import EnergyConfig, PerseusConfig, PlannerEffort
 from perseus.errors import ConfigError, ProfileError
-from perseus.formats.plan_json import check_plan_for_job, load_plan
-from perseus.formats.profile_csv import Profile, read_profile_csv
+from perseus.formats.plan.document import check_plan_for_job, load_plan
+from perseus.formats.profile.table import Profile, read_profile_csv
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate
 
@@ -127,7 +127,7 @@ def test_lowtime_no_slowdown_note_in_summary(tmp_path: Path) -> None:
     # On the published GPT-3/A100 profile (stages 4-7, 4 microbatches) lowtime's quantized
     # times make its fastest plans re-simulate slower than all-max, so no_slowdown keeps the
     # all-max plan; summary.json says why and what to do.
-    from perseus.gpu.emulated import bundled_profile_path
+    from perseus.gpu.emulated.device import bundled_profile_path
 
     full = read_profile_csv(bundled_profile_path("gpt3-175b+a100_sxm_bf16"))
     rows = [(s - 4, i, f, t, e) for s, i, f, t, e in full.rows() if s >= 4]

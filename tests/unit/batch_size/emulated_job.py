@@ -12,8 +12,12 @@ from __future__ import annotations
 from typing import Dict, Optional, Protocol
 
 from perseus.batch_size import RecurringJob
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
-from perseus.gpu.energy_meter import EnergyMeter
+from perseus.gpu.emulated.device import (
+    EmulatedGPU,
+    default_device_profile_path,
+    load_device_profile,
+)
+from perseus.gpu.energy.meter import EnergyMeter
 from perseus.profiler.virtual_run import VirtualClock, attach_meter
 
 PROFILE = load_device_profile(default_device_profile_path())

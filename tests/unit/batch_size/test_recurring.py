@@ -15,10 +15,10 @@ from typing import Dict, List, Optional
 import pytest
 
 from perseus.batch_size import RecurringJob
-from perseus.config import GPUConfig, PowerLimitConfig
+from perseus.config.schema import GPUConfig, PowerLimitConfig
 from perseus.errors import BatchSizeError
-from perseus.gpu.emulated import EmulatedGPU
-from perseus.gpu.guard import GPUGuard
+from perseus.gpu.emulated.device import EmulatedGPU
+from perseus.gpu.guard.owner import GPUGuard
 from tests.unit.batch_size.emulated_job import TOP_MW, emulated_gpu, job_energy, train
 from tests.unit.power_limit.fakes import VirtualClock, free_port
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from perseus.batch_size.replay import (
+from perseus.batch_size.zeus.reference import ZeusReference
+from perseus.batch_size.zeus.replay import (
     PerseusPolicy,
     path_for,
     profiling_epoch,
     replay,
     replay_perseus,
 )
-from perseus.batch_size.zeus_reference import ZeusReference
-from perseus.batch_size.zeus_trace import (
+from perseus.batch_size.zeus.trace import (
     PUBLISHED_JOBS,
     JobSpec,
     Workload,

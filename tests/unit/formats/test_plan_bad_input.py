@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from perseus.errors import NonFiniteError, PlanError
-from perseus.formats import plan_outputs
-from perseus.formats.plan_json import (
+from perseus.formats.plan import outputs as plan_outputs
+from perseus.formats.plan.document import (
     Plan,
     PlanStep,
     check_plan_for_job,

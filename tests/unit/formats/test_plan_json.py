@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from perseus.errors import PlanError
-from perseus.formats.plan_json import Plan, PlanStep, load_plan, plan_from_dict, plan_from_reference
+from perseus.formats.plan.document import (
+    Plan,
+    PlanStep,
+    load_plan,
+    plan_from_dict,
+    plan_from_reference,
+)
 
 
 def _plan() -> Plan:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from perseus.formats import plan_outputs
-from perseus.formats.profile_csv import Profile
+from perseus.formats.plan import outputs as plan_outputs
+from perseus.formats.profile.table import Profile
 from perseus.planner import plan_frontier
 from perseus.planner.problem import PlanningProblem
 

@@ -14,7 +14,7 @@ from typing import List
 import pytest
 
 from perseus.errors import ProfileError
-from perseus.formats.profile_csv import read_profile_csv
+from perseus.formats.profile.table import read_profile_csv
 
 HEADER = "stage,instruction,frequency,time,energy"
 ROWS = [

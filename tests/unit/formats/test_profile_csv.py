@@ -6,7 +6,7 @@ import pytest
 
 import perseus
 from perseus.errors import ProfileError
-from perseus.formats.profile_csv import Profile, blocking_power_per_stage_w, read_profile_csv
+from perseus.formats.profile.table import Profile, blocking_power_per_stage_w, read_profile_csv
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 GOOD = (

@@ -11,9 +11,15 @@ import pytest
 
 from perseus import PerseusOptimizer
 from perseus.errors import PlanError, ProfileError
-from perseus.formats.plan_json import Plan, PlanStep, check_plan_for_job, load_plan, plan_from_dict
-from perseus.formats.profile_csv import Profile, parse_profile_csv
-from perseus.formats.profile_split import split_backward
+from perseus.formats.plan.document import (
+    Plan,
+    PlanStep,
+    check_plan_for_job,
+    load_plan,
+    plan_from_dict,
+)
+from perseus.formats.profile.split import split_backward
+from perseus.formats.profile.table import Profile, parse_profile_csv
 from perseus.pipeline_order import PipelineOrder
 from perseus.records import RankInfo
 from perseus.runtime.sources import PlanSource
@@ -191,7 +197,7 @@ def test_server_refuses_bad_orders(ranks: list, message: str) -> None:
 
 
 def test_the_emulated_gpu_runs_a_backwards_halves_from_a_whole_profile() -> None:
-    from perseus.gpu.emulated import EmulatedGPU
+    from perseus.gpu.emulated.device import EmulatedGPU
 
     gpu = EmulatedGPU(_whole_profile(), blocking_power_w=50.0, sleep=False)
     before = gpu.true_energy_j()

@@ -10,19 +10,19 @@ from typing import Iterator, Tuple
 
 import pytest
 
+from perseus.config.numbers import finite_or_none, non_finite_paths
 from perseus.errors import NonFiniteError, PlanError
 from perseus.formats import strict_json
 from perseus.formats.atomic_file import write_json_atomic
 from perseus.launcher.report import write_report
-from perseus.numbers import finite_or_none, non_finite_paths
 
 PACKAGE = Path(__file__).resolve().parents[3] / "perseus"
 
 # json.dump(s) calls that are not Perseus writing JSON for others, or not yet converted.
 EXEMPT = {
-    "runtime/client.py": "formats the server's error detail for a message",
+    "runtime/online/client.py": "formats the server's error detail for a message",
     "apps/train.py": "formats figures for the summary line",
-    "gpu/guard_files.py": "state files hold integer clocks, limits and pids only",
+    "gpu/guard/files.py": "state files hold integer clocks, limits and pids only",
     "server/process.py": "the start-up handshake with its own child process (config, ready line)",
     "server/state_store.py": "the server's own SQLite state, read back only by the server",
     "server/planning.py": "the job's event log (events.jsonl): not converted yet",

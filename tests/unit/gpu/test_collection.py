@@ -13,12 +13,12 @@ from unittest.mock import call
 import pynvml
 import pytest
 
-from perseus.config import EmulatedGPUConfig, GPUConfig
+from perseus.config.schema import EmulatedGPUConfig, GPUConfig
 from perseus.errors import GPUNotSupportedError
 from perseus.gpu.collection import GPUs
-from perseus.gpu.emulated import EmulatedGPU
+from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.gpu.factory import build_emulated
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.profiler.virtual_run import VirtualClock, attach_meter
 
 from .nvml_mock import (

@@ -8,11 +8,11 @@ from unittest.mock import call
 import pynvml
 import pytest
 
-from perseus.config import EmulatedGPUConfig, GPUConfig
+from perseus.config.schema import EmulatedGPUConfig, GPUConfig
 from perseus.errors import ConfigError, GPUNotFoundError, GPUNotSupportedError
-from perseus.gpu.emulated import EmulatedGPU, bundled_profile_path
+from perseus.gpu.emulated.device import EmulatedGPU, bundled_profile_path
 from perseus.gpu.factory import build_gpu, nvml_usable
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.nvml.device import NVMLGPU
 
 from .nvml_mock import (
     make_pynvml_mock,
@@ -135,7 +135,7 @@ def test_nvml_start_restores_what_a_killed_owner_left(tmp_path):
 
 
 def test_dry_run_start_keeps_a_killed_owners_state(tmp_path):
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
 
     state = write_dead_owner_state(
         tmp_path / "state", {"reset_sm_clocks": True, "power_limit_mw": 350_000}
@@ -152,7 +152,7 @@ def test_dry_run_start_keeps_a_killed_owners_state(tmp_path):
 @pytest.fixture
 def nvidia_devices(tmp_path, monkeypatch):
     """This machine has an NVIDIA GPU device file (a folder standing in for /dev)."""
-    from perseus.gpu import nvml_support
+    from perseus.gpu.nvml import support as nvml_support
 
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -174,7 +174,7 @@ def test_auto_with_a_library_mismatch_stops_with_the_fix(nvidia_devices):
 
 
 def test_auto_without_any_nvidia_device_emulates(monkeypatch, tmp_path):
-    from perseus.gpu import nvml_support
+    from perseus.gpu.nvml import support as nvml_support
 
     monkeypatch.setattr(nvml_support, "DEV_DIR", str(tmp_path))  # no nvidia* here
     monkeypatch.setattr(nvml_support, "PROC_DRIVER_DIR", str(tmp_path / "no-proc"))

@@ -15,9 +15,9 @@ from unittest.mock import call
 import pynvml
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import GPUPreflightError, PlanError
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.gpu.preflight import GPUNeeds, check_capabilities
 from perseus.records import RankInfo
 from perseus.runtime import context

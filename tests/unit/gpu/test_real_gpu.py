@@ -11,10 +11,10 @@ import io
 import pytest
 
 from perseus.apps.doctor import run_doctor
-from perseus.config import GPUConfig
+from perseus.config.schema import GPUConfig
 from perseus.gpu.factory import resolve_backend
-from perseus.gpu.guard import GPUGuard
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.guard.owner import GPUGuard
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.gpu.preflight import GPUNeeds, check_capabilities
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
 from perseus.launcher.report import (
@@ -18,7 +18,7 @@ from perseus.launcher.report import (
 )
 from perseus.launcher.train_run import needs_local_server, prepare_config, write_config
 from perseus.runtime.context import load_config_file
-from perseus.train.megatron_job import check_supported
+from perseus.train.jobs.megatron import check_supported
 
 
 def test_written_config_round_trips(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_train_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -
     from hydra import compose, initialize_config_module
 
     from perseus.apps.common import register_configs
-    from perseus.config_validation import to_object
+    from perseus.config.validation import to_object
 
     register_configs()
     monkeypatch.setenv("NNODES", "2")

@@ -7,11 +7,11 @@ from typing import Dict
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
 from perseus.launcher.train_run import new_job_id
-from tests.unit.runtime.test_slurm_env import STEP_TASK
+from tests.unit.runtime.launch.test_slurm import STEP_TASK
 
 # `srun -N2 --ntasks-per-node=1 perseus-train ...` (or submitit with nodes=2), the second node.
 STEP = STEP_TASK

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import PerseusConfig, ServerConfig
+from perseus.config.schema import PerseusConfig, ServerConfig
 from perseus.errors import ConfigError, ServerError
-from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.launcher.preflight import check_job, check_server, check_state_dir, local_ranks
 from perseus.schedule import stage_order
 
@@ -72,7 +72,7 @@ def test_local_ranks_follow_the_launch_geometry() -> None:
 
 def test_job_the_server_would_refuse_is_refused_before_launch() -> None:
     from perseus.records import RankInfo
-    from perseus.runtime.job_spec import job_spec_from_config
+    from perseus.runtime.online.job_spec import job_spec_from_config
     from perseus.server.limits import job_problems
 
     cfg = _cfg()

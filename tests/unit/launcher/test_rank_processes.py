@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
 from perseus.launcher.rank_processes import LaunchPlan, RankFailedError, launch_ranks, plan_launch

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from perseus.models import layers_gpt
 from perseus.models.build import build_sequential
-from perseus.models.layers_bloom import alibi_slopes
+from perseus.models.layers import gpt as layers_gpt
+from perseus.models.layers.bloom import alibi_slopes
 from perseus.models.partition import partition
 from perseus.models.zoo import describe
 from tests.unit.models.test_zoo import load

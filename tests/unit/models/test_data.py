@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from perseus.config import ModelConfig
+from perseus.config.schema import ModelConfig
 from perseus.errors import ConfigError
 from perseus.models.data import TokenFile, batches, synthetic_batch
 from perseus.models.zoo import describe

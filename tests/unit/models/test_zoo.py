@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from perseus.config import ModelConfig
+from perseus.config.schema import ModelConfig
 from perseus.errors import ConfigError
 from perseus.models.build import build_sequential, count_parameters
 from perseus.models.data import synthetic_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 
 
 def synthetic_profile(

@@ -11,10 +11,10 @@ from perseus.planner.cases import case_problem
 from perseus.planner.policies import best_for_iteration_time
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
-from perseus.planner.solvers.lp.bounds import lp_bound, milp_bound
-from perseus.planner.solvers.lp.cuts import PathCut, least_energy_within, path_cuts
-from perseus.planner.solvers.lp.milp_model import MILPModel
-from perseus.planner.solvers.lp.windows import time_windows, windowed
+from perseus.planner.solvers.lp.milp.bounds import lp_bound, milp_bound
+from perseus.planner.solvers.lp.milp.cuts import PathCut, least_energy_within, path_cuts
+from perseus.planner.solvers.lp.milp.model import MILPModel
+from perseus.planner.solvers.lp.milp.windows import time_windows, windowed
 
 from ._profiles import synthetic_profile
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.formats.profile_csv import read_profile_csv
+from perseus.formats.profile.table import read_profile_csv
 from perseus.planner.cases import case_profile, profile_path
 from perseus.planner.derived import (
     deepen_profile,

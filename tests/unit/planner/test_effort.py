@@ -5,20 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.config import PerseusConfig
-from perseus.config_enums import PlannerEffort
-from perseus.config_validation import validate
+from perseus.config.enums import PlannerEffort
+from perseus.config.schema import PerseusConfig
+from perseus.config.validation import validate
 from perseus.errors import ConfigError
 from perseus.planner import plan_frontier
 from perseus.planner.limits import estimate
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
 from perseus.planner.solvers.lp import effort as effort_module
-from perseus.planner.solvers.lp.cycle import allmax_period_s
 from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, EFFORTS, effort_settings
 from perseus.planner.solvers.lp.layout import steady_pair
 from perseus.planner.solvers.lp.solver import LPSolver
-from perseus.planner.solvers.lp.steady import MARGIN_PAIRS, find_pattern, held_nodes, splice
+from perseus.planner.solvers.lp.steady.cycle import allmax_period_s
+from perseus.planner.solvers.lp.steady.splice import MARGIN_PAIRS, find_pattern, held_nodes, splice
 
 from ._profiles import synthetic_profile
 

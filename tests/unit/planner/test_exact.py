@@ -7,7 +7,7 @@ from perseus.planner import plan_frontier
 from perseus.planner.policies import best_for_iteration_time
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
-from perseus.planner.solvers.lp.milp import solve_milp
+from perseus.planner.solvers.lp.milp.program import solve_milp
 
 from ._profiles import synthetic_profile
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.formats.plan_json import plan_from_dict
+from perseus.formats.plan.document import plan_from_dict
 from perseus.planner.frontier import build_frontier, pareto_rows
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perseus.formats.profile_csv import read_profile_csv
+from perseus.formats.profile.table import read_profile_csv
 from perseus.planner import plan_frontier
 from perseus.planner.frontier import MAX_GAP_REL, build_frontier, density_gaps, max_gap_rel
 from perseus.planner.problem import PlanningProblem

@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.planner import plan_frontier, plan_policy
 from perseus.planner.policies import choose
 from perseus.planner.problem import PlanningProblem

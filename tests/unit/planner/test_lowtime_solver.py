@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import SolverError
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers import get_solver
@@ -215,7 +215,7 @@ def _shipped_cut(name: str, stages: Sequence[int]) -> Profile:
     from pathlib import Path
 
     import perseus
-    from perseus.formats.profile_csv import read_profile_csv
+    from perseus.formats.profile.table import read_profile_csv
 
     full = read_profile_csv(Path(perseus.__file__).parent / "data" / "sosp24" / f"{name}.csv")
     index = {s: i for i, s in enumerate(stages)}

@@ -6,9 +6,9 @@ from typing import List, Optional
 import numpy as np
 import pytest
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.errors import ConfigError, SolverError
-from perseus.formats.profile_csv import Profile, read_profile_csv
+from perseus.formats.profile.table import Profile, read_profile_csv
 from perseus.planner import plan_frontier
 from perseus.planner.policies import choose
 from perseus.planner.problem import PlanningProblem

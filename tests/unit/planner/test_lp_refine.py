@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.lp import LPSolver

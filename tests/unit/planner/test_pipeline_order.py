@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import ConfigError, ProfileError, SolverError
-from perseus.formats.profile_split import split_backward
+from perseus.formats.profile.split import split_backward
 from perseus.pipeline_order import PipelineOrder, decode_actions, encode_actions
 from perseus.planner import plan_frontier
 from perseus.planner.cases import case_profile
@@ -257,7 +257,8 @@ def _spread(num_ranks: int) -> List[int]:
 
 
 def test_steady_state_phases_only_for_the_generated_1f1b() -> None:
-    from perseus.planner.solvers.lp import layout, steady
+    from perseus.planner.solvers.lp import layout
+    from perseus.planner.solvers.lp.steady import splice as steady
 
     num_mb = 64
     profile = _gpt3_two_stages(split=False)

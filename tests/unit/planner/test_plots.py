@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.errors import PlanError
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 from perseus.planner import plots
 from perseus.planner.frontier import build_frontier
 from perseus.planner.policies import choose

@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from perseus.config import EnergyConfig
+from perseus.config.schema import EnergyConfig
 from perseus.errors import ConfigError
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 from perseus.planner.frontier import Frontier, FrontierPoint
 from perseus.planner.policies import (
     best_for_iteration_time,

@@ -7,7 +7,7 @@ import pytest
 
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
-from perseus.planner.solvers.lp.milp import solve_milp_result
+from perseus.planner.solvers.lp.milp.program import solve_milp_result
 from perseus.planner.solvers.lp.reoptimize import reoptimize
 
 from ._profiles import synthetic_profile

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.formats.profile_csv import Profile
+from perseus.formats.profile.table import Profile
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate, simulate_choices
 

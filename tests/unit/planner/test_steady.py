@@ -7,15 +7,15 @@ import pytest
 
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import iteration_time, simulate_choices
-from perseus.planner.solvers.lp.cycle import (
+from perseus.planner.solvers.lp.layout import steady_pair
+from perseus.planner.solvers.lp.solver import LPSolver
+from perseus.planner.solvers.lp.steady.cycle import (
     allmax_period_s,
     cycle_period_s,
     relaxed_durations_s,
     solve_cycle,
 )
-from perseus.planner.solvers.lp.layout import steady_pair
-from perseus.planner.solvers.lp.solver import LPSolver
-from perseus.planner.solvers.lp.steady import applies, find_pattern, splice
+from perseus.planner.solvers.lp.steady.splice import applies, find_pattern, splice
 
 from ._profiles import synthetic_profile
 

@@ -1,7 +1,7 @@
 """Test helpers: a deterministic GPU whose power limit sets step time and energy, virtual time.
 
 Energy comes from the GPUs' energy samplers, as in training: :func:`sampled` gives the GPUs an
-:class:`~perseus.gpu.energy_meter.EnergyMeter` whose samplers the virtual clock polls as virtual
+:class:`~perseus.gpu.energy.meter.EnergyMeter` whose samplers the virtual clock polls as virtual
 time passes, on the schedule their threads would keep beside the training loop.
 """
 
@@ -13,7 +13,7 @@ import socket
 from typing import Any, List, Sequence, Tuple
 
 from perseus.gpu.base import GPU
-from perseus.gpu.energy_meter import EnergyMeter
+from perseus.gpu.energy.meter import EnergyMeter
 from perseus.profiler.virtual_run import VirtualClock, attach_meter
 
 __all__ = ["PowerModelGPU", "RecordingGuard", "VirtualClock", "free_port", "sampled"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import PowerLimitConfig
+from perseus.config.schema import PowerLimitConfig
 from perseus.power_limit import PowerLimitOptimizer
 from tests.unit.power_limit.fakes import (
     PowerModelGPU,

@@ -15,10 +15,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from perseus.config import PowerLimitConfig
+from perseus.config.schema import PowerLimitConfig
 from perseus.errors import GPUOwnershipError
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
-from perseus.gpu.guard import GPUGuard
+from perseus.gpu.emulated.device import (
+    EmulatedGPU,
+    default_device_profile_path,
+    load_device_profile,
+)
+from perseus.gpu.guard.owner import GPUGuard
 from perseus.power_limit import PowerLimitOptimizer, select_power_limit
 from perseus.power_limit.selectors import PowerLimitMeasurement, zeus_cost_j
 from tests.unit.power_limit.fakes import VirtualClock, sampled

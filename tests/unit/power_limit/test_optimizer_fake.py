@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-from perseus.config import PowerLimitConfig
+from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
 from perseus.power_limit import PowerLimitOptimizer, select_power_limit
 from perseus.power_limit.aggregate import WindowTotals

@@ -13,7 +13,7 @@ import bisect
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from perseus.gpu.energy_sampler import updates_from_polls
+from perseus.gpu.energy.sampler import updates_from_polls
 from perseus.records import InstructionRecord, StepRecord
 from perseus.records.energy import EnergyUpdate
 

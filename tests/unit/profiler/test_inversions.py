@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.formats.profile_csv import Profile, read_profile_csv
-from perseus.gpu.device_profiles import bundled_profile_names, bundled_profile_path
-from perseus.profiler.estimate import StageEstimator
+from perseus.formats.profile.table import Profile, read_profile_csv
+from perseus.gpu.emulated.profiles import bundled_profile_names, bundled_profile_path
+from perseus.profiler.estimation.estimate import StageEstimator
+from perseus.profiler.estimation.job_estimates import JobEstimates
 from perseus.profiler.inversions import describe, find_inversions, repair
-from perseus.profiler.job_estimates import JobEstimates
 from perseus.records import InstructionRecord
 from tests.unit.profiler.sim import RealisticCounter, run_step
 
@@ -108,7 +108,7 @@ def test_job_profile_from_noisy_measurements_is_repaired_and_said() -> None:
 
 def test_plan_predicted_faster_than_allmax_is_announced() -> None:
     from perseus.planner.frontier import FrontierPoint
-    from perseus.server.plan_check import faster_than_allmax
+    from perseus.server.phases.plan_check import faster_than_allmax
 
     allmax = FrontierPoint(plan_id=0, iteration_time_s=1.0, energy_j=10.0, freqs=[], is_allmax=True)
     fine = FrontierPoint(plan_id=3, iteration_time_s=0.99, energy_j=9.0, freqs=[])

@@ -20,8 +20,8 @@ from typing import Tuple
 import pytest
 
 from perseus.errors import RecordingError
-from perseus.profiler.attribution import Span, Timeline, equations
-from perseus.profiler.power_fit import PowerFit
+from perseus.profiler.estimation.attribution import Span, Timeline, equations
+from perseus.profiler.estimation.power_fit import PowerFit
 from perseus.profiler.replay import (
     KINDS,
     Recording,

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
-from perseus.profiler.smooth import fill_missing, ratio_rows, smoothness_rows
+from perseus.profiler.estimation.smooth import fill_missing, ratio_rows, smoothness_rows
 from perseus.profiler.virtual_run import profile_virtually, virtual_gpu
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate

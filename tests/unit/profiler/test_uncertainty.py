@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from perseus.formats.plan_json import Plan, PlanStep
-from perseus.formats.profile_csv import Profile
+from perseus.formats.plan.document import Plan, PlanStep
+from perseus.formats.profile.table import Profile
 from perseus.profiler.uncertainty import energy_se_j, row_uses, saving_interval_j, uncertain_rows
 
 ROWS = [

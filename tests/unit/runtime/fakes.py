@@ -6,11 +6,11 @@ import threading
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
-from perseus.formats.plan_json import Plan, PlanStep
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.gpu.base import GPU
 
 if TYPE_CHECKING:
-    from perseus.gpu.guard import GPUGuard
+    from perseus.gpu.guard.owner import GPUGuard
     from perseus.records import RankInfo
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.types import FrequencySource

@@ -18,9 +18,13 @@ from typing import Any, List, Tuple
 
 import pytest
 
-from perseus.formats.plan_json import Plan
-from perseus.formats.profile_csv import Profile
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.formats.plan.document import Plan
+from perseus.formats.profile.table import Profile
+from perseus.gpu.emulated.device import (
+    EmulatedGPU,
+    default_device_profile_path,
+    load_device_profile,
+)
 from perseus.profiler.virtual_run import VirtualClock
 from perseus.records import RankInfo, StepRecord
 from perseus.runtime.optimizer import PerseusOptimizer

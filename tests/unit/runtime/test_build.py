@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
-from perseus.gpu.emulated import EmulatedGPU
+from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
@@ -125,9 +125,9 @@ def test_online_mode_imports_the_online_source_lazily(
         seen.append((cfg.runtime.mode, rank, gpu))
         return MaxSpeedSource(1005)
 
-    fake = types.ModuleType("perseus.runtime.online_build")
+    fake = types.ModuleType("perseus.runtime.online.build")
     fake.build_online_source = build_online_source  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perseus.runtime.online_build", fake)
+    monkeypatch.setitem(sys.modules, "perseus.runtime.online.build", fake)
     opt = PerseusOptimizer.from_config(_cfg(tmp_path, "online"), RANK1)
     assert seen == [("online", RANK1, opt.gpu)]
     run_iteration(opt, [("forward", 0), ("backward", 0)])

@@ -5,7 +5,7 @@ from typing import List
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.records import RankInfo
 from perseus.runtime import context

@@ -14,8 +14,8 @@ from unittest import mock
 import pytest
 import torch
 
-from perseus.gpu.guard import GPUGuard
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.guard.owner import GPUGuard
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.gpu.sync import CudaSynchronizer
 from perseus.records import RankInfo
 from perseus.runtime.sources import PlanSource

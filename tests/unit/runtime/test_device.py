@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import GPUOwnershipError
 from perseus.records import RankInfo
 from perseus.runtime import context

@@ -7,9 +7,9 @@ from typing import Any, List, Tuple
 
 import pytest
 
-from perseus.formats.plan_json import Plan
-from perseus.formats.profile_csv import Profile
-from perseus.gpu.emulated import EmulatedGPU
+from perseus.formats.plan.document import Plan
+from perseus.formats.profile.table import Profile
+from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, PlanSource

@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import PlanSource
@@ -123,7 +123,7 @@ atexit.register(lambda: open(out, "w").write("\\n".join(
     [repr(c) for c in calls_except_energy_reads(nvml)]
     + ["off-sampler energy reads: " + repr(energy_reads_off_sampler(nvml))])))
 from pathlib import Path
-from perseus.gpu.nvml import NVMLGPU
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource
 from perseus.records import RankInfo
@@ -156,7 +156,7 @@ def test_interpreter_exit_restores_clocks(tmp_path: Path) -> None:
 
 
 def test_two_engines_in_one_process_share_the_gpu(tmp_path: Path) -> None:
-    from perseus.config import PerseusConfig
+    from perseus.config.schema import PerseusConfig
     from perseus.runtime import context
 
     plan = make_plan(1, 2, clocks_mhz=(1410, 1200, 1005))  # F0 B0 F1 B1: 1410 1200 1005 1410

@@ -8,7 +8,7 @@ import pytest
 
 from perseus import PerseusOptimizer
 from perseus.errors import GPUPermissionError, ScheduleMismatchError
-from perseus.gpu.guard import GPUGuard
+from perseus.gpu.guard.owner import GPUGuard
 from perseus.records import EnergyUpdate, RankInfo, StepEnergy
 from perseus.runtime.controller import ClockController
 from perseus.runtime.device import RankDevice

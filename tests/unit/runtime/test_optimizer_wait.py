@@ -18,7 +18,11 @@ from typing import List
 import pytest
 
 from perseus import PerseusOptimizer
-from perseus.gpu.emulated import EmulatedGPU, default_device_profile_path, load_device_profile
+from perseus.gpu.emulated.device import (
+    EmulatedGPU,
+    default_device_profile_path,
+    load_device_profile,
+)
 from perseus.profiler.virtual_run import VirtualClock
 from perseus.records import RankInfo
 from perseus.runtime.sources import MeasureSource

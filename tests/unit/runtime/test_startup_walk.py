@@ -90,5 +90,5 @@ def test_the_start_up_walk_enters_each_leading_module_once(tmp_path: Path) -> No
     assert {"perseus.runtime.session", "perseus.runtime.device", "perseus.runtime.optimizer"} <= (
         leading
     )
-    assert {"perseus.runtime.online_build", "perseus.runtime.rendezvous"} <= leading
+    assert {"perseus.runtime.online.build", "perseus.runtime.launch.rendezvous"} <= leading
     assert walk["checks"] == 1  # the GPU's start-up check, once

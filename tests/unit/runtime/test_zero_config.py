@@ -9,14 +9,15 @@ from typing import Any, Dict, List
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import JobShapeError, RendezvousError
 from perseus.records import RankInfo
-from perseus.runtime import announce, context, rendezvous
-from perseus.runtime.endpoint import URL_ENV
+from perseus.runtime import announce, context
 from perseus.runtime.job_shape import Origin, apply_engine_shape, keys_in_yaml
+from perseus.runtime.launch import rendezvous
+from perseus.runtime.launch.endpoint import URL_ENV
+from perseus.runtime.launch.rendezvous import Launch
 from perseus.runtime.optimizer import PerseusOptimizer
-from perseus.runtime.rendezvous import Launch
 
 pytestmark = pytest.mark.usefixtures("clean_context")
 
@@ -179,7 +180,7 @@ def test_rank_0_without_the_server_extra_answers_every_rank(
     store = DictStore()
     monkeypatch.setattr(rendezvous, "job_store", lambda: store)
     monkeypatch.setattr(
-        "perseus.runtime.server_spawn.missing_server_modules", lambda: ["fastapi", "uvicorn"]
+        "perseus.runtime.launch.spawn.missing_server_modules", lambda: ["fastapi", "uvicorn"]
     )
     monkeypatch.delenv(URL_ENV, raising=False)
     with pytest.raises(RendezvousError) as info:

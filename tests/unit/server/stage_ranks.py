@@ -1,7 +1,7 @@
 """Ranks as threads of the test process: real online sources, one exchange per stage.
 
-Each rank runs the real :class:`~perseus.runtime.online.OnlineSource` on its stage's
-:class:`~perseus.runtime.stage_exchange.ThreadStage`; only stage leaders have a server client.
+Each rank runs the real :class:`~perseus.runtime.online.source.OnlineSource` on its stage's
+:class:`~perseus.runtime.online.exchange.ThreadStage`; only stage leaders have a server client.
 Iterations are paced by the test (a leader waits until its link fetched the next schedule
 before ending an iteration), so what happens does not depend on the machine's speed. Each
 iteration's energy becomes known one iteration later (as a real counter's update after it).
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from perseus.records import InstructionRecord, RankInfo, StepEnergy, StepRecord
-from perseus.runtime.client import ServerClient
-from perseus.runtime.online import OnlineSource
-from perseus.runtime.stage_exchange import Member, ThreadStage
+from perseus.runtime.online.client import ServerClient
+from perseus.runtime.online.exchange import Member, ThreadStage
+from perseus.runtime.online.source import OnlineSource
 from perseus.schedule import stage_order
 from perseus.wire import JobSpec
 

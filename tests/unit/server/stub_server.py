@@ -1,9 +1,9 @@
 """A stub coordination server for tests of the online source, and JSON answers (test support).
 
-:func:`stub_server` answers what a rank's :class:`~perseus.runtime.online.OnlineSource` asks of
-job ``j`` with the wire models (the job created, each step's schedule from the test's
-``schedule(step)``, an ``Ack`` for everything else) and records every request, so that a test
-can check what the rank sent. :func:`send_json` is how every stub handler answers.
+:func:`stub_server` answers what a rank's :class:`~perseus.runtime.online.source.OnlineSource` asks
+of job ``j`` with the wire models (the job created, each step's schedule from the test's
+``schedule(step)``, an ``Ack`` for everything else) and records every request, so that a test can
+check what the rank sent. :func:`send_json` is how every stub handler answers.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ from typing import Any, Callable, Dict
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.errors import ConfigError
 from perseus.server import app as app_module
 from perseus.server.app import create_app
+from perseus.server.jobs.registry import JobRegistry
 from perseus.server.process import check_exposure, is_loopback
-from perseus.server.registry import JobRegistry
 from perseus.wire import MAX_INSTRUCTIONS
 
 SPEC = {"job_id": "job-a", "num_stages": 2, "num_microbatches": 4}

@@ -13,8 +13,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.config import ServerConfig
-from perseus.runtime.client import ServerClient, ServerRefused
+from perseus.config.schema import ServerConfig
+from perseus.runtime.online.client import ServerClient, ServerRefused
 from perseus.server.app import create_app
 from perseus.server.process import ServerHandle, start_server_process
 

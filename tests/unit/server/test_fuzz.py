@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.server.app import create_app
 
 _TMP = Path(tempfile.mkdtemp(prefix="perseus-fuzz-"))

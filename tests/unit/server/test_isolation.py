@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.config import ServerConfig
-from perseus.server import phase_planning, workers
+from perseus.config.schema import ServerConfig
+from perseus.server import workers
 from perseus.server.app import create_app
+from perseus.server.phases import planning as phase_planning
 from tests.unit.server.flow import VirtualRanks
 
 CFG = ServerConfig(profiler_workers=0, planner_workers=0)

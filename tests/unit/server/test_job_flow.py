@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.config import ServerConfig
-from perseus.formats.plan_json import load_plan
-from perseus.formats.profile_csv import read_profile_csv
+from perseus.config.schema import ServerConfig
+from perseus.formats.plan.document import load_plan
+from perseus.formats.profile.table import read_profile_csv
 from perseus.server.app import create_app
 from tests.unit.server.flow import VirtualRanks
 

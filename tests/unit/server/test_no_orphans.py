@@ -14,8 +14,8 @@ STARTER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from perseus.config import ServerConfig
-    from perseus.runtime.server_spawn import new_token, start_server_process
+    from perseus.config.schema import ServerConfig
+    from perseus.runtime.launch.spawn import new_token, start_server_process
 
     handle = start_server_process(
         ServerConfig(persist=False), Path(sys.argv[1]), port=0, token=new_token(),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.formats.plan_json import load_plan
+from perseus.formats.plan.document import load_plan
 from perseus.server import planning
 from perseus.server.planning import plan_job, refine_and_write, refine_job
 from perseus.wire import JobSpec

@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from perseus.config import ServerConfig
-from perseus.runtime.client import RequestTooLarge, ServerClient, ServerRefused
+from perseus.config.schema import ServerConfig
+from perseus.runtime.online.client import RequestTooLarge, ServerClient, ServerRefused
 from perseus.server.bodies import RequestBodies
 from perseus.server.process import ServerHandle, bind_socket, start_server_process
 

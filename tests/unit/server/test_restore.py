@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 from fastapi.testclient import TestClient
 
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.server.app import create_app
 from perseus.server.state_store import STATE_FILE, StateStore
 from tests.unit.server.flow import VirtualRanks

@@ -14,9 +14,9 @@ from hydra.errors import ConfigCompositionException
 
 from perseus.apps.common import register_configs
 from perseus.apps.server import SCHEMA_NAME, ServerAppConfig, to_server_config
-from perseus.config import ServerConfig
+from perseus.config.schema import ServerConfig
 from perseus.errors import ConfigError, ServerError
-from perseus.runtime.client import ServerClient
+from perseus.runtime.online.client import ServerClient
 from perseus.server.process import new_token, start_server_process
 
 

@@ -9,8 +9,7 @@ import pytest
 from perseus.profiler import JobProfiler, StageSweep
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate
-from perseus.server.plan_switching import DriftWatcher
-from perseus.server.steps import (
+from perseus.server.jobs.steps import (
     JobStep,
     RankStep,
     StepEnergies,
@@ -18,6 +17,7 @@ from perseus.server.steps import (
     inliers,
     typical_step,
 )
+from perseus.server.phases.plan_switching import DriftWatcher
 
 
 def test_step_completes_when_every_live_rank_reported() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.config import Framework, PerseusConfig
+from perseus.config.schema import Framework, PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher.preflight import check_job
 from perseus.train import frameworks
@@ -18,7 +18,7 @@ def test_every_configurable_framework_has_one_entry() -> None:
 def test_job_modules_expose_check_and_run(name: str) -> None:
     job = frameworks.job_for(name)
     assert callable(job.check) and callable(job.run)
-    assert job.__name__ == f"perseus.train.{name}_job"  # type: ignore[attr-defined]
+    assert job.__name__ in (f"perseus.train.jobs.{name}", f"perseus.train.{name}.job")  # type: ignore[attr-defined]
 
 
 def test_merak_is_one_entry_checked_in_launcher_and_rank() -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.train.loop import StopRule, current_phase

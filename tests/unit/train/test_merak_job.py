@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.launcher import nodes
 from perseus.launcher.preflight import check_job
 from perseus.launcher.rank_processes import plan_launch
-from perseus.train import merak_job, merak_probe
+from perseus.train.merak import job as merak_job
+from perseus.train.merak import probe as merak_probe
 
 
 def merak_cfg(**options: object) -> PerseusConfig:

@@ -13,11 +13,11 @@ from unittest import mock
 import pytest
 import torch
 
-from perseus.config import PerseusConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError
 from perseus.records import RankInfo
 from perseus.runtime import context
-from perseus.train import torch_job
+from perseus.train.jobs import torch as torch_job
 
 
 @pytest.fixture

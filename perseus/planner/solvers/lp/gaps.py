@@ -39,7 +39,7 @@ from perseus.planner.frontier import (
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.base import Progress, report
-from perseus.planner.solvers.lp.milp import solve_milp, solve_milp_result
+from perseus.planner.solvers.lp.milp.program import solve_milp, solve_milp_result
 from perseus.planner.solvers.lp.model import LPSolution
 
 __all__ = [

@@ -29,7 +29,7 @@ import numpy as np
 
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.solvers.base import Progress
-from perseus.planner.solvers.lp.milp import solve_milp_result
+from perseus.planner.solvers.lp.milp.program import solve_milp_result
 from perseus.planner.solvers.lp.polish import window_search
 
 #: Instructions per window, and branch-and-bound nodes per window.

@@ -24,15 +24,15 @@ import numpy as np
 from perseus.planner.problem import PlanningProblem
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.base import Progress, report
-from perseus.planner.solvers.lp import steady
-from perseus.planner.solvers.lp.bounds import lp_bound
 from perseus.planner.solvers.lp.effort import SearchSettings
 from perseus.planner.solvers.lp.hull import GroupHull
+from perseus.planner.solvers.lp.milp.bounds import lp_bound
 from perseus.planner.solvers.lp.model import HullLP, LPSolution
 from perseus.planner.solvers.lp.polish import best_within, polish
 from perseus.planner.solvers.lp.refine import JumpRefiner
 from perseus.planner.solvers.lp.reoptimize import reoptimize
 from perseus.planner.solvers.lp.rounding import Rounder
+from perseus.planner.solvers.lp.steady import splice as steady
 
 
 def lp_node_energy(

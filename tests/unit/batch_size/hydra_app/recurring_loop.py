@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from perseus.batch_size import RecurringJob
-from perseus.config import PowerLimitConfig
+from perseus.config.schema import PowerLimitConfig
 from perseus.profiler.virtual_run import VirtualClock
 from tests.unit.batch_size.emulated_job import emulated_gpu, job_energy, train
 

@@ -1,0 +1,144 @@
+"""The ``planning`` phase: from the measured profile to the chosen plan, in the workers.
+
+An estimator worker turns the job's estimates into its profile (with the blocking power and a
+note where the profile had to be corrected, :mod:`perseus.profiler.inversions`); a planner
+worker solves the frontier and writes the job's files
+(:func:`~perseus.server.planning.plan_and_write`). Their answers come back on their threads and
+are handled under the job's lock; meanwhile the job trains at the highest clock. The plan starts
+at the step after the newest one any rank asked for (``running``); an unusable profile or a
+failed planner fails the job. A server restarted in this phase plans again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from perseus.profiler.uncertainty import uncertain_rows
+from perseus.server.jobs.record import JobRecord
+from perseus.server.phases.plan_check import faster_than_allmax
+from perseus.server.phases.plan_switching import PlanInForce
+from perseus.server.phases.running import Running
+from perseus.server.phases.table import JobContext, JobPhase
+from perseus.server.planning import plan_and_write, predicted_saving, result_to_json
+from perseus.wire import Phase
+
+
+class Planning(JobPhase):
+    """The job waits for its plan at max speed.
+
+    Args:
+        ctx: What the phase may use of its job.
+        record: What the baseline and profiling measured.
+    """
+
+    name = Phase.planning
+
+    def __init__(self, ctx: JobContext, record: JobRecord) -> None:
+        super().__init__(ctx, record)
+        self._next: Optional[JobPhase] = None
+        self._released = False
+
+    def start(self) -> None:
+        """Ask the estimator worker for the job's profile."""
+        ctx = self.ctx
+        source = f"online profile of job {ctx.job_id}"
+        ctx.estimators.call(
+            ctx.job_id,
+            "profile",
+            source,
+            ctx.spec.p2p_power_w,
+            reply=ctx.reply(self, self._profiled),
+        )
+
+    def resume(self) -> List[int]:
+        """Plan again (the estimates were replayed from the state file)."""
+        self.start()
+        return []
+
+    def _profiled(self, result: Any, error: Optional[BaseException]) -> None:
+        if self._released:
+            return
+        if error is not None:
+            self._next = self.failed(f"the measured profile is unusable: {error}")
+            return
+        ctx = self.ctx
+        profile, blocking, models, note = result
+        if note:
+            # Said to the ranks (rank 0 prints it) and kept in the job's events.
+            ctx.notes.message = note
+            ctx.events.write("profile_inversions", message=note)
+        summary = (self.record.profiling and self.record.profiling.summary) or {}
+        ctx.events.write(
+            "profiling_done",
+            iterations=summary.get("iterations"),
+            blocking_power_w=blocking,
+            stopped_at=summary.get("stopped_at_mhz"),
+            energy_models=models,
+        )
+        ctx.estimators.call(ctx.job_id, "close")
+
+        def planned(answer: Any, failure: Optional[BaseException]) -> None:
+            self._planned(answer, failure, blocking)
+
+        ctx.planners.submit(
+            plan_and_write,
+            ctx.spec,
+            profile,
+            blocking,
+            ctx.job_dir,
+            reply=ctx.reply(self, planned),
+        )
+
+    def _planned(self, answer: Any, error: Optional[BaseException], blocking: List[float]) -> None:
+        if error is not None:
+            self._next = self.failed(f"planning failed: {type(error).__name__}: {error}")
+            return
+        ctx = self.ctx
+        result, files = answer
+        ctx.notes.files.update(files)
+        tolerance = ctx.settings.plan_slowdown_tolerance
+        too_fast = faster_than_allmax(result.chosen, result.frontier.allmax, tolerance)
+        if too_fast:
+            ctx.notes.message = too_fast
+            ctx.events.write("plan_faster_than_allmax", message=too_fast)
+        start = ctx.next_step()
+        saving, low, high = predicted_saving(result)
+        unsure = uncertain_rows(
+            result.frontier.problem.profile, result.frontier.to_plan(result.chosen)
+        )
+        ctx.events.write(
+            "plan_ready",
+            start_step=start,
+            plan_id=result.chosen.plan_id,
+            solve_time_s=result.solve_time_s,
+            predicted_iteration_time_s=result.chosen.iteration_time_s,
+            predicted_energy_j=result.chosen.energy_j,
+            predicted_saving=saving,
+            predicted_saving_ci95=None if low is None or high is None else [low, high],
+            uncertain_rows=[list(row) for row in unsure],
+            frontier_points=len(result.frontier.points),
+        )
+        if low is not None and high is not None and low <= 0.0 < saving:
+            # The profile alone cannot tell this plan from max speed: the measurement against
+            # max speed decides whether it is kept (and falls back when it saves nothing).
+            ctx.events.write(
+                "plan_uncertain",
+                message=(
+                    f"the chosen plan's predicted saving {saving:.1%} has a 95 % interval of "
+                    f"{low:.1%} to {high:.1%} from the profile's uncertainty (a longer profile, "
+                    "profiler.max_iterations, narrows it); it is measured against max speed "
+                    "before it is kept"
+                ),
+            )
+        if ctx.store is not None:
+            ctx.store.put_plan(ctx.job_id, result_to_json(result, blocking))
+            ctx.store.drop_records(ctx.job_id)
+        self._next = Running(ctx, self.record, PlanInForce.chosen(result, start), start)
+
+    def next_phase(self) -> Optional[JobPhase]:
+        """``running`` once the plan is here; ``failed`` if there will be none."""
+        return self._next
+
+    def release(self) -> None:
+        """Every rank is gone: the profile's answer is no longer wanted."""
+        self._released = True
