@@ -3,8 +3,9 @@
 What is kept, per job: its spec; every rank registration (a leader's with its peers); the job's
 state (phase, failure, the baseline and the plan's measurements, the sweeps of every stage with
 every assigned step, the plan epochs, the straggler watcher, the job's files) as one JSON
-document; every profiling report's instruction records (the estimates' inputs; dropped once the
-job is planned); and the solved frontier. Events stay in the job's ``events.jsonl``.
+document; every profiling report's readings (:class:`~perseus.server.estimation.Readings`, the
+estimates' inputs, one JSON object with its format each; dropped once the job is planned); and
+the solved frontier. Events stay in the job's ``events.jsonl``.
 
 One writer thread owns the database. Requests only queue their changes; the thread writes
 them in batches, each batch one transaction, in the order they were queued, and a job's state
@@ -25,6 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from perseus.server.estimation import Readings
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class StoredJob:
     spec: Dict[str, Any]
     registrations: List[Dict[str, Any]] = field(default_factory=list)
     state: Optional[Dict[str, Any]] = None
-    records: List[List[Any]] = field(default_factory=list)
+    readings: List[Readings] = field(default_factory=list)
     plan: Optional[Dict[str, Any]] = None
 
 
@@ -98,9 +101,11 @@ class StateStore:
             for job_id, state in conn.execute("SELECT job_id, state FROM job_state"):
                 if job_id in jobs:
                     jobs[job_id].state = json.loads(state)
+            # The column is called ``args`` since the readings were positional (format 1).
             for job_id, args in conn.execute("SELECT job_id, args FROM records ORDER BY id"):
-                if job_id in jobs:
-                    jobs[job_id].records.append(json.loads(args))
+                readings = Readings.from_stored(json.loads(args)) if job_id in jobs else None
+                if readings is not None:  # None: an earlier server's, not attributable
+                    jobs[job_id].readings.append(readings)
             for job_id, result in conn.execute("SELECT job_id, result FROM plans"):
                 if job_id in jobs:
                     jobs[job_id].plan = json.loads(result)
@@ -122,9 +127,10 @@ class StateStore:
             )
         )
 
-    def add_records(self, job_id: str, args: Tuple[Any, ...]) -> None:
-        """One report's records as they went to the job's estimates."""
-        self._put(("INSERT INTO records (job_id, args) VALUES (?, ?)", (job_id, json.dumps(args))))
+    def add_readings(self, job_id: str, readings: Readings) -> None:
+        """One report's readings as they went to the job's estimates."""
+        stored = json.dumps(readings.to_stored())
+        self._put(("INSERT INTO records (job_id, args) VALUES (?, ?)", (job_id, stored)))
 
     def drop_records(self, job_id: str) -> None:
         """The job's estimates are no longer needed (it is planned)."""

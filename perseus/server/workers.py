@@ -26,6 +26,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from perseus import process_exit
+from perseus.server.estimation import Command, execute
 
 logger = logging.getLogger(__name__)
 
@@ -59,53 +60,6 @@ def _init_worker(threads: int, nice: int, server_pid: int) -> None:
             pass
 
 
-# -- the work itself (runs in a worker) -----------------------------------------------------------
-def execute(jobs: Dict[str, Any], job_id: str, command: str, args: Tuple[Any, ...]) -> Any:
-    """Run one estimator command on the worker's jobs."""
-    from perseus.profiler.estimation.job_estimates import JobEstimates
-    from perseus.records import EnergyUpdate, InstructionRecord
-
-    if command == "open":
-        jobs[job_id] = JobEstimates(int(args[0]))
-        return None
-    estimates = jobs.get(job_id)
-    if estimates is None:
-        if command == "close":
-            return None
-        raise KeyError(f"no estimates for job {job_id}")
-    if command == "add":
-        stage, key, records, warmup, updates, gpus, power_limit_w, step, start_s, end_s = args
-        estimates.set_gpu(stage, key, num_gpus=gpus, power_limit_w=power_limit_w)
-        estimates.add_updates(stage, key, [EnergyUpdate(*u) for u in updates])
-        if records:
-            estimates.add_step(
-                stage,
-                key,
-                [InstructionRecord(*r) for r in records],
-                warmup,
-                step=step,
-                step_start_s=start_s,
-                step_end_s=end_s,
-            )
-        return None
-    if command == "update":
-        stage, observing, refining, swept = args
-        energies = estimates.stage_energies(stage) if observing else None
-        uncertain = estimates.uncertain_clocks(stage, swept) if refining else None
-        return energies, uncertain
-    if command == "profile":
-        source, fallback_w = args
-        profile, note = estimates.honest_profile(source)
-        return profile, estimates.blocking_power_w(fallback_w), estimates.energy_models(), note
-    if command == "forget":
-        estimates.forget_rank(*args)
-        return None
-    if command == "close":
-        del jobs[job_id]
-        return None
-    raise ValueError(f"unknown estimator command {command!r}")
-
-
 def _worker_main(conn: Any, threads: int, nice: int, server_pid: int) -> None:
     _init_worker(threads, nice, server_pid)
     jobs: Dict[str, Any] = {}
@@ -116,9 +70,9 @@ def _worker_main(conn: Any, threads: int, nice: int, server_pid: int) -> None:
             return
         if message is None:
             return
-        ident, job_id, command, args = message
+        ident, job_id, command = message
         try:
-            result, error = execute(jobs, job_id, command, args), None
+            result, error = execute(jobs, job_id, command), None
         except Exception as exc:  # sent back to the job that asked
             result, error = None, exc
         if ident is not None:
@@ -207,8 +161,8 @@ class EstimatorPool:
             )
             self._thread.start()
 
-    def call(self, job_id: str, command: str, *args: Any, reply: Optional[Reply] = None) -> None:
-        """Queue ``command`` for ``job_id``'s estimates; ``reply(result, error)`` when done.
+    def send(self, job_id: str, command: Command, reply: Optional[Reply] = None) -> None:
+        """Queue ``command`` for ``job_id``'s estimates; ``reply(answer, error)`` when done.
 
         ``reply`` runs on a background thread; commands of one job run in order.
         """
@@ -221,7 +175,7 @@ class EstimatorPool:
                 ident = self._next
                 self._next += 1
                 self._replies[ident] = (job_id, reply)
-        message = (ident, job_id, command, args)
+        message = (ident, job_id, command)
         if self._workers:
             index = zlib.crc32(job_id.encode()) % len(self._workers)
             self._workers[index].outbox.put(message)
@@ -248,9 +202,9 @@ class EstimatorPool:
             message = self._thread_queue.get()
             if message is None:
                 return
-            ident, job_id, command, args = message
+            ident, job_id, command = message
             try:
-                result, error = execute(self._thread_jobs, job_id, command, args), None
+                result, error = execute(self._thread_jobs, job_id, command), None
             except Exception as exc:
                 result, error = None, exc
             if ident is not None:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional
 from perseus.formats.plan import outputs as plan_outputs
 from perseus.formats.profile.table import Profile
 from perseus.schedule import stage_order
+from perseus.server.estimation import CloseJob, ForgetRank, OpenJob, Readings
 from perseus.server.jobs import state as job_state
 from perseus.server.jobs.ranks import RankRegistry
 from perseus.server.jobs.record import JobRecord
@@ -37,7 +38,6 @@ from perseus.server.jobs.schedules import ScheduleBook, schedule_for
 from perseus.server.jobs.steps import JobStep
 from perseus.server.jobs.summary import JobView, job_status, job_summary
 from perseus.server.phases.baseline import Baseline
-from perseus.server.phases.profiling import ADD_ARGS
 from perseus.server.phases.table import (
     Handler,
     JobContext,
@@ -115,7 +115,7 @@ class Job:
             self._reply,
         )
         self._phase: JobPhase = Baseline(self._ctx, JobRecord())
-        estimators.call(job_id, "open", spec.num_stages)
+        estimators.send(job_id, OpenJob(num_stages=spec.num_stages))
 
     @property
     def phase(self) -> Phase:
@@ -164,7 +164,9 @@ class Job:
             died = self.ranks.mark_silent_dead(self._rank_timeout_s)
             for state, silent_s in died:
                 if state.rank == state.leader:
-                    self._estimators.call(self.job_id, "forget", state.stage, state.rank)
+                    self._estimators.send(
+                        self.job_id, ForgetRank(stage=state.stage, rank=state.rank)
+                    )
                 self.events.write(
                     "rank_dead", rank=state.rank, stage=state.stage, silent_s=round(silent_s, 3)
                 )
@@ -302,7 +304,7 @@ class Job:
             self._schedules.clear()
             self._reports.release()
             self._phase.release()
-            self._estimators.call(self.job_id, "close")
+            self._estimators.send(self.job_id, CloseJob())
             self.events.write("job_retired", ranks=self.ranks.counts())
             self._changed()
 
@@ -358,7 +360,7 @@ class Job:
     def restore(
         self,
         state: Optional[Dict[str, Any]],
-        records: List[List[Any]],
+        readings: List[Readings],
         plan: Optional[Dict[str, Any]],
         profile: Optional[Profile],
     ) -> None:
@@ -366,14 +368,13 @@ class Job:
 
         Args:
             state: The job's state document (``None``: none was written).
-            records: The profiling records to replay into the job's estimates.
+            readings: The profiling readings to replay into the job's estimates.
             plan: The solved frontier as kept (``None``: not planned, or not kept).
             profile: The job's ``profile.csv`` (the frontier needs it).
         """
         with self.lock:
-            for args in records:
-                if len(args) == ADD_ARGS:  # an earlier server's readings cannot be attributed
-                    self._estimators.call(self.job_id, "add", *args)
+            for reading in readings:
+                self._estimators.send(self.job_id, reading)
             lost: List[int] = []
             if state is not None:
                 plans = None

@@ -185,7 +185,7 @@ class JobRegistry:
         profile_path = job.job_dir / plan_outputs.PROFILE_CSV
         if stored.plan is not None and profile_path.is_file():
             profile = read_profile_csv(profile_path)
-        job.restore(stored.state, stored.records, stored.plan, profile)
+        job.restore(stored.state, stored.readings, stored.plan, profile)
         with self.lock:
             self.jobs[stored.job_id] = job
             if not job.retired:

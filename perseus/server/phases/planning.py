@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from perseus.profiler.uncertainty import uncertain_rows
+from perseus.server.estimation import AskProfile, CloseJob, ProfileAnswer
 from perseus.server.jobs.record import JobRecord
 from perseus.server.phases.plan_check import faster_than_allmax
 from perseus.server.phases.plan_switching import PlanInForce
@@ -42,13 +43,8 @@ class Planning(JobPhase):
         """Ask the estimator worker for the job's profile."""
         ctx = self.ctx
         source = f"online profile of job {ctx.job_id}"
-        ctx.estimators.call(
-            ctx.job_id,
-            "profile",
-            source,
-            ctx.spec.p2p_power_w,
-            reply=ctx.reply(self, self._profiled),
-        )
+        ask = AskProfile(source=source, fallback_power_w=ctx.spec.p2p_power_w)
+        ctx.estimators.send(ctx.job_id, ask, reply=ctx.reply(self, self._profiled))
 
     def resume(self) -> List[int]:
         """Plan again (the estimates were replayed from the state file)."""
@@ -62,7 +58,8 @@ class Planning(JobPhase):
             self._next = self.failed(f"the measured profile is unusable: {error}")
             return
         ctx = self.ctx
-        profile, blocking, models, note = result
+        answer: ProfileAnswer = result
+        profile, blocking, note = answer.profile, answer.blocking_power_w, answer.note
         if note:
             # Said to the ranks (rank 0 prints it) and kept in the job's events.
             ctx.notes.message = note
@@ -73,9 +70,9 @@ class Planning(JobPhase):
             iterations=summary.get("iterations"),
             blocking_power_w=blocking,
             stopped_at=summary.get("stopped_at_mhz"),
-            energy_models=models,
+            energy_models=answer.energy_models,
         )
-        ctx.estimators.call(ctx.job_id, "close")
+        ctx.estimators.send(ctx.job_id, CloseJob())
 
         def planned(answer: Any, failure: Optional[BaseException]) -> None:
             self._planned(answer, failure, blocking)

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from perseus.profiler import StageSweep, sweep_clocks_mhz
 from perseus.profiler.sweep.stage import warmup_positions
-from perseus.records import InstructionRecord
+from perseus.records import EnergyUpdate, InstructionRecord
+from perseus.server.estimation import AskStage, Readings, StageAnswer
 from perseus.server.jobs.record import JobRecord, ProfilingRecord
 from perseus.server.phases.planning import Planning
 from perseus.server.phases.table import Clocks, JobContext, JobPhase, Order
@@ -86,19 +87,6 @@ def warmup_after_changes(
     return warmup_positions(items, [r.frequency_mhz for r in records], warmup_instructions)
 
 
-def records_to_tuples(records: Sequence[InstructionRecord]) -> List[Tuple[Any, ...]]:
-    """Records as plain tuples (what travels to the worker and into the state file)."""
-    return [
-        (r.position, r.instruction, r.microbatch, r.frequency_mhz, r.start_s, r.end_s)
-        for r in records
-    ]
-
-
-# The arguments of one "add" of the estimates, as kept in the state file (an earlier server's
-# records, with counter readings per instruction and no counter updates, have fewer).
-ADD_ARGS = 10
-
-
 def feed_estimates(
     ctx: JobContext,
     stage: int,
@@ -117,25 +105,26 @@ def feed_estimates(
         warmup: Positions left out of the time averages.
         num_gpus: The GPUs the report speaks for.
     """
-    updates = [(u.time_s, u.energy_mj, u.time_error_s) for u in report.energy_updates]
-    if not records and not updates:
+    if not records and not report.energy_updates:
         return
-    power_limit_w = ctx.ranks.get(report.rank).power_limit_w
-    args = (
-        stage,
-        report.rank,
-        records_to_tuples(records),
-        list(warmup),
-        updates,
-        num_gpus,
-        power_limit_w,
-        report.step,
-        report.start_s,
-        report.end_s,
+    readings = Readings(
+        stage=stage,
+        rank=report.rank,
+        records=tuple(records),
+        warmup=tuple(warmup),
+        updates=tuple(
+            EnergyUpdate(time_s=u.time_s, energy_mj=u.energy_mj, time_error_s=u.time_error_s)
+            for u in report.energy_updates
+        ),
+        num_gpus=num_gpus,
+        power_limit_w=ctx.ranks.get(report.rank).power_limit_w,
+        step=report.step,
+        start_s=report.start_s,
+        end_s=report.end_s,
     )
-    ctx.estimators.call(ctx.job_id, "add", *args)
+    ctx.estimators.send(ctx.job_id, readings)
     if ctx.store is not None:
-        ctx.store.add_records(ctx.job_id, args)
+        ctx.store.add_readings(ctx.job_id, readings)
 
 
 class Profiling(JobPhase):
@@ -236,15 +225,13 @@ class Profiling(JobPhase):
         def answered(result: Any, error: Optional[BaseException]) -> None:
             self._answered(stage, result, error)
 
-        self.ctx.estimators.call(
-            self.ctx.job_id,
-            "update",
-            stage,
-            sweep.observing,
-            sweep.refining,
-            list(sweep.swept_mhz),
-            reply=self.ctx.reply(self, answered),
+        ask = AskStage(
+            stage=stage,
+            energies=sweep.observing,
+            uncertain=sweep.refining,
+            swept_mhz=tuple(sweep.swept_mhz),
         )
+        self.ctx.estimators.send(self.ctx.job_id, ask, reply=self.ctx.reply(self, answered))
 
     def _answered(self, stage: int, result: Any, error: Optional[BaseException]) -> None:
         if not self.sweeps:
@@ -253,7 +240,8 @@ class Profiling(JobPhase):
         if error is not None:
             self._error = f"profile estimation failed: {type(error).__name__}: {error}"
             return
-        energies, uncertain = result
+        answer: StageAnswer = result
+        energies, uncertain = answer.energies, answer.uncertain_mhz
         sweep = self.sweeps[stage]
         if energies is not None and sweep.observing:
             sweep.observe(energies)

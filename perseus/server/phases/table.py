@@ -38,6 +38,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 
 from perseus.config.schema import ServerConfig
 from perseus.errors import ServerError
+from perseus.server.estimation import CloseJob
 from perseus.server.jobs.ranks import RankRegistry
 from perseus.server.jobs.record import JobRecord
 from perseus.server.jobs.steps import JobStep
@@ -280,7 +281,7 @@ class Failed(JobPhase):
         """Say why, and drop the job's estimates."""
         self.ctx.notes.message = self.reason
         self.ctx.events.write("failed", reason=self.reason)
-        self.ctx.estimators.call(self.ctx.job_id, "close")
+        self.ctx.estimators.send(self.ctx.job_id, CloseJob())
 
     def clocks(self, stage: int, step: int, allmax: List[Optional[int]]) -> Clocks:
         """Default clocks everywhere."""

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from perseus.config.schema import ServerConfig
 from perseus.server import workers
 from perseus.server.app import create_app
+from perseus.server.estimation import AskStage
 from perseus.server.phases import planning as phase_planning
 from tests.unit.server.flow import VirtualRanks
 
@@ -52,11 +53,11 @@ def test_estimation_that_never_answers_delays_no_request(
     real = workers.execute
     asked = []
 
-    def slow(jobs: Any, job_id: str, command: str, args: Any) -> Any:
-        if job_id == "busy" and command == "update":
-            asked.append(args[0])
+    def slow(jobs: Any, job_id: str, command: Any) -> Any:
+        if job_id == "busy" and isinstance(command, AskStage):
+            asked.append(command.stage)
             release.wait(300)
-        return real(jobs, job_id, command, args)
+        return real(jobs, job_id, command)
 
     monkeypatch.setattr(workers, "execute", slow)
     with TestClient(create_app(CFG, tmp_path)) as client:

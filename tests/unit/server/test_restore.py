@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -77,17 +78,17 @@ def test_a_planned_job_keeps_its_plans_across_a_restart(tmp_path: Path) -> None:
         assert ranks.summary()["current"]["reason"] == "imposed"
 
 
-def _kept_by_previous_server(dump: Path) -> Dict[str, Any]:
-    """Write the version-1 state of ``data/state_v1.json`` into ``dump`` (see data/README.md)."""
-    jobs = json.loads((Path(__file__).parent / "data" / "state_v1.json").read_text())
+def _kept_by_earlier_server(dump: Path, name: str) -> Dict[str, Any]:
+    """Write what an earlier server kept (``data/<name>``, see data/README.md) into ``dump``.
+
+    The profiling readings go into the table as that server wrote them (positional lists).
+    """
+    jobs = json.loads((Path(__file__).parent / "data" / name).read_text())
     store = StateStore(dump / STATE_FILE)
     for job_id, kept in jobs.items():
-        assert kept["state"]["version"] == 1
         store.put_job(job_id, kept["spec"])
         for reg in kept["ranks"]:
             store.put_rank(job_id, reg["rank"], reg)
-        for args in kept["records"]:
-            store.add_records(job_id, tuple(args))
         if kept["plan"] is not None:
             store.put_plan(job_id, kept["plan"])
         if kept["profile_csv"] is not None:
@@ -95,6 +96,18 @@ def _kept_by_previous_server(dump: Path) -> Dict[str, Any]:
             (dump / job_id / "profile.csv").write_text(kept["profile_csv"])
         store.state_changed(job_id, lambda state=kept["state"]: state)
     store.close()
+    with sqlite3.connect(dump / STATE_FILE) as conn:
+        for job_id, kept in jobs.items():
+            conn.executemany(
+                "INSERT INTO records (job_id, args) VALUES (?, ?)",
+                [(job_id, json.dumps(args)) for args in kept["records"]],
+            )
+    return jobs
+
+
+def _kept_by_previous_server(dump: Path) -> Dict[str, Any]:
+    jobs = _kept_by_earlier_server(dump, "state_v1.json")
+    assert all(kept["state"]["version"] == 1 for kept in jobs.values())
     return jobs
 
 
@@ -123,3 +136,28 @@ def test_state_written_by_the_previous_server_is_restored(tmp_path: Path) -> Non
         put = client.put("/jobs/v1-watching/iteration_time", json={"iteration_time_s": slow_s})
         assert put.status_code == 200
         assert client.get("/jobs/v1-watching/summary").json()["current"]["reason"] == "imposed"
+
+
+def test_state_with_positional_readings_is_restored_and_profiling_goes_on(tmp_path: Path) -> None:
+    """The server before typed readings kept each report's readings as a list of ten fields;
+    they are read back as readings and the job profiles on where it was."""
+    jobs = _kept_by_earlier_server(tmp_path, "state_v2.json")
+    kept = jobs["v2-profiling"]
+    assert kept["records"] and all(len(args) == 10 for args in kept["records"])
+    (stored,) = [j for j in StateStore(tmp_path / STATE_FILE).load() if j.job_id == "v2-profiling"]
+    assert len(stored.readings) == len(kept["records"])
+    assert [r.step for r in stored.readings] == [args[7] for args in kept["records"]]
+    with TestClient(create_app(CFG, tmp_path)) as client:
+        for job_id, before in jobs.items():
+            ranks = VirtualRanks(client, job_id, pp=2, num_microbatches=2, profiler=PROFILER)
+            ranks.step = before["next_step"]
+            restored = ranks.summary()
+            for key in ("phase", "profiling", "baseline", "predicted", "plan", "savings"):
+                assert restored[key] == before["summary"][key], key
+            ranks.run_until("watching")
+        profiled = client.get("/jobs/v2-profiling/summary").json()
+    assert profiled["profiling"]["iterations"] <= PROFILER["max_iterations"]
+    assert profiled["predicted"] is not None
+    events = _events(tmp_path / "v2-profiling" / "events.jsonl")
+    (back,) = [e for e in events if e["event"] == "restored"]
+    assert back["phase"] == "profiling" and back["lost_steps"] == []
