@@ -218,7 +218,7 @@ def make_plan(num_mb: int) -> Plan:
         ]
         for s in range(NUM_STAGES)
     ]
-    return Plan("1f1b", NUM_STAGES, num_mb, stages)
+    return Plan(schedule="1f1b", num_stages=NUM_STAGES, num_microbatches=num_mb, stages=stages)
 
 
 def time_pairs_us(gpu: NullGPU, plan: Plan, stage: int, iterations: int) -> Tuple[float, float]:

@@ -31,7 +31,9 @@ def cases(root: Path) -> List[Tuple[str, List[str]]]:
     """(label, overrides) of each pre-launch problem; files go under ``root``."""
     order = stage_order("1f1b", 3, 4)
     stages = [[PlanStep(name, mb, 1410) for name, mb in stage] for stage in order]
-    plan = Plan("1f1b", 3, 4, stages).write(root / "plan-3-stages.json")
+    plan = Plan(schedule="1f1b", num_stages=3, num_microbatches=4, stages=stages).write(
+        root / "plan-3-stages.json"
+    )
     (root / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n")
     return [
         ("plan for 3 stages, job has 2", ["runtime.mode=plan", f"runtime.plan={plan}"]),

@@ -92,7 +92,7 @@ def one_plan(clocks_mhz: List[int], num_mb: int) -> Any:
     order = [("forward", m) for m in range(num_mb)] + [("backward", m) for m in range(num_mb)]
     top = clocks_mhz[: min(4, len(clocks_mhz))]
     steps = [PlanStep(name, mb, top[i % len(top)]) for i, (name, mb) in enumerate(order)]
-    return Plan("gpipe", 1, num_mb, [steps])
+    return Plan(schedule="gpipe", num_stages=1, num_microbatches=num_mb, stages=[steps])
 
 
 def time_steps(step: Step, opt: Optional[Any], num_steps: int) -> List[float]:

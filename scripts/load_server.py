@@ -71,7 +71,13 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
     gpu, clock = virtual_gpu(pp, time_scale=args["time_scale"], noise=0.01, seed=stage)
     clocks = gpu.supported_sm_clocks_mhz()
     ranks = [d * pp + stage for d in range(dp)]
-    shared = ThreadStage([Member(r, r // pp, 0, clocks, 0.02) for r in ranks], timeout_s=120)
+    shared = ThreadStage(
+        [
+            Member(rank=r, dp_rank=r // pp, tp_rank=0, clocks_mhz=clocks, power_limit_w=0.02)
+            for r in ranks
+        ],
+        timeout_s=120,
+    )
     calls: List[Tuple[float, str, float, Optional[int]]] = []
 
     def observe(method: str, path: str, seconds: float, status: Optional[int]) -> None:
@@ -138,7 +144,14 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
                 records, t_begin, t_end, energy = _modelled(
                     order, freqs, table, clocks[0], rng, gpu.blocking_power_w
                 )
-            record = StepRecord(step, stage, t_begin, t_end, energy, records)
+            record = StepRecord(
+                step=step,
+                stage=stage,
+                start_s=t_begin,
+                end_s=t_end,
+                energy_j=energy,
+                instructions=records,
+            )
             w1 = time.perf_counter()
             source.end_step(record)
             waits[i].append(waited + time.perf_counter() - w1)
@@ -207,7 +220,16 @@ def _modelled(
         gaps_s += gap_s
         t += gap_s
         measured = table[(name, mhz or top)]
-        records.append(InstructionRecord(pos, name, mb, mhz, t, t + measured.time_s))
+        records.append(
+            InstructionRecord(
+                position=pos,
+                instruction=name,
+                microbatch=mb,
+                frequency_mhz=mhz,
+                start_s=t,
+                end_s=t + measured.time_s,
+            )
+        )
         t += measured.time_s
         energy_j += measured.energy_j
     return records, start, t, energy_j + blocking_power_w * gaps_s

@@ -160,7 +160,12 @@ def main() -> None:
         for stage in (0, profile.num_stages - 1):
             opt = measure(profile, stage, args)
             true = truth(profile, stage, opt.power_limits_mw, args.truth_s)
-            table = [PowerLimitMeasurement(mw, t, e, 1) for mw, (t, e) in sorted(true.items())]
+            table = [
+                PowerLimitMeasurement(
+                    power_limit_mw=mw, time_per_step_s=t, energy_per_step_j=e, num_steps=1
+                )
+                for mw, (t, e) in sorted(true.items())
+            ]
             top_mw = opt.power_limits_mw[0]
             for selector in SELECTORS:
                 kwargs = dict(eta=args.eta, max_power_w=opt.max_power_w)

@@ -43,12 +43,12 @@ def _job(args: argparse.Namespace) -> JobSpec:
     if missing or args.default_batch_size is None:
         raise SystemExit(f"give --job or all of {[*missing, '--default-batch-size']}")
     return JobSpec(
-        args.dataset,
-        args.network,
-        args.optimizer,
-        args.target_metric,
-        args.max_epochs,
-        args.default_batch_size,
+        dataset=args.dataset,
+        network=args.network,
+        optimizer=args.optimizer,
+        target_metric=args.target_metric,
+        max_epochs=args.max_epochs,
+        default_batch_size=args.default_batch_size,
     )
 
 

@@ -168,12 +168,24 @@ def _walk_one(
     nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
     if isinstance(child, ast.Import):
         for alias in child.names:
-            yield Import(module, alias.name, child.lineno, in_function, type_only)
+            yield Import(
+                source=module,
+                target=alias.name,
+                line=child.lineno,
+                in_function=in_function,
+                type_only=type_only,
+            )
     elif isinstance(child, ast.ImportFrom):
         base = _resolve(child, package)
         for alias in child.names:
             # ``from pkg import mod`` imports pkg.mod when that is a module.
-            yield Import(module, f"{base}.{alias.name}", child.lineno, in_function, type_only)
+            yield Import(
+                source=module,
+                target=f"{base}.{alias.name}",
+                line=child.lineno,
+                in_function=in_function,
+                type_only=type_only,
+            )
     yield from _walk(child, module, package, nested, type_only)
 
 
@@ -200,7 +212,13 @@ def graph() -> Dict[str, List[Import]]:
         for imp in imports_of(module, path):
             target = _internal(imp.target, modules)
             edges.append(
-                Import(imp.source, target or imp.target, imp.line, imp.in_function, imp.type_only)
+                Import(
+                    source=imp.source,
+                    target=target or imp.target,
+                    line=imp.line,
+                    in_function=imp.in_function,
+                    type_only=imp.type_only,
+                )
             )
         out[module] = edges
     return out
@@ -327,3 +345,52 @@ def modules_per_folder() -> Dict[Path, int]:
     for path in module_files().values():
         counts[path.parent] = counts.get(path.parent, 0) + 1
     return counts
+
+
+# A record with this many fields or more is built with keywords (docs/design.md, "Layers").
+WIDE_RECORD_FIELDS = 5
+# More positional arguments than this to a wide record's constructor is a positional build.
+MAX_POSITIONAL_ARGS = 3
+
+
+def record_field_counts() -> Dict[str, int]:
+    """``class name -> number of fields`` of every dataclass and NamedTuple of the packages."""
+    counts: Dict[str, int] = {}
+    for path in module_files().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and _is_record(node):
+                fields = [
+                    s
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign)
+                    and isinstance(s.target, ast.Name)
+                    and "ClassVar" not in ast.unparse(s.annotation)
+                ]
+                counts[node.name] = max(counts.get(node.name, 0), len(fields))
+    return counts
+
+
+def _is_record(node: ast.ClassDef) -> bool:
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == "dataclass":
+            return True
+    return any(getattr(base, "id", "") == "NamedTuple" for base in node.bases)
+
+
+def positional_wide_records(paths: List[Path]) -> List[str]:
+    """Calls in ``paths`` that build a wide record with more than a few positional arguments
+    (a ``*args`` unpacking, which deserialisation uses, is left alone)."""
+    wide = {n for n, c in record_field_counts().items() if c >= WIDE_RECORD_FIELDS}
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or len(node.args) <= MAX_POSITIONAL_ARGS:
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in wide and not any(isinstance(a, ast.Starred) for a in node.args):
+                shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                found.append(f"{shown}:{node.lineno}: {name}(...)")
+    return found

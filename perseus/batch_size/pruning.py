@@ -114,16 +114,36 @@ def pruning_state(
             if run.phase == PRUNING and run.pruning_round == pruning_round:
                 results.setdefault(run.batch_size, run)
         if start not in results:
-            return PruningState(start, pruning_round, False, candidates)
+            return PruningState(
+                next_batch_size=start,
+                pruning_round=pruning_round,
+                done=False,
+                candidates=candidates,
+            )
         next_batch_size = _next_in_walk(candidates, start, results)
         if next_batch_size is not None:
-            return PruningState(next_batch_size, pruning_round, False, candidates)
+            return PruningState(
+                next_batch_size=next_batch_size,
+                pruning_round=pruning_round,
+                done=False,
+                candidates=candidates,
+            )
         if any(r.status == RUNNING for r in results.values()):
-            return PruningState(None, pruning_round, False, candidates)
+            return PruningState(
+                next_batch_size=None, pruning_round=pruning_round, done=False, candidates=candidates
+            )
         survivors = [b for b in candidates if b in results and results[b].status == REACHED]
         if not survivors:
             failed = {b: (r.run_id, r.reason) for b, r in sorted(results.items())}
-            return PruningState(None, pruning_round, False, candidates, failed)
+            return PruningState(
+                next_batch_size=None,
+                pruning_round=pruning_round,
+                done=False,
+                candidates=candidates,
+                failed=failed,
+            )
         candidates = survivors
         start = min(survivors, key=lambda b: (results[b].cost or 0.0, b))
-    return PruningState(None, max(num_rounds - 1, 0), True, candidates)
+    return PruningState(
+        next_batch_size=None, pruning_round=max(num_rounds - 1, 0), done=True, candidates=candidates
+    )

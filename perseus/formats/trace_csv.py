@@ -81,14 +81,14 @@ def read_trace(path: Union[str, os.PathLike]) -> List[TraceRow]:
                 applied = row.get("applied_mhz")
                 rows.append(
                     TraceRow(
-                        int(row["step"]),
-                        int(row["stage"]),
-                        row["instruction"],
-                        int(row["microbatch"]),
-                        int(freq) if freq else None,
-                        float(row["start_s"]),
-                        float(row["end_s"]),
-                        int(applied) if applied else None,
+                        step=int(row["step"]),
+                        stage=int(row["stage"]),
+                        instruction=row["instruction"],
+                        microbatch=int(row["microbatch"]),
+                        frequency_mhz=int(freq) if freq else None,
+                        start_s=float(row["start_s"]),
+                        end_s=float(row["end_s"]),
+                        applied_mhz=int(applied) if applied else None,
                     )
                 )
             except (TypeError, ValueError) as exc:

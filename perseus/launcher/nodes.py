@@ -88,7 +88,14 @@ def resolve(cfg: PerseusConfig, env: Optional[Mapping[str, str]] = None) -> Node
             f"train.node_rank={node_rank} with train.nnodes={nnodes}: need 0 <= node_rank < nnodes"
         )
     if nnodes == 1:
-        return Nodes(1, 0, train.master_addr or "127.0.0.1", None, origin, slurm=step)
+        return Nodes(
+            nnodes=1,
+            node_rank=0,
+            master_addr=train.master_addr or "127.0.0.1",
+            master_port=None,
+            origin=origin,
+            slurm=step,
+        )
     where = []
     master_addr = train.master_addr
     if master_addr is None:
@@ -108,7 +115,15 @@ def resolve(cfg: PerseusConfig, env: Optional[Mapping[str, str]] = None) -> Node
     else:
         port = TORCHRUN_PORT
         where.append("torchrun's default port; train.master_port sets another")
-    return Nodes(nnodes, node_rank, master_addr, port, origin, ", ".join(where), step)
+    return Nodes(
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=port,
+        origin=origin,
+        rendezvous=", ".join(where),
+        slurm=step,
+    )
 
 
 def check_slurm_nodes(cfg: PerseusConfig, step: SlurmStep) -> None:

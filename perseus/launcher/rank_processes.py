@@ -85,7 +85,14 @@ def plan_launch(cfg: PerseusConfig, run_id: str, nodes: Nodes) -> LaunchPlan:
         python = str(Path(train.python).expanduser().absolute())
         store_port = free_port(nodes.master_addr) if nodes.nnodes == 1 else port + 1
     return LaunchPlan(
-        nodes.nnodes, nodes.node_rank, nproc, nodes.master_addr, port, run_id, python, store_port
+        nnodes=nodes.nnodes,
+        node_rank=nodes.node_rank,
+        nproc_per_node=nproc,
+        master_addr=nodes.master_addr,
+        master_port=port,
+        run_id=run_id,
+        python=python,
+        rank_store_port=store_port,
     )
 
 

@@ -125,7 +125,13 @@ def _tied_stack(
     layers += [LayerDef(block, sizes, is_block=True) for _ in range(cfg.num_layers)]
     layers.append(middle)
     layers.append(LayerDef(embedding, embed, tie_key="embed", forward_fn=head_fn))
-    return ModelDescription(cfg.name, family, layers, cfg.vocab_size, cfg.seq_length)
+    return ModelDescription(
+        name=cfg.name,
+        family=family,
+        layers=layers,
+        vocab_size=cfg.vocab_size,
+        seq_length=cfg.seq_length,
+    )
 
 
 def _gpt(cfg: ModelConfig) -> ModelDescription:
@@ -155,7 +161,13 @@ def _bloom(cfg: ModelConfig) -> ModelDescription:
     layers += [LayerDef(b.BloomBlock, sizes, is_block=True) for _ in range(cfg.num_layers)]
     head = LayerDef(b.BloomEmbedding, embed, tie_key="embed", forward_fn=b.tied_bloom_logits)
     layers.append(head)
-    return ModelDescription(cfg.name, "bloom", layers, cfg.vocab_size, cfg.seq_length)
+    return ModelDescription(
+        name=cfg.name,
+        family="bloom",
+        layers=layers,
+        vocab_size=cfg.vocab_size,
+        seq_length=cfg.seq_length,
+    )
 
 
 def _t5(cfg: ModelConfig) -> ModelDescription:
@@ -175,7 +187,13 @@ def _t5(cfg: ModelConfig) -> ModelDescription:
     layers += [LayerDef(t.T5DecoderBlock, block, is_block=True) for _ in range(cfg.num_layers)]
     layers.append(LayerDef(t.T5DecoderFinalNorm, {"hidden_size": h}))
     layers.append(LayerDef(t.T5Embedding, embed, tie_key="embed", forward_fn=t.tied_t5_logits))
-    return ModelDescription(cfg.name, "t5", layers, cfg.vocab_size, cfg.seq_length)
+    return ModelDescription(
+        name=cfg.name,
+        family="t5",
+        layers=layers,
+        vocab_size=cfg.vocab_size,
+        seq_length=cfg.seq_length,
+    )
 
 
 def _wide_resnet(cfg: ModelConfig) -> ModelDescription:

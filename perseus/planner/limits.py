@@ -136,7 +136,13 @@ def estimate(
         memory += FRONTIER_BYTES_PER_NODE * nodes
         plans = FRONTIER_POINTS
     seconds += plans * WRITE_S_PER_NODE * nodes
-    return WorkEstimate(nodes, scope, seconds, memory, plans * PLAN_FILE_BYTES_PER_NODE * nodes)
+    return WorkEstimate(
+        num_nodes=nodes,
+        scope=scope,
+        seconds=seconds,
+        memory_bytes=memory,
+        output_bytes=plans * PLAN_FILE_BYTES_PER_NODE * nodes,
+    )
 
 
 def available_memory_bytes() -> Optional[float]:

@@ -250,7 +250,14 @@ class LimitWindows:
         ``warmup``: when its warm-up began, and its steps.
         """
         key = self._queue.popleft()
-        closed = _Closed(key, start_s, end_s, num_steps, start_s - warmup[0], warmup[1])
+        closed = _Closed(
+            key=key,
+            start_s=start_s,
+            end_s=end_s,
+            num_steps=num_steps,
+            warmup_s=start_s - warmup[0],
+            warmup_steps=warmup[1],
+        )
         previous, self._closed = self._closed, closed
         if previous is not None:
             self._combine(previous)

@@ -80,7 +80,17 @@ def find_inversions(
             )
             margin = max(SIGMAS * noise, MIN_RELATIVE * best_t)
             if time_s < best_t - margin:
-                found.append(Inversion(stage, instruction, freq, time_s, best_f, best_t, noise))
+                found.append(
+                    Inversion(
+                        stage=stage,
+                        instruction=instruction,
+                        low_mhz=freq,
+                        low_time_s=time_s,
+                        high_mhz=best_f,
+                        high_time_s=best_t,
+                        noise_s=noise,
+                    )
+                )
             elif time_s < best_t:
                 best_f, best_t = freq, time_s  # within the noise: the new fastest higher clock
     return found

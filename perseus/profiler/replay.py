@@ -110,7 +110,7 @@ def read_recording(polls_path: Union[str, Path], segments_path: Union[str, Path]
         start, end = _float(row, "start_s", where), _float(row, "end_s", where)
         if end < start:
             raise RecordingError(f"{where}: end_s {end} is before start_s {start}")
-        segments.append(Segment(group, step, row["kind"], start, end))
+        segments.append(Segment(group=group, step=step, kind=row["kind"], start_s=start, end_s=end))
     if not segments:
         raise RecordingError(f"{segments_path}: no segments")
     return Recording(updates, segments)
@@ -302,7 +302,14 @@ def check_groups(
             )
         if counted:
             out.append(
-                GroupCheck(group, measured, predicted, interpolated, predicted_full, counted)
+                GroupCheck(
+                    group=group,
+                    measured_j=measured,
+                    predicted_j=predicted,
+                    interpolated_j=interpolated,
+                    predicted_full_j=predicted_full,
+                    num_units=counted,
+                )
             )
     return out
 

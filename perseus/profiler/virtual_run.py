@@ -153,7 +153,9 @@ def run_step_record(
         clock.sleep(mean_gap_s * 2 * rng.random())
         out.append(_run_instruction(gpu, clock, stage, pos, instruction, mb, freq, rng, overrun_p))
     clock.sleep(mean_gap_s * rng.random())
-    return StepRecord(step, stage, start_s, clock(), None, out)
+    return StepRecord(
+        step=step, stage=stage, start_s=start_s, end_s=clock(), energy_j=None, instructions=out
+    )
 
 
 def run_pipeline_step(
@@ -233,7 +235,14 @@ def _run_instruction(
     if overrun_p and rng.random() < overrun_p:
         clock.sleep(0.002 + 0.008 * rng.random())
     gpu.instruction_end(instruction)
-    return InstructionRecord(pos, instruction, mb, freq, t0, clock())
+    return InstructionRecord(
+        position=pos,
+        instruction=instruction,
+        microbatch=mb,
+        frequency_mhz=freq,
+        start_s=t0,
+        end_s=clock(),
+    )
 
 
 def profile_errors(

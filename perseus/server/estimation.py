@@ -6,12 +6,12 @@ commands below; :func:`execute` runs a command on the worker's jobs, dispatching
 ``AskStage`` is answered with a :class:`StageAnswer`, ``AskProfile`` with a
 :class:`ProfileAnswer`; the other commands answer nothing.
 
-:class:`Readings` is also what the state file keeps of every profiling report (the table
+:class:`ReportReadings` is also what the state file keeps of every profiling report (the table
 ``records`` of :mod:`perseus.server.state_store`), so a restarted server can give its estimates
-back: it is stored as a JSON object with an explicit format (:data:`READINGS_FORMAT`). The
-previous server kept the same ten fields as a positional list; :meth:`Readings.from_stored` reads
-both, and says ``None`` for anything older (readings per instruction without counter updates,
-which the current estimates cannot attribute).
+back: it is stored as a JSON object with an explicit format (:data:`READINGS_FORMAT`). The previous
+server kept the same ten fields as a positional list; :meth:`ReportReadings.from_stored` reads both,
+and says ``None`` for anything older (readings per instruction without counter updates, which the
+current estimates cannot attribute).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from perseus.formats.profile.table import Profile
 from perseus.records import EnergyUpdate, InstructionRecord
 
 READINGS_FORMAT = "perseus-readings/2"
-"""The format of a stored :class:`Readings` (version 1 was the positional list of ten fields)."""
+"""The format of a stored :class:`ReportReadings` (format 1: a positional list of ten fields)."""
 # The fields of format 1, in its order.
 _POSITIONAL = (
     "stage",
@@ -52,7 +52,7 @@ class OpenJob:
 
 
 @dataclass(frozen=True)
-class Readings:
+class ReportReadings:
     """One report's readings for the estimates: its records and its GPU's counter updates.
 
     Attributes:
@@ -99,8 +99,8 @@ class Readings:
         }
 
     @classmethod
-    def from_stored(cls, stored: Any) -> Optional[Readings]:
-        """Readings kept by this server or the previous one; ``None`` for older ones.
+    def from_stored(cls, stored: Any) -> Optional[ReportReadings]:
+        """ReportReadings kept by this server or the previous one; ``None`` for older ones.
 
         Raises:
             ServerError: A kept object of an unknown format, or one whose fields do not fit.
@@ -210,7 +210,7 @@ class CloseJob:
     """The job is planned or gone: drop its estimates."""
 
 
-Command = Union[OpenJob, Readings, AskStage, AskProfile, ForgetRank, CloseJob]
+Command = Union[OpenJob, ReportReadings, AskStage, AskProfile, ForgetRank, CloseJob]
 """Every command the estimator worker takes."""
 
 _C = TypeVar("_C")
@@ -240,8 +240,8 @@ def _open(jobs: Dict[str, Any], job_id: str, command: OpenJob) -> None:
     jobs[job_id] = JobEstimates(command.num_stages)
 
 
-@_handles(Readings)
-def _add(jobs: Dict[str, Any], job_id: str, command: Readings) -> None:
+@_handles(ReportReadings)
+def _add(jobs: Dict[str, Any], job_id: str, command: ReportReadings) -> None:
     estimates = _estimates(jobs, job_id)
     stage, key = command.stage, command.rank
     estimates.set_gpu(stage, key, num_gpus=command.num_gpus, power_limit_w=command.power_limit_w)
@@ -306,6 +306,6 @@ def execute(jobs: Dict[str, Any], job_id: str, command: Command) -> Any:
     return handler(jobs, job_id, command)
 
 
-def stored_readings(kept: Sequence[Any]) -> List[Readings]:
+def stored_readings(kept: Sequence[Any]) -> List[ReportReadings]:
     """The readings a state file kept, oldest first, those too old to attribute left out."""
-    return [r for r in (Readings.from_stored(k) for k in kept) if r is not None]
+    return [r for r in (ReportReadings.from_stored(k) for k in kept) if r is not None]

@@ -177,11 +177,11 @@ def _result(spec: JobSpec, frontier: Frontier, started_s: float) -> PlanResult:
         eta=spec.energy.eta,
     )
     return PlanResult(
-        frontier,
-        choose(frontier, energy),
-        time.perf_counter() - started_s,
-        str(spec.energy.policy),
-        spec.solver,
+        frontier=frontier,
+        chosen=choose(frontier, energy),
+        solve_time_s=time.perf_counter() - started_s,
+        policy=str(spec.energy.policy),
+        solver=spec.solver,
     )
 
 
@@ -224,7 +224,11 @@ def result_from_json(spec: JobSpec, profile: Profile, data: Dict[str, Any]) -> P
     frontier = Frontier(problem, points)
     chosen = next(p for p in points if p.plan_id == int(data["chosen"]))
     return PlanResult(
-        frontier, chosen, float(data["solve_time_s"]), str(data["policy"]), str(data["solver"])
+        frontier=frontier,
+        chosen=chosen,
+        solve_time_s=float(data["solve_time_s"]),
+        policy=str(data["policy"]),
+        solver=str(data["solver"]),
     )
 
 

@@ -3,7 +3,7 @@
 What is kept, per job: its spec; every rank registration (a leader's with its peers); the job's
 state (phase, failure, the baseline and the plan's measurements, the sweeps of every stage with
 every assigned step, the plan epochs, the straggler watcher, the job's files) as one JSON
-document; every profiling report's readings (:class:`~perseus.server.estimation.Readings`, the
+document; every profiling report's readings (:class:`~perseus.server.estimation.ReportReadings`, the
 estimates' inputs, one JSON object with its format each; dropped once the job is planned); and
 the solved frontier. Events stay in the job's ``events.jsonl``.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from perseus.server.estimation import Readings
+from perseus.server.estimation import ReportReadings
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class StoredJob:
     spec: Dict[str, Any]
     registrations: List[Dict[str, Any]] = field(default_factory=list)
     state: Optional[Dict[str, Any]] = None
-    readings: List[Readings] = field(default_factory=list)
+    readings: List[ReportReadings] = field(default_factory=list)
     plan: Optional[Dict[str, Any]] = None
 
 
@@ -103,7 +103,7 @@ class StateStore:
                     jobs[job_id].state = json.loads(state)
             # The column is called ``args`` since the readings were positional (format 1).
             for job_id, args in conn.execute("SELECT job_id, args FROM records ORDER BY id"):
-                readings = Readings.from_stored(json.loads(args)) if job_id in jobs else None
+                readings = ReportReadings.from_stored(json.loads(args)) if job_id in jobs else None
                 if readings is not None:  # None: an earlier server's, not attributable
                     jobs[job_id].readings.append(readings)
             for job_id, result in conn.execute("SELECT job_id, result FROM plans"):
@@ -127,7 +127,7 @@ class StateStore:
             )
         )
 
-    def add_readings(self, job_id: str, readings: Readings) -> None:
+    def add_readings(self, job_id: str, readings: ReportReadings) -> None:
         """One report's readings as they went to the job's estimates."""
         stored = json.dumps(readings.to_stored())
         self._put(("INSERT INTO records (job_id, args) VALUES (?, ?)", (job_id, stored)))

@@ -61,7 +61,14 @@ def run(prog: str, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = N
 def write_plan(path: Path, schedule: str, num_stages: int, num_microbatches: int) -> str:
     order = stage_order(schedule, num_stages, num_microbatches)
     stages = [[PlanStep(name, mb, 1410) for name, mb in stage] for stage in order]
-    Plan(schedule, num_stages, num_microbatches, stages, 1.0, 100.0).write(path)
+    Plan(
+        schedule=schedule,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        stages=stages,
+        predicted_iteration_time_s=1.0,
+        predicted_energy_j=100.0,
+    ).write(path)
     return str(path)
 
 

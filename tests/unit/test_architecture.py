@@ -186,3 +186,23 @@ def test_configuration_validation_and_wire_import_in_one_direction() -> None:
         )
     )
     assert wrong == []
+
+
+def test_wide_records_are_built_with_keywords() -> None:
+    """A record of five fields or more is built with its field names, in the package, its
+    scripts and its tests alike."""
+    paths = [
+        p
+        for root in ("perseus", "adapters", "scripts", "tests")
+        for p in (arch.REPO / root).rglob("*.py")
+    ]
+    assert arch.positional_wide_records(paths) == []
+
+
+def test_a_positional_wide_record_is_found(tmp_path) -> None:  # the check above can fail
+    source = tmp_path / "m.py"
+    source.write_text(
+        "StepRecord(1, 0, 0.0, 1.0)\nStepRecord(step=1, stage=0, start_s=0.0, end_s=1.0)\n"
+        "StepRecord(*row)\nEnergyUpdate(1.0, 2.0, 0.0)\n"
+    )
+    assert arch.positional_wide_records([source]) == [f"{source}:1: StepRecord(...)"]

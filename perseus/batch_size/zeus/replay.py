@@ -219,7 +219,16 @@ def _one_run(
     cost = workload.cost_j(EpochCost(time_s, energy_j), eta)
     converged = policy.report_run(reached, cost)
     return Attempt(
-        where[0], batch_size, limit_w, profiled, epochs, reached, converged, time_s, energy_j, cost
+        recurrence=where[0],
+        batch_size=batch_size,
+        power_limit_w=limit_w,
+        profiled=profiled,
+        epochs=epochs,
+        reached=reached,
+        converged=converged,
+        time_s=time_s,
+        energy_j=energy_j,
+        cost=cost,
     )
 
 
@@ -284,7 +293,12 @@ class PerseusPolicy:
         profiled = measurements is None
         if measurements is None:
             measurements = [
-                PowerLimitMeasurement(p * 1000, table[p].time_s, table[p].energy_j, 1)
+                PowerLimitMeasurement(
+                    power_limit_mw=p * 1000,
+                    time_per_step_s=table[p].time_s,
+                    energy_per_step_j=table[p].energy_j,
+                    num_steps=1,
+                )
                 for p in sorted(table, reverse=True)
             ]
             save_profile(self.profile_path, key, measurements)

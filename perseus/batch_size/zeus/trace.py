@@ -60,12 +60,54 @@ class JobSpec:
 
 
 PUBLISHED_JOBS: Dict[str, JobSpec] = {
-    "cifar100": JobSpec("cifar100", "shufflenetv2", "adadelta", 0.6, 100, 1024),
-    "imagenet": JobSpec("imagenet", "resnet50", "adadelta", 0.65, 100, 256),
-    "squad": JobSpec("squad", "bert_base_uncased", "adamw", 84.0, 6, 32),
-    "librispeech": JobSpec("librispeech", "deepspeech2", "adamw", 40.0, 16, 256),
-    "movielens-1m": JobSpec("movielens-1m", "ncf", "adam", 0.41, 100, 1024),
-    "sentiment140": JobSpec("sentiment140", "bert_base_uncased", "adamw", 0.84, 10, 128),
+    "cifar100": JobSpec(
+        dataset="cifar100",
+        network="shufflenetv2",
+        optimizer="adadelta",
+        target_metric=0.6,
+        max_epochs=100,
+        default_batch_size=1024,
+    ),
+    "imagenet": JobSpec(
+        dataset="imagenet",
+        network="resnet50",
+        optimizer="adadelta",
+        target_metric=0.65,
+        max_epochs=100,
+        default_batch_size=256,
+    ),
+    "squad": JobSpec(
+        dataset="squad",
+        network="bert_base_uncased",
+        optimizer="adamw",
+        target_metric=84.0,
+        max_epochs=6,
+        default_batch_size=32,
+    ),
+    "librispeech": JobSpec(
+        dataset="librispeech",
+        network="deepspeech2",
+        optimizer="adamw",
+        target_metric=40.0,
+        max_epochs=16,
+        default_batch_size=256,
+    ),
+    "movielens-1m": JobSpec(
+        dataset="movielens-1m",
+        network="ncf",
+        optimizer="adam",
+        target_metric=0.41,
+        max_epochs=100,
+        default_batch_size=1024,
+    ),
+    "sentiment140": JobSpec(
+        dataset="sentiment140",
+        network="bert_base_uncased",
+        optimizer="adamw",
+        target_metric=0.84,
+        max_epochs=10,
+        default_batch_size=128,
+    ),
 }
 
 
@@ -165,7 +207,13 @@ def load_workload(train_path: Path, power_path: Path, job: JobSpec) -> Workload:
     default = min(job.default_batch_size, batch_sizes[-1])
     if default not in batch_sizes:
         default = min(batch_sizes, key=lambda b: (abs(b - default), b))
-    return Workload(job, batch_sizes, default, {b: epochs[b] for b in batch_sizes}, paths)
+    return Workload(
+        job=job,
+        batch_sizes=batch_sizes,
+        default_batch_size=default,
+        epochs={b: epochs[b] for b in batch_sizes},
+        paths=paths,
+    )
 
 
 def fixed_choice_cost(workload: Workload, batch_size: int, limit_w: int, eta: float) -> float:

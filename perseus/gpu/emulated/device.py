@@ -335,7 +335,12 @@ class EmulatedGPU(EmulatedMeter):
             self._host_open = instruction
             assert self._timeline is not None
             now = self._clock()
-            self._timeline.enqueue(now, Work(stage, instruction, profile_stage, now))
+            self._timeline.enqueue(
+                now,
+                Work(
+                    stage=stage, instruction=instruction, profile_stage=profile_stage, queued_s=now
+                ),
+            )
 
     def _measure(self, work: Work, at_s: Optional[float]) -> Measurement:
         """Time and energy of ``work`` at the clock and power limit in force (from ``at_s``)."""

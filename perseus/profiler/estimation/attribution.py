@@ -145,7 +145,17 @@ def equations(
         seconds = timeline.seconds_between(t0, t1)
         if not seconds:
             continue
-        out.append(Equation(seconds, energy_j, t0, t1, u0.time_error_s, u1.time_error_s, i))
+        out.append(
+            Equation(
+                seconds=seconds,
+                energy_j=energy_j,
+                start_s=t0,
+                end_s=t1,
+                start_error_s=u0.time_error_s,
+                end_error_s=u1.time_error_s,
+                start_update=i,
+            )
+        )
     return out
 
 

@@ -317,7 +317,14 @@ class StageEstimator:
             power = min(max(raw, floor_w), ceiling_w)
             se = fit.se_w.get(key, math.inf) if key in solved else math.inf
             clamped = power != raw or (key in fit.clamped and key in solved)
-            out[key] = TypeEstimate(time_s, power, n, se, noise.get(key, 0.0), clamped)
+            out[key] = TypeEstimate(
+                time_s=time_s,
+                power_w=power,
+                num_samples=n,
+                power_se_w=se,
+                time_se_s=noise.get(key, 0.0),
+                clamped=clamped,
+            )
         self._relative = {k: e.relative_se for k, e in out.items()}
         return out, blocking_w
 

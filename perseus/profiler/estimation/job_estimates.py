@@ -149,7 +149,14 @@ class JobEstimates:
             power_se = math.sqrt(max(0.0, energy_se**2 - time_part**2)) / time_s
             if math.isinf(energy_se):
                 power_se = math.inf
-            out[key] = TypeEstimate(time_s, power_w, samples, power_se, slowest.time_se_s, clamped)
+            out[key] = TypeEstimate(
+                time_s=time_s,
+                power_w=power_w,
+                num_samples=samples,
+                power_se_w=power_se,
+                time_se_s=slowest.time_se_s,
+                clamped=clamped,
+            )
         blocking = [(b, n) for (_, b), n in per_rank]
         total_w = None
         if not any(b is None for b, _ in blocking):
@@ -249,7 +256,9 @@ class JobEstimates:
                 ]
                 if others and time_s > 0:
                     power = gpus * statistics.median(others)
-                    estimates[key] = TypeEstimate(time_s, power, n, math.inf)
+                    estimates[key] = TypeEstimate(
+                        time_s=time_s, power_w=power, num_samples=n, power_se_w=math.inf
+                    )
             out.append(estimates)
         return out
 

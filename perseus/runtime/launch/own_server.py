@@ -141,4 +141,10 @@ def start_launch_server(
     url = handle.url if url_host is None else f"http://{url_host}:{handle.port}"
     port = f"server.port={cfg.server.port}" if cfg.server.port else "a free port"
     where = f"server {url} started by global rank 0 ({reach}, {port}); files in {dump_dir / job_id}"
-    return Endpoint(url, handle.token, job_id, where, str(dump_dir / job_id)), handle, start_s
+    return (
+        Endpoint(
+            url=url, token=handle.token, job_id=job_id, where=where, dump_dir=str(dump_dir / job_id)
+        ),
+        handle,
+        start_s,
+    )

@@ -122,7 +122,9 @@ class Launch:
         job_id, given = launch_job_id(cfg, fresh=rank.rank == 0)
         if url and given:  # nothing to find or share
             token = cfg.server.token or os.environ.get(TOKEN_ENV) or None
-            return Endpoint(url, token, str(job_id), f"server {url} (configured)")
+            return Endpoint(
+                url=url, token=token, job_id=str(job_id), where=f"server {url} (configured)"
+            )
         with self._lock:
             if self._endpoint is not None:
                 return self._endpoint
@@ -160,7 +162,10 @@ class Launch:
             if "error" in answer:
                 raise RendezvousError(str(answer["error"]), shared=True)
             return Endpoint(
-                str(answer["url"]), answer.get("token"), str(answer["job_id"]), str(answer["where"])
+                url=str(answer["url"]),
+                token=answer.get("token"),
+                job_id=str(answer["job_id"]),
+                where=str(answer["where"]),
             )
         try:
             found = self._rank0_endpoint(cfg, rank, url, token, job_id)
@@ -184,7 +189,7 @@ class Launch:
     ) -> Endpoint:
         assert job_id is not None  # made by launch_job_id for rank 0
         if url:
-            return Endpoint(url, token, job_id, f"server {url} (configured)")
+            return Endpoint(url=url, token=token, job_id=job_id, where=f"server {url} (configured)")
         found, handle, start_s = start_launch_server(cfg, rank.world_size, job_id)
         self.timings["server_start_s"] = start_s
         self._handle = handle

@@ -85,7 +85,17 @@ def step(env: Optional[Mapping[str, str]] = None) -> Optional[SlurmStep]:
     gpus = _int(env.get("SLURM_GPUS_ON_NODE"))
     if "SLURM_STEP_NUM_NODES" not in env:  # the batch script: this node alone
         here = env.get("SLURMD_NODENAME") or "127.0.0.1"
-        return SlurmStep(job, "batch", 1, 0, 0, [1], [here], gpus, job_nodes)
+        return SlurmStep(
+            job=job,
+            step_id="batch",
+            num_nodes=1,
+            node_id=0,
+            local_id=0,
+            tasks_per_node=[1],
+            nodes=[here],
+            gpus_on_node=gpus,
+            job_nodes=job_nodes,
+        )
     num_nodes = _int(env.get("SLURM_STEP_NUM_NODES"))
     node_id = _int(env.get("SLURM_NODEID"))
     local_id = _int(env.get("SLURM_LOCALID"))
@@ -99,7 +109,17 @@ def step(env: Optional[Mapping[str, str]] = None) -> Optional[SlurmStep]:
     if not 0 <= node_id < num_nodes or len(nodes) != num_nodes or len(tasks) != num_nodes:
         return None
     step_id = env.get("SLURM_STEP_ID", "")
-    return SlurmStep(job, step_id, num_nodes, node_id, local_id, tasks, nodes, gpus, job_nodes)
+    return SlurmStep(
+        job=job,
+        step_id=step_id,
+        num_nodes=num_nodes,
+        node_id=node_id,
+        local_id=local_id,
+        tasks_per_node=tasks,
+        nodes=nodes,
+        gpus_on_node=gpus,
+        job_nodes=job_nodes,
+    )
 
 
 def local_rank(env: Optional[Mapping[str, str]] = None) -> int:

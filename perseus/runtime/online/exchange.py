@@ -235,12 +235,21 @@ def torch_stage_exchange(
             group = created
     peers = by_stage[stage]
     if len(peers) == 1:
-        member = Member(rank, dp_rank, tp_rank, list(clocks_mhz), power_limit_w)
+        member = Member(
+            rank=rank,
+            dp_rank=dp_rank,
+            tp_rank=tp_rank,
+            clocks_mhz=list(clocks_mhz),
+            power_limit_w=power_limit_w,
+        )
         return SoloExchange(member)
     described: List[Any] = [None] * len(peers)
     own = (rank, dp_rank, tp_rank, [int(c) for c in clocks_mhz], power_limit_w)
     dist.all_gather_object(described, own, group=group)
-    members = [Member(r, d, t, c, p) for r, d, t, c, p in described]
+    members = [
+        Member(rank=r, dp_rank=d, tp_rank=t, clocks_mhz=c, power_limit_w=p)
+        for r, d, t, c, p in described
+    ]
     index = peers.index(me)
     logger.debug("stage %d exchange: %d ranks, this one index %d", stage, len(peers), index)
     return TorchExchange(dist, torch, group, members, index)

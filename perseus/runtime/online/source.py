@@ -104,11 +104,11 @@ class OnlineSource:
         self.job_id = job_spec.job_id or ""
         self.exchange: StageExchange = exchange or SoloExchange(
             Member(
-                rank.rank,
-                rank.dp_rank,
-                rank.tp_rank,
-                [int(c) for c in supported_clocks_mhz],
-                power_limit_w,
+                rank=rank.rank,
+                dp_rank=rank.dp_rank,
+                tp_rank=rank.tp_rank,
+                clocks_mhz=[int(c) for c in supported_clocks_mhz],
+                power_limit_w=power_limit_w,
             )
         )
         self.is_leader = self.exchange.index == 0

@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional
 from perseus.formats.plan import outputs as plan_outputs
 from perseus.formats.profile.table import Profile
 from perseus.schedule import stage_order
-from perseus.server.estimation import CloseJob, ForgetRank, OpenJob, Readings
+from perseus.server.estimation import CloseJob, ForgetRank, OpenJob, ReportReadings
 from perseus.server.jobs import state as job_state
 from perseus.server.jobs.ranks import RankRegistry
 from perseus.server.jobs.record import JobRecord
@@ -99,20 +99,20 @@ class Job:
         self._history: Deque[JobStep] = deque(maxlen=HISTORY_STEPS)
         self._notes = JobNotes()
         self._ctx = JobContext(
-            job_id,
-            spec,
-            orders,
-            job_dir,
-            self.ranks,
-            self.events,
-            store,
-            estimators,
-            planners,
-            settings or JobSettings(),
-            self._notes,
-            self._schedules.next_step,
-            self._reports.update_period_s,
-            self._reply,
+            job_id=job_id,
+            spec=spec,
+            orders=orders,
+            job_dir=job_dir,
+            ranks=self.ranks,
+            events=self.events,
+            store=store,
+            estimators=estimators,
+            planners=planners,
+            settings=settings or JobSettings(),
+            notes=self._notes,
+            next_step=self._schedules.next_step,
+            update_period_s=self._reports.update_period_s,
+            reply=self._reply,
         )
         self._phase: JobPhase = Baseline(self._ctx, JobRecord())
         estimators.send(job_id, OpenJob(num_stages=spec.num_stages))
@@ -255,7 +255,7 @@ class Job:
     def _settle(self) -> None:
         """Enter the next phase while the current one names one."""
         while True:
-            new = self._phase.next_phase()
+            new = self._phase.advance()
             if new is None:
                 return
             self._enter(new)
@@ -349,18 +349,18 @@ class Job:
         """The job's state as JSON-ready data (taken under the job's lock)."""
         with self.lock:
             kept = job_state.KeptJob(
-                self._phase,
-                self._notes,
-                self.retired,
-                self._schedules.newest_step,
-                list(self._history),
+                phase=self._phase,
+                notes=self._notes,
+                retired=self.retired,
+                newest_step=self._schedules.newest_step,
+                history=list(self._history),
             )
             return job_state.to_state(kept)
 
     def restore(
         self,
         state: Optional[Dict[str, Any]],
-        readings: List[Readings],
+        readings: List[ReportReadings],
         plan: Optional[Dict[str, Any]],
         profile: Optional[Profile],
     ) -> None:

@@ -88,7 +88,14 @@ class RankRegistry:
             if old is not None and old.stage != reg.stage:
                 self._live.get(old.stage, set()).discard(rank)
                 self._clocks.get(old.stage, {}).pop(rank, None)
-            state = RankState(rank, reg.stage, dp_rank, tp_rank, reg.power_limit_w, reg.rank)
+            state = RankState(
+                rank=rank,
+                stage=reg.stage,
+                dp_rank=dp_rank,
+                tp_rank=tp_rank,
+                power_limit_w=reg.power_limit_w,
+                leader=reg.rank,
+            )
             self._ranks[rank] = state
             self._last_seen[rank] = now
             self._live.setdefault(reg.stage, set()).add(rank)

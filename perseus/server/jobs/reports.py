@@ -95,14 +95,14 @@ class ReportIntake:
         return self._steps.add(
             report.step,
             RankStep(
-                report.rank,
-                state.stage,
-                state.dp_rank,
-                report.iteration_time_s,
-                report.compute_time_s,
-                peers if peers is not None and peers == given else given,
-                tuple((r.dp_rank, r.compute_time_s) for r in report.replicas),
-                report.scheduled,
+                rank=report.rank,
+                stage=state.stage,
+                dp_rank=state.dp_rank,
+                iteration_time_s=report.iteration_time_s,
+                compute_time_s=report.compute_time_s,
+                covers=peers if peers is not None and peers == given else given,
+                replica_time_s=tuple((r.dp_rank, r.compute_time_s) for r in report.replicas),
+                scheduled=report.scheduled,
             ),
         )
 

@@ -86,8 +86,10 @@ def schedule_for(
     """
     phase, freqs, overrides = decision
     if leads:
-        return Schedule(step, phase, freqs, overrides, message)
+        return Schedule(
+            step=step, phase=phase, frequencies_mhz=freqs, overrides=overrides, message=message
+        )
     for group in overrides:  # a rank on its own gets its replica's clocks
         if dp_rank in group.dp_ranks:
             freqs = group.frequencies_mhz
-    return Schedule(step, phase, freqs, [], message)
+    return Schedule(step=step, phase=phase, frequencies_mhz=freqs, overrides=[], message=message)

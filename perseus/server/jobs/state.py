@@ -96,7 +96,13 @@ def from_state(ctx: JobContext, state: Dict[str, Any], plans: Optional[PlanResul
     else:  # planning, or a plan that was not kept: plan again
         phase = Planning(ctx, record)
     history = [job_step_from_json(s) for s in state["history"]]
-    return KeptJob(phase, ctx.notes, bool(state["retired"]), int(state["newest_step"]), history)
+    return KeptJob(
+        phase=phase,
+        notes=ctx.notes,
+        retired=bool(state["retired"]),
+        newest_step=int(state["newest_step"]),
+        history=history,
+    )
 
 
 def upgrade_v1(old: Dict[str, Any]) -> Dict[str, Any]:

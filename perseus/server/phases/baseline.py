@@ -89,7 +89,7 @@ class Baseline(JobPhase):
             self._said = True
             self.ctx.events.write("baseline_measured", **typical_step(steps))
 
-    def next_phase(self) -> Optional[JobPhase]:
+    def advance(self) -> Optional[JobPhase]:
         """``profiling`` once every stage registered and the baseline is measured."""
         ctx = self.ctx
         prof = ctx.spec.profiler

@@ -132,7 +132,7 @@ class Planning(JobPhase):
             ctx.store.drop_records(ctx.job_id)
         self._next = Running(ctx, self.record, PlanInForce.chosen(result, start), start)
 
-    def next_phase(self) -> Optional[JobPhase]:
+    def advance(self) -> Optional[JobPhase]:
         """``running`` once the plan is here; ``failed`` if there will be none."""
         return self._next
 

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from perseus.profiler import StageSweep, sweep_clocks_mhz
 from perseus.profiler.sweep.stage import warmup_positions
 from perseus.records import EnergyUpdate, InstructionRecord
-from perseus.server.estimation import AskStage, Readings, StageAnswer
+from perseus.server.estimation import AskStage, ReportReadings, StageAnswer
 from perseus.server.jobs.record import JobRecord, ProfilingRecord
 from perseus.server.phases.planning import Planning
 from perseus.server.phases.table import Clocks, JobContext, JobPhase, Order
@@ -107,7 +107,7 @@ def feed_estimates(
     """
     if not records and not report.energy_updates:
         return
-    readings = Readings(
+    readings = ReportReadings(
         stage=stage,
         rank=report.rank,
         records=tuple(records),
@@ -253,7 +253,7 @@ class Profiling(JobPhase):
                 self._ask(stage)
 
     # -- the end --------------------------------------------------------------------------------
-    def next_phase(self) -> Optional[JobPhase]:
+    def advance(self) -> Optional[JobPhase]:
         """``planning`` once every sweep is done; ``failed`` if the sweeps cannot finish."""
         if self._error is not None:
             return self.failed(self._error)

@@ -238,7 +238,7 @@ class Running(JobPhase):
             plan_time_s=typical_step(measured)["iteration_time_s"] if measured else None,
         )
 
-    def next_phase(self) -> Optional[JobPhase]:
+    def advance(self) -> Optional[JobPhase]:
         """``watching`` once both arms are measured (with max speed if the plan failed)."""
         if not self.samples.complete:
             return None

@@ -20,11 +20,11 @@ writes it to the job's kept state (``to_state``, ``from_state``):
   print it).
 
 :class:`~perseus.server.jobs.job.Job` drives the phases. After anything happened to the job (a
-report, a registration, a rank's death, a worker's answer) it asks its phase for the next one
-(:meth:`JobPhase.next_phase`) until there is none, and enters each through
-:func:`check_change`: :data:`PHASE_CHANGES` is every change a job can make. A phase never sets
-the job's phase itself. A restarted server restores each job in its kept phase (``planning``
-where the plan was not kept); that is no change.
+report, a registration, a rank's death, a worker's answer) it lets its phase act and name the next
+one (:meth:`JobPhase.advance`) until there is none, and enters each through :func:`check_change`:
+:data:`PHASE_CHANGES` is every change a job can make. A phase never sets the job's phase itself. A
+restarted server restores each job in its kept phase (``planning`` where the plan was not kept);
+that is no change.
 
 A change of phase or plan takes effect at the iteration after the newest one any rank has asked
 for (:attr:`JobContext.next_step`), so that every rank runs one iteration under one schedule.
@@ -217,8 +217,13 @@ class JobPhase:
         """
         self.record = self.record.with_energy(step, energy_j)
 
-    def next_phase(self) -> Optional[JobPhase]:
-        """The phase the job goes to now, or ``None`` to stay (asked after every change)."""
+    def advance(self) -> Optional[JobPhase]:
+        """Act on what the phase measured so far; the phase the job goes to now, or ``None``.
+
+        The job calls this after every change. It is an action, not a question: a phase may
+        conclude here (write its events, set the job's message, fall back its plan, close its
+        sweeps) before it names the next phase.
+        """
         return None
 
     def impose(self, iteration_time_s: Optional[float]) -> None:

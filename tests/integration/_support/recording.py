@@ -118,7 +118,9 @@ def cycling_plan(num_stages: int, num_microbatches: int, clocks_mhz: Sequence[in
                 for i, (name, mb) in enumerate(order)
             ]
         )
-    return Plan("1f1b", num_stages, num_microbatches, stages)
+    return Plan(
+        schedule="1f1b", num_stages=num_stages, num_microbatches=num_microbatches, stages=stages
+    )
 
 
 def plan_optimizer_factory(plan: Any, state_dir: str, gpus: Dict[int, ClockLogGPU]) -> Any:

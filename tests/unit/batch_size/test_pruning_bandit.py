@@ -16,7 +16,19 @@ SIZES = [16, 32, 64, 128, 256, 512]
 def _run(
     i: int, bs: int, status: str, rnd: Optional[int] = 0, cost: Optional[float] = 1.0
 ) -> RunRow:
-    return RunRow(i, bs, PRUNING, rnd, status, None, 1, 1.0, 1.0, cost, None)
+    return RunRow(
+        run_id=i,
+        batch_size=bs,
+        phase=PRUNING,
+        pruning_round=rnd,
+        status=status,
+        reason=None,
+        num_epochs=1,
+        time_s=1.0,
+        energy_j=1.0,
+        cost=cost,
+        last_metric=None,
+    )
 
 
 def _play(

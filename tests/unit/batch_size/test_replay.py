@@ -60,7 +60,14 @@ def test_workload_joins_both_traces() -> None:
     movielens = _workload("movielens-1m")
     assert movielens.paths[16] == [None] * 5  # never reached: "nan" in the trace
     # b0 is capped at the largest batch size of the power trace
-    capped = JobSpec("squad", "bert_base_uncased", "adamw", 84.0, 6, 64)
+    capped = JobSpec(
+        dataset="squad",
+        network="bert_base_uncased",
+        optimizer="adamw",
+        target_metric=84.0,
+        max_epochs=6,
+        default_batch_size=64,
+    )
     assert load_workload(TRAIN, POWER, capped).default_batch_size == 56
 
 
@@ -132,7 +139,12 @@ def test_perseus_chooses_each_batch_size_limit_and_remembers_it(tmp_path: Path) 
         limit, profiled = policy.power_limit(16)
         assert profiled and policy.power_limit(16) == (limit, False)
         table = [
-            PowerLimitMeasurement(p * 1000, c.time_s, c.energy_j, 1)
+            PowerLimitMeasurement(
+                power_limit_mw=p * 1000,
+                time_per_step_s=c.time_s,
+                energy_per_step_j=c.energy_j,
+                num_steps=1,
+            )
             for p, c in squad.epochs[16].items()
         ]
         best = select_power_limit(table, "zeus_cost", eta=0.5, max_power_w=250)
@@ -159,7 +171,16 @@ def test_zeus_reference_follows_the_published_method() -> None:
 
 def test_zeus_reference_stops_when_the_default_fails() -> None:
     broken = load_workload(
-        TRAIN, POWER, JobSpec("movielens-1m", "ncf", "adam", 0.41, 100, 16)
+        TRAIN,
+        POWER,
+        JobSpec(
+            dataset="movielens-1m",
+            network="ncf",
+            optimizer="adam",
+            target_metric=0.41,
+            max_epochs=100,
+            default_batch_size=16,
+        ),
     )  # 16 never reaches the target
     assert broken.default_batch_size == 16
     result = replay(broken, ZeusReference(broken, seed=1), seed=1)

@@ -30,7 +30,14 @@ from perseus.schedule import stage_order
 def _plan(schedule: str = "1f1b", num_stages: int = 2, num_microbatches: int = 2) -> Plan:
     order = stage_order(schedule, num_stages, num_microbatches)
     stages = [[PlanStep(name, mb, 1410) for name, mb in stage] for stage in order]
-    return Plan(schedule, num_stages, num_microbatches, stages, 1.5, 300.0)
+    return Plan(
+        schedule=schedule,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        stages=stages,
+        predicted_iteration_time_s=1.5,
+        predicted_energy_j=300.0,
+    )
 
 
 def _dict() -> Dict[str, Any]:

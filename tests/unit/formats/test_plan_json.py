@@ -25,7 +25,14 @@ def _plan() -> Plan:
     stages = [
         [PlanStep(name, mb, 1410 - 15 * i) for i, (name, mb) in enumerate(stage)] for stage in order
     ]
-    return Plan("1f1b", 2, 2, stages, predicted_iteration_time_s=1.5, predicted_energy_j=300.0)
+    return Plan(
+        schedule="1f1b",
+        num_stages=2,
+        num_microbatches=2,
+        stages=stages,
+        predicted_iteration_time_s=1.5,
+        predicted_energy_j=300.0,
+    )
 
 
 def test_json_round_trip(tmp_path: Path) -> None:

@@ -102,7 +102,12 @@ def test_plan_of_an_engine_order_round_trips(tmp_path: Path) -> None:
     again = load_plan(path)
     assert again.stages == plan.stages and again.pipeline_order() == ORDER
     # A generated schedule's plan keeps its format: no pipeline stages.
-    old = Plan("1f1b", 1, 1, [[PlanStep("forward", 0, 1410), PlanStep("backward", 0, 1410)]])
+    old = Plan(
+        schedule="1f1b",
+        num_stages=1,
+        num_microbatches=1,
+        stages=[[PlanStep("forward", 0, 1410), PlanStep("backward", 0, 1410)]],
+    )
     assert "pipeline_stage" not in json.dumps(old.to_dict())
     assert old.pipeline_order() is None
 

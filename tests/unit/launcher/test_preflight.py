@@ -44,7 +44,11 @@ def test_gpipe_plan_only_warns_without_strict_checks(
     stages = [[PlanStep(name, mb, 1410) for name, mb in stage] for stage in order]
     cfg = _cfg()
     cfg.runtime.mode = "plan"  # type: ignore[assignment]
-    cfg.runtime.plan = str(Plan("gpipe", 2, 4, stages).write(tmp_path / "plan.json"))
+    cfg.runtime.plan = str(
+        Plan(schedule="gpipe", num_stages=2, num_microbatches=4, stages=stages).write(
+            tmp_path / "plan.json"
+        )
+    )
     cfg.runtime.strict = False
     with caplog.at_level(logging.WARNING):
         check_job(cfg, num_local_ranks=2)

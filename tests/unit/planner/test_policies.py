@@ -36,7 +36,13 @@ def _frontier() -> Frontier:
     ]
     problem = PlanningProblem(Profile.from_rows(rows), 2, p2p_power_w=10.0)
     points = [
-        FrontierPoint(i, t, e, problem.allmax_freqs(), is_allmax=i == 1)
+        FrontierPoint(
+            plan_id=i,
+            iteration_time_s=t,
+            energy_j=e,
+            freqs=problem.allmax_freqs(),
+            is_allmax=i == 1,
+        )
         for i, (t, e) in enumerate(POINTS)
     ]
     return Frontier(problem, points)

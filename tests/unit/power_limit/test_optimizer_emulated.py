@@ -75,7 +75,14 @@ def _truth(gpu: EmulatedGPU, limits_mw: List[int], stage: int) -> List[PowerLimi
             mhz = gpu.current_frequency_mhz(stage, instruction)
             m = gpu.true_measurement(stage, instruction, mhz)
             time_s, energy_j = time_s + m.time_s, energy_j + m.energy_j
-        rows.append(PowerLimitMeasurement(limit_mw, time_s, energy_j, 1))
+        rows.append(
+            PowerLimitMeasurement(
+                power_limit_mw=limit_mw,
+                time_per_step_s=time_s,
+                energy_per_step_j=energy_j,
+                num_steps=1,
+            )
+        )
     gpu.set_power_limit_mw(found)
     return rows
 

@@ -14,7 +14,12 @@ from perseus.power_limit.selectors import (
 
 
 def _m(limit_w: int, time_s: float, energy_j: float) -> PowerLimitMeasurement:
-    return PowerLimitMeasurement(limit_w * 1000, time_s, energy_j, 10)
+    return PowerLimitMeasurement(
+        power_limit_mw=limit_w * 1000,
+        time_per_step_s=time_s,
+        energy_per_step_j=energy_j,
+        num_steps=10,
+    )
 
 
 TABLE = [

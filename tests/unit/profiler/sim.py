@@ -111,6 +111,17 @@ def run_step(
         counter.run(gap_s * (0.5 + counter.rng.random()), blocking_w)
         time_s, energy_j = truth[(instruction, int(freq if freq is not None else top))]
         begin, end = counter.run(time_s, energy_j / time_s)
-        out.append(InstructionRecord(pos, instruction, mb, freq, begin, end))
+        out.append(
+            InstructionRecord(
+                position=pos,
+                instruction=instruction,
+                microbatch=mb,
+                frequency_mhz=freq,
+                start_s=begin,
+                end_s=end,
+            )
+        )
     counter.run(gap_s, blocking_w)
-    return StepRecord(step, 0, start, counter.now_s, None, out)
+    return StepRecord(
+        step=step, stage=0, start_s=start, end_s=counter.now_s, energy_j=None, instructions=out
+    )

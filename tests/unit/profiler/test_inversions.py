@@ -65,7 +65,16 @@ def test_time_noise_is_a_robust_standard_error() -> None:
     records = []
     t = 0.0
     for pos, d in enumerate(durations):
-        records.append(InstructionRecord(pos, "forward", pos, 1410, t, t + d))
+        records.append(
+            InstructionRecord(
+                position=pos,
+                instruction="forward",
+                microbatch=pos,
+                frequency_mhz=1410,
+                start_s=t,
+                end_s=t + d,
+            )
+        )
         t += d + 0.001
     est.add_step(records)
     (noise,) = est.time_noise_s().values()

@@ -99,7 +99,16 @@ def test_dead_counter_stage_borrows_other_stages_powers() -> None:
         t, recs = 0.0, []
         for pos, (instruction, mb) in enumerate(order[s]):
             dur = 0.05 if instruction == "forward" else 0.1
-            recs.append(InstructionRecord(pos, instruction, mb, 1410, t, t + dur))
+            recs.append(
+                InstructionRecord(
+                    position=pos,
+                    instruction=instruction,
+                    microbatch=mb,
+                    frequency_mhz=1410,
+                    start_s=t,
+                    end_s=t + dur,
+                )
+            )
             t += dur
         job.add_report(s, s, 0, recs, 0.0, t)
         if s == 0:  # a 200 W GPU whose counter updates every 100 ms

@@ -27,7 +27,7 @@ SE = {
 def _plan(forward_mhz: int, backward_mhz: int, microbatches: int = 4) -> Plan:
     steps = [PlanStep("forward", m, forward_mhz) for m in range(microbatches)]
     steps += [PlanStep("backward", m, backward_mhz) for m in range(microbatches)]
-    return Plan("1f1b", 1, microbatches, [steps])
+    return Plan(schedule="1f1b", num_stages=1, num_microbatches=microbatches, stages=[steps])
 
 
 def test_a_saving_errs_only_by_the_rows_the_plans_use_differently() -> None:

@@ -150,7 +150,9 @@ def make_plan(
                 for i, (name, mb) in enumerate(order)
             ]
         )
-    return Plan("1f1b", num_stages, num_microbatches, stages)
+    return Plan(
+        schedule="1f1b", num_stages=num_stages, num_microbatches=num_microbatches, stages=stages
+    )
 
 
 def run_iteration(hooks: Any, order: Sequence[Tuple[str, int]]) -> None:

@@ -13,8 +13,18 @@ from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
 
 def _record(step: int, n: int) -> StepRecord:
-    ins = [InstructionRecord(i, "forward", i, None, 0.0, 0.0) for i in range(n)]
-    return StepRecord(step, 0, 0.0, 1.0, None, ins)
+    ins = [
+        InstructionRecord(
+            position=i,
+            instruction="forward",
+            microbatch=i,
+            frequency_mhz=None,
+            start_s=0.0,
+            end_s=0.0,
+        )
+        for i in range(n)
+    ]
+    return StepRecord(step=step, stage=0, start_s=0.0, end_s=1.0, energy_j=None, instructions=ins)
 
 
 def test_measure_and_max_speed() -> None:

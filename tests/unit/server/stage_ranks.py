@@ -52,7 +52,15 @@ def stage_sources(
     """One source per rank of ``spec`` (rank = dp * stages + stage), built like a real job."""
     pp, dp = spec.num_stages, spec.dp
     stages = [
-        ThreadStage([Member(d * pp + s, d, 0, CLOCKS, 400.0) for d in range(dp)]) for s in range(pp)
+        ThreadStage(
+            [
+                Member(
+                    rank=d * pp + s, dp_rank=d, tp_rank=0, clocks_mhz=CLOCKS, power_limit_w=400.0
+                )
+                for d in range(dp)
+            ]
+        )
+        for s in range(pp)
     ]
     sources, infos = [], []
     for rank in range(pp * dp):
@@ -93,13 +101,29 @@ def run_ranks(
                 for pos, (name, mb) in enumerate(order):
                     mhz = source.frequency_mhz(step, pos, name, mb)
                     clocks.append(mhz)
-                    records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01))
+                    records.append(
+                        InstructionRecord(
+                            position=pos,
+                            instruction=name,
+                            microbatch=mb,
+                            frequency_mhz=mhz,
+                            start_s=t,
+                            end_s=t + 0.01,
+                        )
+                    )
                     t += 0.011
                 run.clocks.append(clocks)
                 if source.link is not None and not source.stopped:
                     wait_prefetched(source, step + 1)
                 earlier = [StepEnergy(step - 1, energy_j)] if step > 0 else []
-                record = StepRecord(step, info.stage, start, t, None, records)
+                record = StepRecord(
+                    step=step,
+                    stage=info.stage,
+                    start_s=start,
+                    end_s=t,
+                    energy_j=None,
+                    instructions=records,
+                )
                 record.earlier_energies = earlier
                 source.end_step(record)
         except BaseException as exc:  # reported by the test

@@ -17,18 +17,32 @@ from perseus.server.estimation import (
     CloseJob,
     ForgetRank,
     OpenJob,
-    Readings,
+    ReportReadings,
     StageAnswer,
     execute,
     stored_readings,
 )
 
-READINGS = Readings(
+READINGS = ReportReadings(
     stage=1,
     rank=3,
     records=(
-        InstructionRecord(0, "forward", 0, 1410, 10.0, 10.2),
-        InstructionRecord(1, "backward", 0, 1410, 10.2, 10.6),
+        InstructionRecord(
+            position=0,
+            instruction="forward",
+            microbatch=0,
+            frequency_mhz=1410,
+            start_s=10.0,
+            end_s=10.2,
+        ),
+        InstructionRecord(
+            position=1,
+            instruction="backward",
+            microbatch=0,
+            frequency_mhz=1410,
+            start_s=10.2,
+            end_s=10.6,
+        ),
     ),
     warmup=(0,),
     updates=(EnergyUpdate(10.1, 5000.0, 0.01), EnergyUpdate(10.5, 9000.0, 0.0)),
@@ -44,26 +58,26 @@ def test_readings_survive_the_state_file_with_their_format() -> None:
     stored = json.loads(json.dumps(READINGS.to_stored()))
     assert stored["format"] == READINGS_FORMAT
     assert stored["stage"] == 1 and stored["step"] == 7  # named, not positional
-    assert Readings.from_stored(stored) == READINGS
+    assert ReportReadings.from_stored(stored) == READINGS
 
 
 def test_the_previous_servers_positional_readings_are_read() -> None:
     stored = READINGS.to_stored()
     positional = [stored[k] for k in ("stage", "rank", "records", "warmup", "updates")]
     positional += [stored[k] for k in ("num_gpus", "power_limit_w", "step", "start_s", "end_s")]
-    assert Readings.from_stored(json.loads(json.dumps(positional))) == READINGS
+    assert ReportReadings.from_stored(json.loads(json.dumps(positional))) == READINGS
 
 
 def test_older_readings_are_left_out_and_unknown_formats_refused() -> None:
     older = [0, 1, [[0, "forward", 0, 1410, 1.0, 1.1]], [], 5, 1.0]  # six fields: not attributable
-    assert Readings.from_stored(older) is None
+    assert ReportReadings.from_stored(older) is None
     assert stored_readings([older, READINGS.to_stored()]) == [READINGS]
     with pytest.raises(ServerError, match="perseus-readings/9.*new server.dump_dir"):
-        Readings.from_stored({**READINGS.to_stored(), "format": "perseus-readings/9"})
+        ReportReadings.from_stored({**READINGS.to_stored(), "format": "perseus-readings/9"})
     damaged: Dict[str, Any] = READINGS.to_stored()
     del damaged["warmup"]
     with pytest.raises(ServerError, match="damaged profiling readings"):
-        Readings.from_stored(damaged)
+        ReportReadings.from_stored(damaged)
 
 
 def test_commands_run_on_the_jobs_estimates_by_their_type() -> None:

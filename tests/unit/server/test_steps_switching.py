@@ -22,12 +22,12 @@ from perseus.server.phases.plan_switching import DriftWatcher
 
 def test_step_completes_when_every_live_rank_reported() -> None:
     table = StepTable()
-    table.add(5, RankStep(0, 0, 0, 1.0, 0.8))
-    table.add(5, RankStep(1, 1, 0, 1.2, 1.1))
+    table.add(5, RankStep(rank=0, stage=0, dp_rank=0, iteration_time_s=1.0, compute_time_s=0.8))
+    table.add(5, RankStep(rank=1, stage=1, dp_rank=0, iteration_time_s=1.2, compute_time_s=1.1))
     assert table.stage_complete(5, 0, {0, 2}) is False  # rank 2 of stage 0 is missing
     assert table.stage_complete(5, 1, {1}) is True
     assert table.take_complete(5, [0, 1]) is None
-    table.add(5, RankStep(2, 0, 1, 1.1, None))
+    table.add(5, RankStep(rank=2, stage=0, dp_rank=1, iteration_time_s=1.1, compute_time_s=None))
     assert table.stage_complete(5, 0, {0, 2}) is True
     assert table.stage_complete(5, 0, {0, 2}) is False  # reported once
     taken = table.take_complete(5, [0, 1])
@@ -37,17 +37,39 @@ def test_step_completes_when_every_live_rank_reported() -> None:
     assert step.energy_j is None and reporters == {0, 1, 2}  # energies come later
     assert step.replica_time_s == {0: 1.1, 1: 1.1}  # compute time, else iteration time
     assert table.take_complete(5, [0, 1]) is None
-    table.add(5, RankStep(0, 0, 0, 9.0))  # late duplicate of a finished step: ignored
+    table.add(
+        5, RankStep(rank=0, stage=0, dp_rank=0, iteration_time_s=9.0)
+    )  # late duplicate of a finished step: ignored
     assert table.pending_steps() == []
 
 
 def test_a_leaders_report_covers_its_stage_and_replicas() -> None:
     table = StepTable()
     # Stage 0's leader (rank 0) speaks for ranks 2 and 4 (replicas 1 and 2 of stage 0).
-    leader = RankStep(0, 0, 0, 1.3, 1.2, frozenset({2, 4}), ((0, 1.0), (1, 1.2), (2, 0.9)), True)
+    leader = RankStep(
+        rank=0,
+        stage=0,
+        dp_rank=0,
+        iteration_time_s=1.3,
+        compute_time_s=1.2,
+        covers=frozenset({2, 4}),
+        replica_time_s=((0, 1.0), (1, 1.2), (2, 0.9)),
+        scheduled=True,
+    )
     table.add(7, leader)
     assert table.stage_complete(7, 0, {0, 2, 4}) is True
-    table.add(7, RankStep(1, 1, 0, 1.1, 1.0, frozenset({3, 5}), ((0, 1.0), (1, 0.8))))
+    table.add(
+        7,
+        RankStep(
+            rank=1,
+            stage=1,
+            dp_rank=0,
+            iteration_time_s=1.1,
+            compute_time_s=1.0,
+            covers=frozenset({3, 5}),
+            replica_time_s=((0, 1.0), (1, 0.8)),
+        ),
+    )
     assert table.stage_complete(7, 1, {1, 3, 5}) is True
     taken = table.take_complete(7, [0, 1])
     assert taken is not None and taken[0].clean
@@ -57,7 +79,7 @@ def test_a_leaders_report_covers_its_stage_and_replicas() -> None:
 
 def test_an_unscheduled_report_makes_the_step_unclean() -> None:
     table = StepTable()
-    table.add(3, RankStep(0, 0, 0, 1.0, scheduled=False))
+    table.add(3, RankStep(rank=0, stage=0, dp_rank=0, iteration_time_s=1.0, scheduled=False))
     assert table.stage_complete(3, 0, {0})
     taken = table.take_complete(3, [0])
     assert taken is not None and not taken[0].clean
@@ -73,11 +95,19 @@ def test_late_energies_join_into_the_steps_energy() -> None:
     assert energies.add(5, 0, 7.0) == pytest.approx(7.0)
     assert energies.add(30, 0, 1.0) is None
     assert energies.add(5, 1, 1.0) is None  # too old now: forgotten
-    assert typical_step([JobStep(0, 1.0, None, {0: 1.0})])["energy_j"] is None
+    assert (
+        typical_step(
+            [JobStep(step=0, iteration_time_s=1.0, energy_j=None, replica_time_s={0: 1.0})]
+        )["energy_j"]
+        is None
+    )
 
 
 def test_typical_step_time_is_the_median_energy_the_mean_without_outliers() -> None:
-    steps = [JobStep(i, t, 10 * t, {0: t}) for i, t in enumerate([1.0, 1.1, 5.0])]
+    steps = [
+        JobStep(step=i, iteration_time_s=t, energy_j=10 * t, replica_time_s={0: t})
+        for i, t in enumerate([1.0, 1.1, 5.0])
+    ]
     typ = typical_step(steps)
     # The delayed iteration (5 s, 50 J) moves neither.
     assert typ["iteration_time_s"] == 1.1 and typ["energy_j"] == pytest.approx(10.5)
@@ -85,7 +115,10 @@ def test_typical_step_time_is_the_median_energy_the_mean_without_outliers() -> N
 
 
 def _window(times: list, energies: list) -> list:
-    return [JobStep(i, t, e, {0: t}) for i, (t, e) in enumerate(zip(times, energies))]
+    return [
+        JobStep(step=i, iteration_time_s=t, energy_j=e, replica_time_s={0: t})
+        for i, (t, e) in enumerate(zip(times, energies))
+    ]
 
 
 def test_energy_mean_cancels_counter_quantization_a_median_keeps() -> None:
@@ -131,7 +164,16 @@ def test_ranks_of_a_stage_combine_time_max_and_energy_sum() -> None:
             recs = []
             for pos, (name, mb) in enumerate(order):
                 dur = 0.01 * scale * (2 if name == "backward" else 1)
-                recs.append(InstructionRecord(pos, name, mb, 1000, t, t + dur))
+                recs.append(
+                    InstructionRecord(
+                        position=pos,
+                        instruction=name,
+                        microbatch=mb,
+                        frequency_mhz=1000,
+                        start_s=t,
+                        end_s=t + dur,
+                    )
+                )
                 t += dur
             job.add_reference_step(0, rank, recs, step=step)
         # The GPU's counter: every 20 ms, its energy at a constant power.

@@ -87,8 +87,22 @@ def test_the_counter_lag_is_fitted() -> None:
 def test_without_updates_only_times_are_known() -> None:
     est = StageEstimator()
     recs = [
-        InstructionRecord(0, "forward", 0, 1000, 0.0, 0.01),
-        InstructionRecord(1, "backward", 0, 1000, 0.011, 0.03),
+        InstructionRecord(
+            position=0,
+            instruction="forward",
+            microbatch=0,
+            frequency_mhz=1000,
+            start_s=0.0,
+            end_s=0.01,
+        ),
+        InstructionRecord(
+            position=1,
+            instruction="backward",
+            microbatch=0,
+            frequency_mhz=1000,
+            start_s=0.011,
+            end_s=0.03,
+        ),
     ]
     est.add_step(recs)
     assert est.estimate() == ({}, None)

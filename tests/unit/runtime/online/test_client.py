@@ -185,7 +185,21 @@ def test_online_source_without_server_runs_at_default_clocks(caplog) -> None:
             source.begin_step(step)
             assert source.frequency_mhz(step, 0, "forward", 0) is None
             record = StepRecord(
-                step, 0, 0.0, 1.0, 1.0, [InstructionRecord(0, "forward", 0, None, 0.1, 0.2)]
+                step=step,
+                stage=0,
+                start_s=0.0,
+                end_s=1.0,
+                energy_j=1.0,
+                instructions=[
+                    InstructionRecord(
+                        position=0,
+                        instruction="forward",
+                        microbatch=0,
+                        frequency_mhz=None,
+                        start_s=0.1,
+                        end_s=0.2,
+                    )
+                ],
             )
             source.end_step(record)
         source.close(timeout_s=1.0)

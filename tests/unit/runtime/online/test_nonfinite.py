@@ -56,10 +56,26 @@ def test_nan_time_and_energy_are_sent_as_unmeasured(tmp_path: Path) -> None:
             start, records = t, []
             for pos, (name, mb) in enumerate(source.order):
                 mhz = source.frequency_mhz(step, pos, name, mb)
-                records.append(InstructionRecord(pos, name, mb, mhz, t, t + 0.01))
+                records.append(
+                    InstructionRecord(
+                        position=pos,
+                        instruction=name,
+                        microbatch=mb,
+                        frequency_mhz=mhz,
+                        start_s=t,
+                        end_s=t + 0.01,
+                    )
+                )
                 t += 0.011
             wait_prefetched(source, step + 1)
-            record = StepRecord(step, info.stage, start, bad_end.get(step, t), None, records)
+            record = StepRecord(
+                step=step,
+                stage=info.stage,
+                start_s=start,
+                end_s=bad_end.get(step, t),
+                energy_j=None,
+                instructions=records,
+            )
             if step in earlier:
                 record.earlier_energies = [StepEnergy(*earlier[step])]
             record.energy_updates = [EnergyUpdate(t, math.nan if step == 2 else 1000.0 * step)]
@@ -88,7 +104,14 @@ def test_link_drops_a_report_it_cannot_send_and_goes_on(
         spec = spec_of("dropped", pp=1, dp=1)
         registration = RankRegistration(rank=0, stage=0, supported_clocks_mhz=CLOCKS)
         link = ServerLink(client, spec, registration)
-        record = InstructionReport(0, "forward", 0, math.nan, 1.0, 1410)
+        record = InstructionReport(
+            position=0,
+            instruction="forward",
+            microbatch=0,
+            start_s=math.nan,
+            end_s=1.0,
+            frequency_mhz=1410,
+        )
         with caplog.at_level(logging.WARNING):
             link.report(StepReport(rank=0, step=0, iteration_time_s=1.0, instructions=[record]))
             link.report(StepReport(rank=0, step=1, iteration_time_s=1.0))

@@ -22,7 +22,14 @@ def _record() -> StepRecord:
         start_s=10.0,
         end_s=10.5,
         instructions=[
-            InstructionRecord(i, name, i % 2, None if i == 2 else 1005 + i, 10.0 + i, 10.1 + i)
+            InstructionRecord(
+                position=i,
+                instruction=name,
+                microbatch=i % 2,
+                frequency_mhz=None if i == 2 else 1005 + i,
+                start_s=10.0 + i,
+                end_s=10.1 + i,
+            )
             for i, name in enumerate(names)
         ],
     )
@@ -46,7 +53,7 @@ def test_instructions_are_reported_field_by_field_where_the_server_uses_them(
     phase: Phase,
 ) -> None:
     record = _record()
-    members = [Member(0, 0, 0, [1005, 1410])]
+    members = [Member(rank=0, dp_rank=0, tp_rank=0, clocks_mhz=[1005, 1410])]
     report = combined_report(0, members, record, "F0 F1 B0 B1", phase, [_payload(record)])
     assert report.instructions == [
         InstructionReport(**dataclasses.asdict(i)) for i in record.instructions
@@ -58,6 +65,6 @@ def test_instructions_are_reported_field_by_field_where_the_server_uses_them(
 @pytest.mark.parametrize("phase", [None, Phase.running, Phase.planning])
 def test_no_instructions_outside_baseline_and_profiling(phase: Optional[Phase]) -> None:
     record = _record()
-    members = [Member(0, 0, 0, [1005, 1410])]
+    members = [Member(rank=0, dp_rank=0, tp_rank=0, clocks_mhz=[1005, 1410])]
     report = combined_report(0, members, record, "F0 F1 B0 B1", phase, [_payload(record)])
     assert report.instructions == []

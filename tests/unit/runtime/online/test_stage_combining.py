@@ -113,10 +113,10 @@ def test_a_rank_running_another_schedule_fails_the_job_and_training_goes_on(
 def test_payload_carries_each_replicas_clocks() -> None:
     size = payloads.payload_size(4, dp=100)
     schedule = Schedule(
-        7,
-        Phase.watching,
-        [1000, 1100, None, 1200],
-        [ReplicaSchedule([3, 64, 99], [1400, 1400, 1400, None])],
+        step=7,
+        phase=Phase.watching,
+        frequencies_mhz=[1000, 1100, None, 1200],
+        overrides=[ReplicaSchedule([3, 64, 99], [1400, 1400, 1400, None])],
     )
     leader = payloads.pack(
         size,
@@ -144,7 +144,10 @@ class _Scripted:
     """A stage of two ranks seen from the second: the leader's payloads come from a script."""
 
     def __init__(self, leaders: List[List[float]]) -> None:
-        self.members = [Member(0, 0, 0, CLOCKS), Member(1, 1, 0, CLOCKS)]
+        self.members = [
+            Member(rank=0, dp_rank=0, tp_rank=0, clocks_mhz=CLOCKS),
+            Member(rank=1, dp_rank=1, tp_rank=0, clocks_mhz=CLOCKS),
+        ]
         self.index = 1
         self._leaders = leaders
 
@@ -171,8 +174,12 @@ def test_a_member_runs_each_steps_clocks_as_the_leader_sends_them() -> None:
         Schedule(1, Phase.profiling, a),
         Schedule(2, Phase.profiling, list(a)),
         Schedule(3, Phase.running, b),
-        Schedule(4, Phase.running, b, [ReplicaSchedule([1], mine)]),
-        Schedule(5, Phase.running, b, [ReplicaSchedule([0], a)]),
+        Schedule(
+            step=4, phase=Phase.running, frequencies_mhz=b, overrides=[ReplicaSchedule([1], mine)]
+        ),
+        Schedule(
+            step=5, phase=Phase.running, frequencies_mhz=b, overrides=[ReplicaSchedule([0], a)]
+        ),
         Schedule(6, Phase.running, list(a)),
     ]
     size = payloads.payload_size(n, dp=2)
@@ -204,7 +211,16 @@ def test_a_member_runs_each_steps_clocks_as_the_leader_sends_them() -> None:
         ]
         t += n + 1
         if step < 6:
-            source.end_step(StepRecord(step, 0, records[0].start_s, t, None, records))
+            source.end_step(
+                StepRecord(
+                    step=step,
+                    stage=0,
+                    start_s=records[0].start_s,
+                    end_s=t,
+                    energy_j=None,
+                    instructions=records,
+                )
+            )
     assert ran == [
         (None, [None] * n),
         ("profiling", a),

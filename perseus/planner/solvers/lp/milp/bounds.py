@@ -66,7 +66,12 @@ def lp_bound(problem: PlanningProblem, deadline_s: float, cut_path_nodes: int = 
         problem, deadline_s, time_limit_s=3600.0, relax=True, cut_path_nodes=cut_path_nodes
     )
     method = "lp+cuts" if cut_path_nodes >= 2 else "lp"
-    return Bound(deadline_s, result.bound_j, method, time.perf_counter() - began)
+    return Bound(
+        deadline_s=deadline_s,
+        energy_j=result.bound_j,
+        method=method,
+        seconds=time.perf_counter() - began,
+    )
 
 
 def milp_bound(
@@ -111,7 +116,12 @@ def milp_bound(
         log=log,
         cut_path_nodes=cut_path_nodes,
     )
-    bound = Bound(deadline_s, result.bound_j, method, time.perf_counter() - began)
+    bound = Bound(
+        deadline_s=deadline_s,
+        energy_j=result.bound_j,
+        method=method,
+        seconds=time.perf_counter() - began,
+    )
     if hull_nodes is None and result.choices is not None:
         times, energies = simulate_choices(problem, result.choices[None, :])
         if times[0] <= deadline_s * (1 + 1e-9):

@@ -121,14 +121,28 @@ def solve_milp_result(
     optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
-        return MILPResult(None, None, None, float("inf"), float("inf"), True)
+        return MILPResult(
+            choices=None,
+            durations_s=None,
+            finish_s=None,
+            energy_j=float("inf"),
+            bound_j=float("inf"),
+            optimal=True,
+        )
     # Without binaries HiGHS solves an LP and keeps no MIP dual bound.
     as_lp = relax or model.num_binaries == 0
     dual = info.objective_function_value if as_lp else info.mip_dual_bound
     bound_j = float(dual) + model.constant_j
     result = h.getSolution()
     if not result.value_valid:
-        return MILPResult(None, None, None, float("inf"), bound_j, optimal)
+        return MILPResult(
+            choices=None,
+            durations_s=None,
+            finish_s=None,
+            energy_j=float("inf"),
+            bound_j=bound_j,
+            optimal=optimal,
+        )
     return model.result(np.asarray(result.col_value), bound_j, optimal)
 
 
