@@ -43,12 +43,11 @@ def available() -> List[str]:
 
 
 def _module_name(name: str) -> str:
-    try:
-        return ADAPTERS[name]
-    except KeyError:
+    if name not in ADAPTERS:
         raise AdapterError(
             f"No Perseus adapter for framework {name!r}; choose one of {available()}."
-        ) from None
+        )
+    return ADAPTERS[name]
 
 
 def patch(name: str) -> ModuleType:

@@ -50,6 +50,53 @@ def mark_wrapped(wrapper: Callable[..., Any], original: Callable[..., Any]) -> C
     return wrapped
 
 
+Apply = Callable[["PatchSet"], None]
+"""Installs one framework's wrappers, recording each replaced original in the given set."""
+
+
+class FrameworkAdapter:
+    """The one adapter pattern: a framework found, checked and patched on the first :meth:`patch`.
+
+    Every adapter module makes one of these, registered by framework name in
+    :data:`perseus.adapters.ADAPTERS`, and exposes its ``patch`` / ``unpatch`` / ``is_patched``.
+    ``find`` imports the framework (nothing is imported before), checks every name the adapter
+    hooks (:func:`require_names`) and returns what installs the wrappers; it raises
+    :class:`~perseus.errors.AdapterError` with its cause chained when the framework is missing
+    or changed. Every replaced attribute or entry is recorded in the adapter's :class:`PatchSet`,
+    so :meth:`unpatch` puts the framework back exactly; the framework is looked up again at the
+    next :meth:`patch` (tests swap its modules in between).
+
+    Args:
+        find: Import and check the framework; return the function that applies the patches.
+        forget: Called after :meth:`unpatch` to drop the adapter's per-process state.
+    """
+
+    def __init__(self, find: Callable[[], Apply], forget: Optional[Callable[[], None]] = None):
+        self._find = find
+        self._forget = forget
+        self._patches = PatchSet()
+
+    def patch(self) -> None:
+        """Patch the framework (idempotent).
+
+        Raises:
+            AdapterError: The framework is missing or lacks a hooked name.
+        """
+        if self.is_patched():
+            return
+        self._find()(self._patches)
+
+    def unpatch(self) -> None:
+        """Restore everything the patch replaced; nothing happens if it was never applied."""
+        self._patches.undo()
+        if self._forget is not None:
+            self._forget()
+
+    def is_patched(self) -> bool:
+        """Whether the patch is in place."""
+        return len(self._patches) > 0
+
+
 class PatchSet:
     """Patches applied by one adapter, each undoable, in order.
 

@@ -164,7 +164,9 @@ def _wrap_train(
 
 
 class InstructionMapAdapter:
-    """Reversible patch of one engine class's step method and instruction map.
+    """The wrappers of one engine class's step method and instruction map.
+
+    A :class:`~perseus.adapters._common.FrameworkAdapter` applies them (:meth:`apply`).
 
     Args:
         engine_class: The engine class (``PipelineEngine``).
@@ -194,63 +196,18 @@ class InstructionMapAdapter:
         self.step_method = step_method
         self.before_step = before_step
         self.patch_more = patch_more
-        self._patches = PatchSet()
 
-    @property
-    def patched(self) -> bool:
-        """Whether the patch is in place."""
-        return len(self._patches) > 0
-
-    def patch(self) -> None:
-        """Wrap the step method and the map entries; a second call does nothing."""
-        if self.patched:
-            return
+    def apply(self, patches: PatchSet) -> None:
+        """Wrap the step method and the map entries, recording each original in ``patches``."""
         cls = self.engine_class
         instruction_map = cls._INSTRUCTION_MAP  # type: ignore[attr-defined]
         step = getattr(cls, self.step_method)
         if not is_wrapped(step):
             wrapped = _wrap_train(step, self.rank_of, self.before_step)
-            self._patches.set_attr(cls, self.step_method, wrapped)
+            patches.set_attr(cls, self.step_method, wrapped)
         for instruction_class, role in self.roles.items():
             entry = instruction_map[instruction_class]
             if not is_wrapped(entry):
-                self._patches.set_item(
-                    instruction_map, instruction_class, _wrap_instruction(entry, role)
-                )
+                patches.set_item(instruction_map, instruction_class, _wrap_instruction(entry, role))
         if self.patch_more is not None:
-            self.patch_more(self._patches)
-
-    def unpatch(self) -> None:
-        """Put the original step method and map entries back."""
-        self._patches.undo()
-
-
-class LazyAdapter:
-    """An :class:`InstructionMapAdapter` built on the first :meth:`patch`, forgotten on unpatch.
-
-    The framework is looked up (and its version checked) by ``build`` each time a patch is
-    applied after an :meth:`unpatch`, so tests can swap the framework's modules in between.
-
-    Args:
-        build: Imports the framework, checks its hooked names and returns the adapter.
-    """
-
-    def __init__(self, build: Callable[[], InstructionMapAdapter]) -> None:
-        self._build = build
-        self._adapter: Optional[InstructionMapAdapter] = None
-
-    def patch(self) -> None:
-        """Build the adapter if needed and apply it (idempotent)."""
-        if self._adapter is None:
-            self._adapter = self._build()
-        self._adapter.patch()
-
-    def unpatch(self) -> None:
-        """Undo the patch; the next :meth:`patch` looks the framework up again."""
-        if self._adapter is not None:
-            self._adapter.unpatch()
-            self._adapter = None
-
-    def is_patched(self) -> bool:
-        """Whether the patch is in place."""
-        return self._adapter is not None and self._adapter.patched
+            self.patch_more(patches)

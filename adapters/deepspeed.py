@@ -16,8 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from perseus.adapters._common import BACKWARD, FORWARD, module_version, require_names
-from perseus.adapters._instruction_map import InstructionMapAdapter, LazyAdapter
+from perseus.adapters._common import (
+    BACKWARD,
+    FORWARD,
+    Apply,
+    FrameworkAdapter,
+    module_version,
+    require_names,
+)
+from perseus.adapters._instruction_map import InstructionMapAdapter
 from perseus.adapters._pipe_grid import grid_rank_info
 
 from perseus.errors import AdapterError
@@ -25,7 +32,7 @@ from perseus.errors import AdapterError
 SUPPORTED = "DeepSpeed 0.19.x (tested with 0.19.8) with PipelineEngine._INSTRUCTION_MAP dispatch"
 
 
-def _build() -> InstructionMapAdapter:
+def _find() -> Apply:
     try:
         import deepspeed.runtime.pipe.engine as engine_module
         import deepspeed.runtime.pipe.schedule as schedule
@@ -58,15 +65,15 @@ def _build() -> InstructionMapAdapter:
     )
     assert engine_class is not None and forward is not None and backward is not None
     roles = {forward: FORWARD, backward: BACKWARD}
-    return InstructionMapAdapter(engine_class, roles, grid_rank_info)
+    return InstructionMapAdapter(engine_class, roles, grid_rank_info).apply
 
 
-_lazy = LazyAdapter(_build)
-patch = _lazy.patch
+_adapter = FrameworkAdapter(_find)
+patch = _adapter.patch
 """Patch DeepSpeed's ``PipelineEngine`` (idempotent); AdapterError on an unsupported version."""
-unpatch = _lazy.unpatch
+unpatch = _adapter.unpatch
 """Restore DeepSpeed's ``train_batch`` and instruction-map entries."""
-is_patched = _lazy.is_patched
+is_patched = _adapter.is_patched
 """Whether the patch is in place."""
 
 patch()

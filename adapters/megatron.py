@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, Optional
 from perseus.adapters._common import (
     BACKWARD,
     FORWARD,
+    Apply,
+    FrameworkAdapter,
     PatchSet,
     hooks_for,
     is_wrapped,
@@ -67,7 +69,6 @@ class _StepState:
 
 
 _state = _StepState()
-_patches = PatchSet()
 
 
 def current_model_chunk() -> int:
@@ -240,14 +241,8 @@ def _check(schedules: Any) -> None:
     require_names("Megatron-core", version, SUPPORTED, checks)
 
 
-def patch() -> None:
-    """Patch Megatron-core's pipeline schedules (idempotent).
-
-    Raises:
-        AdapterError: Megatron-core is missing or lacks a hooked name (unsupported version).
-    """
-    if len(_patches):
-        return
+def _find() -> Apply:
+    """Import Megatron-core's schedules and check them; what wraps their functions."""
     try:
         import megatron.core.pipeline_parallel.schedules as schedules
     except ImportError as exc:
@@ -259,21 +254,23 @@ def patch() -> None:
     _check(schedules)
     wrappers = {"forward_step": _wrap_forward, "backward_step": _wrap_backward}
     wrappers.update({name: _wrap_step for name in STEP_FUNCTIONS})
-    for name, wrap in wrappers.items():
-        original = getattr(schedules, name)
-        if not is_wrapped(original):
-            _patches.set_attr(schedules, name, wrap(original))
+
+    def apply(patches: PatchSet) -> None:
+        for name, wrap in wrappers.items():
+            original = getattr(schedules, name)
+            if not is_wrapped(original):
+                patches.set_attr(schedules, name, wrap(original))
+
+    return apply
 
 
-def unpatch() -> None:
-    """Restore the original functions of the schedules module."""
-    _patches.undo()
-    _state.reset()
-
-
-def is_patched() -> bool:
-    """Whether the patch is in place."""
-    return len(_patches) > 0
+_adapter = FrameworkAdapter(_find, forget=_state.reset)
+patch = _adapter.patch
+"""Patch Megatron-core's pipeline schedules (idempotent); AdapterError on an unsupported version."""
+unpatch = _adapter.unpatch
+"""Restore the original functions of the schedules module."""
+is_patched = _adapter.is_patched
+"""Whether the patch is in place."""
 
 
 patch()

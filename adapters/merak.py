@@ -36,6 +36,8 @@ from typing import Any, Dict
 from perseus.adapters._common import (
     BACKWARD,
     FORWARD,
+    Apply,
+    FrameworkAdapter,
     PatchSet,
     is_wrapped,
     module_version,
@@ -44,7 +46,6 @@ from perseus.adapters._common import (
 from perseus.adapters._instruction_map import (
     RECOMPUTE,
     InstructionMapAdapter,
-    LazyAdapter,
     wrap_receive,
 )
 from perseus.adapters._pipe_grid import grid_rank_info
@@ -143,7 +144,7 @@ def _patch_module(engine_module: ModuleType) -> Any:
     return patch_more
 
 
-def _build() -> InstructionMapAdapter:
+def _find() -> Apply:
     try:
         import Merak.runtime.pipe_engine as engine_module
         import Merak.runtime.schedule as schedule
@@ -175,15 +176,15 @@ def _build() -> InstructionMapAdapter:
         grid_rank_info,
         before_step=_before_step,
         patch_more=_patch_module(engine_module),
-    )
+    ).apply
 
 
-_lazy = LazyAdapter(_build)
-patch = _lazy.patch
+_adapter = FrameworkAdapter(_find)
+patch = _adapter.patch
 """Patch Merak's ``PipelineEngine`` (idempotent); raises AdapterError on an unsupported version."""
-unpatch = _lazy.unpatch
+unpatch = _adapter.unpatch
 """Restore Merak's ``train_batch``, instruction-map entries, receive and frequency optimizer."""
-is_patched = _lazy.is_patched
+is_patched = _adapter.is_patched
 """Whether the patch is in place."""
 
 patch()

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
 
 from perseus.adapters._common import (
     FORWARD,
+    Apply,
+    FrameworkAdapter,
     PatchSet,
     hooks_for,
     is_wrapped,
@@ -75,7 +78,6 @@ COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_o
 ACTIVE_HOOKS = "_perseus_active_hooks"
 RANK_INFO = "_perseus_rank_info"
 
-_patches = PatchSet()
 logger = logging.getLogger(__name__)
 
 
@@ -115,7 +117,7 @@ def schedule_order(schedule: Any) -> Optional[PipelineOrder]:
             f"perseus.adapters.torch_pipelining: the {cls} schedule's actions cannot be "
             f"planned ({exc}); remove the `import perseus.adapters.torch_pipelining` line to "
             "train without Perseus"
-        ) from None
+        ) from exc
     return order
 
 
@@ -161,7 +163,7 @@ def generated_order(
         raise AdapterError(
             f"torch cannot generate the {name} schedule for {num_ranks} ranks, "
             f"{num_microbatches} microbatches, {stages_per_rank} stage(s) per rank: {exc}"
-        ) from None
+        ) from exc
     label = SCHEDULE_NAMES.get(f"Schedule{name}", "custom")
     return PipelineOrder.of(label, [compute_actions(rank) for rank in ops])
 
@@ -291,7 +293,17 @@ def _weight_kind(*args: Any, **kwargs: Any) -> str:
     return BACKWARD_WEIGHT
 
 
-def _classes() -> Dict[str, Any]:
+@dataclass(frozen=True)
+class _Hooked:
+    """The classes the adapter wraps."""
+
+    stage_base: type  # ``stage._PipelineStageBase``: the compute methods
+    single: type  # ``schedules.PipelineScheduleSingle``: ``step``
+    multi: type  # ``schedules.PipelineScheduleMulti``: ``step``
+
+
+def _find() -> Apply:
+    """Import torch's pipelining and check the names it hooks; what wraps them."""
     try:
         import torch.distributed.pipelining.schedules as schedules
         import torch.distributed.pipelining.stage as stage
@@ -325,36 +337,30 @@ def _classes() -> Dict[str, Any]:
             ),
         ],
     )
-    return {"base": base, "single": single, "multi": multi}
+    assert base is not None and single is not None and multi is not None
+    hooked = _Hooked(stage_base=base, single=single, multi=multi)
+
+    def apply(patches: PatchSet) -> None:
+        for owner in (hooked.single, hooked.multi):
+            if not is_wrapped(vars(owner)["step"]):
+                patches.set_attr(owner, "step", _wrap_step(vars(owner)["step"]))
+        kinds = (_forward_kind, _backward_kind, _weight_kind)
+        for name, kind_of in zip(COMPUTE_METHODS, kinds):
+            original = vars(hooked.stage_base)[name]
+            if not is_wrapped(original):
+                patches.set_attr(hooked.stage_base, name, _wrap_compute(original, kind_of))
+
+    return apply
 
 
-def patch() -> None:
-    """Patch the schedules' steps and the stages' compute methods (idempotent).
-
-    Raises:
-        AdapterError: torch lacks ``torch.distributed.pipelining`` or a hooked name.
-    """
-    if len(_patches):
-        return
-    found = _classes()
-    for owner in (found["single"], found["multi"]):
-        if not is_wrapped(vars(owner)["step"]):
-            _patches.set_attr(owner, "step", _wrap_step(vars(owner)["step"]))
-    base = found["base"]
-    for name, kind_of in zip(COMPUTE_METHODS, (_forward_kind, _backward_kind, _weight_kind)):
-        original = vars(base)[name]
-        if not is_wrapped(original):
-            _patches.set_attr(base, name, _wrap_compute(original, kind_of))
-
-
-def unpatch() -> None:
-    """Restore the original methods."""
-    _patches.undo()
-
-
-def is_patched() -> bool:
-    """Whether the patch is in place."""
-    return len(_patches) > 0
+_adapter = FrameworkAdapter(_find)
+patch = _adapter.patch
+"""Patch the schedules' steps and the stages' compute methods (idempotent); AdapterError when
+torch lacks ``torch.distributed.pipelining`` or a hooked name."""
+unpatch = _adapter.unpatch
+"""Restore the original methods."""
+is_patched = _adapter.is_patched
+"""Whether the patch is in place."""
 
 
 patch()

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
 from perseus.formats.plan.document import Plan
+from perseus.pipeline_order import PipelineOrder
 from perseus.records import RankInfo, StepRecord
 from perseus.runtime.launch.endpoint import Endpoint
 from perseus.runtime.types import FrequencySource
+from perseus.schedule import ScheduleLike
 
 if TYPE_CHECKING:
     from perseus.config.schema import PerseusConfig
@@ -229,11 +231,18 @@ def _plan_source(cfg: PerseusConfig, rank: RankInfo, gpu: GPU) -> PlanSource:
     if not cfg.runtime.plan:
         raise ConfigError("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
     plan = load_plan(cfg.runtime.plan)
+    schedule: ScheduleLike = cfg.parallelism.schedule
+    if rank.order is not None:  # the engine's own actions (torch.distributed.pipelining)
+        schedule = PipelineOrder(rank.schedule or "custom", list(rank.order))
+    # Strict: a plan whose order is not the job's is refused now, naming the file, the stage
+    # and the first position that differs; otherwise the source falls back at run time.
     check_plan_for_job(
         plan,
         num_stages=rank.num_stages,
         num_microbatches=cfg.parallelism.num_microbatches,
         source=cfg.runtime.plan,
+        schedule=schedule if cfg.runtime.strict else None,
+        num_model_chunks=cfg.parallelism.num_model_chunks,
     )
     # A plan's clocks must exist on this GPU (rejected, never snapped).
     check_plan_clocks(plan.frequencies(rank.stage), gpu, f"plan {cfg.runtime.plan}")

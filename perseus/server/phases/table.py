@@ -103,7 +103,10 @@ class JobSettings:
     def of(cls, cfg: ServerConfig) -> JobSettings:
         """The settings of ``cfg``."""
         return cls(
-            cfg.plan_slowdown_tolerance, cfg.plan_check, cfg.drift_threshold, cfg.drift_patience
+            plan_slowdown_tolerance=cfg.plan_slowdown_tolerance,
+            plan_check=cfg.plan_check,
+            drift_threshold=cfg.drift_threshold,
+            drift_patience=cfg.drift_patience,
         )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import Any, Iterator
 
 import perseus.adapters as adapters
@@ -133,3 +135,44 @@ def test_megatron_patch_reaches_get_forward_backward_func() -> None:
         adapters.unpatch("megatron")
     for name, fn in originals.items():
         assert getattr(schedules, name) is fn
+
+
+ADAPTER_FILES = {
+    name: Path(adapters.__file__).parent / f"{module.rpartition('.')[2]}.py"
+    for name, module in adapters.ADAPTERS.items()
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTER_FILES))
+def test_every_adapter_follows_the_one_pattern(name: str) -> None:
+    """One file per adapter; each builds one FrameworkAdapter (lazy: the framework is found on
+    the first patch) and exposes its patch / unpatch / is_patched; no adapter keeps patches of
+    its own, and no error drops its cause."""
+    tree = ast.parse(ADAPTER_FILES[name].read_text())
+    assigned = {
+        target.id: ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    assert assigned["_adapter"].startswith("FrameworkAdapter(")
+    for entry in ("patch", "unpatch", "is_patched"):
+        assert assigned[entry] == f"_adapter.{entry}"
+    assert not any("PatchSet()" in value for value in assigned.values())
+    raises = [n for n in ast.walk(tree) if isinstance(n, ast.Raise) and n.cause is not None]
+    assert all(ast.unparse(n.cause) != "None" for n in raises)
+
+
+def test_an_unpatched_framework_is_found_again_on_the_next_patch() -> None:
+    pytest.importorskip("torch.distributed.pipelining")
+    import torch.distributed.pipelining.schedules as schedules
+
+    module = adapters.patch("torch_pipelining")
+    original = module._adapter  # one adapter object per framework, kept across patches
+    adapters.unpatch("torch_pipelining")
+    assert not adapters.is_patched("torch_pipelining")
+    assert not getattr(vars(schedules.PipelineScheduleSingle)["step"], "__perseus_wrapped__", False)
+    adapters.patch("torch_pipelining")
+    assert adapters.is_patched("torch_pipelining") and module._adapter is original
+    assert getattr(vars(schedules.PipelineScheduleSingle)["step"], "__perseus_wrapped__", False)

@@ -12,11 +12,13 @@ import pytest
 
 from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
+from perseus.formats.plan.document import Plan, PlanStep
 from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.records import RankInfo
 from perseus.runtime import context
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
+from perseus.schedule import stage_order
 from tests.unit.runtime.fakes import make_plan, one_f_one_b, run_iteration
 
 RANK1 = RankInfo(stage=1, num_stages=2, rank=1, world_size=2)
@@ -160,3 +162,28 @@ def test_context_builds_from_perseus_config_env(
     context.reset()
     assert hooks.closed
     assert (tmp_path / "run" / "trace-rank1.csv").is_file()
+
+
+def test_a_plan_in_another_order_is_refused_when_loaded(tmp_path: Path) -> None:
+    """A plan whose instructions are not in the job's schedule's order is refused when the
+    optimizer is built (before step 1), naming the plan file, the stage and the first
+    position that differs; runtime.strict=false loads it and falls back at run time."""
+    gpipe = stage_order("gpipe", 2, 3)
+    plan = Plan(
+        schedule="1f1b",
+        num_stages=2,
+        num_microbatches=3,
+        stages=[[PlanStep(name, mb, 1410) for name, mb in order] for order in gpipe],
+    )
+    path = plan.write(tmp_path / "gpipe-plan.json")
+    message = (
+        rf"plan {path} \(schedule 1f1b\) does not follow the job's schedule 1f1b: stage 0, "
+        r"position 2 has forward where the job runs backward"
+    )
+    with pytest.raises(PlanError, match=message):
+        PerseusOptimizer.from_config(_cfg(tmp_path, "plan", plan=str(path)), RANK1)
+    lenient = PerseusOptimizer.from_config(
+        _cfg(tmp_path, "plan", plan=str(path), strict=False), RANK1
+    )
+    assert isinstance(lenient.source, PlanSource)
+    lenient.close()
