@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from perseus.config.schema import ServerConfig
-from perseus.profiler.virtual_run import run_step, virtual_gpu
-from perseus.records import InstructionRecord, RankInfo, StepRecord
+from perseus.profiler.virtual_run import attach_sampler, run_step, virtual_gpu
+from perseus.records import EnergyUpdate, InstructionRecord, RankInfo, StepEnergy, StepRecord
 from perseus.runtime.online.client import ServerClient
 from perseus.runtime.online.exchange import Member, ThreadStage
 from perseus.runtime.online.source import OnlineSource
@@ -69,6 +69,10 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
         solver=args["solver"],
     )
     gpu, clock = virtual_gpu(pp, time_scale=args["time_scale"], noise=0.01, seed=stage)
+    # The leader's energy, as a real rank's: its sampler's counter updates go with its reports.
+    sampler = attach_sampler(gpu, clock)
+    cursor = [0]
+    awaiting: List[Tuple[int, float, float]] = []  # the leader's steps the counter must cover
     clocks = gpu.supported_sm_clocks_mhz()
     ranks = [d * pp + stage for d in range(dp)]
     shared = ThreadStage(
@@ -90,7 +94,6 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
             spec,
             RankInfo(stage=stage, num_stages=pp, dp_rank=r // pp, rank=r, world_size=pp * dp),
             clocks,
-            energy_update_period_s=0.02,
             exchange=shared.member(i),
         )
         for i, r in enumerate(ranks)
@@ -106,7 +109,7 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
     in_link = [0.0]
     link = sources[0].link
     assert link is not None
-    for name in ("want", "report", "schedule"):
+    for name in ("advance", "report", "schedule"):
         setattr(link, name, _timed(getattr(link, name), in_link))
     unscheduled: List[int] = [0 for _ in ranks]
     rng = random.Random(stage)
@@ -136,21 +139,33 @@ def stage_main(args: Dict[str, Any], stop_step: Any, progress: Any, out_path: st
             waited = time.perf_counter() - w0
             unscheduled[i] += 0 if source._scheduled else 1
             freqs = [source.frequency_mhz(step, p, n, m) for p, (n, m) in enumerate(order)]
+            updates: List[EnergyUpdate] = []
+            known: List[StepEnergy] = []
             if i == 0:  # the leader measures (virtual clock): the profiler's data
-                t_begin, e_begin = clock(), gpu.total_energy_mj()
+                t_begin = clock()
                 records = run_step(gpu, clock, stage, order, freqs, rng, GAP_S)
-                t_end, energy = clock(), (gpu.total_energy_mj() - e_begin) / 1000.0
-            else:
-                records, t_begin, t_end, energy = _modelled(
+                t_end = clock()
+                updates, cursor[0] = sampler.series.since(cursor[0])
+                # Earlier iterations whose energy the counter's updates now cover.
+                while awaiting and sampler.series.covers(awaiting[0][2]):
+                    done, a, b = awaiting.pop(0)
+                    energy_j = sampler.series.energy_j_between(a, b)
+                    if energy_j is not None:
+                        known.append(StepEnergy(done, energy_j))
+                awaiting.append((step, t_begin, t_end))
+            else:  # the model's energy, known at once
+                records, t_begin, t_end, energy_j = _modelled(
                     order, freqs, table, clocks[0], rng, gpu.blocking_power_w
                 )
+                known.append(StepEnergy(step, energy_j))
             record = StepRecord(
                 step=step,
                 stage=stage,
                 start_s=t_begin,
                 end_s=t_end,
-                energy_j=energy,
                 instructions=records,
+                energy_updates=updates,
+                earlier_energies=known,
             )
             w1 = time.perf_counter()
             source.end_step(record)
@@ -262,7 +277,7 @@ def _q(values: List[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else 0.0
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--pp", type=int, default=8)
@@ -348,6 +363,9 @@ def main() -> None:
     server.stop()
     _report(opts, procs, phases, samples, workers_rss, sum(workers_cpu.values()), summaries, t0)
     print(f"the server's state and job files (events, plans): {dump}")
+    failed = [proc for proc, _ in procs if proc.exitcode != 0]
+    failed_jobs = [job for job, s in summaries.items() if s.get("failure") is not None]
+    return 1 if failed or failed_jobs else 0
 
 
 def _report(

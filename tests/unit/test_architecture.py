@@ -3,10 +3,6 @@ training process that needs only the core dependencies."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 import warnings
 
 from tests import architecture as arch
@@ -145,26 +141,6 @@ def test_merak_rank_needs_only_what_merak_env_installs() -> None:
         and not m.startswith(("perseus.adapters", "perseus.models", "perseus.train"))
     )
     assert above_runtime == []
-
-
-def test_importing_the_runtime_loads_no_dependency_eagerly() -> None:
-    code = textwrap.dedent(
-        """
-        import json, sys
-        import perseus
-        import perseus.runtime.optimizer, perseus.runtime.context, perseus.runtime.device
-        import perseus.runtime.online.source, perseus.runtime.online.build, perseus.wire
-        perseus.PerseusOptimizer
-        print(json.dumps(sorted(m for m in sys.modules
-                                if m.split(".")[0] in ("torch", "pandas", "numpy", "pydantic",
-                                                       "omegaconf", "hydra", "pynvml"))))
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
 def test_configuration_validation_and_wire_import_in_one_direction() -> None:

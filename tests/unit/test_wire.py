@@ -152,7 +152,7 @@ def test_from_json_converts_nested_models_each_time() -> None:
 
 
 def test_server_serves_exactly_the_wire_routes(tmp_path: Any) -> None:
-    app = create_app(ServerConfig(), tmp_path)
+    app = create_app(ServerConfig(profiler_workers=0, planner_workers=0), tmp_path)
     served = {r.path for r in app.routes} - {"/openapi.json", "/docs", "/docs/oauth2-redirect"}
     served.discard("/redoc")
     routes = {v for k, v in vars(Route).items() if not k.startswith("_")}

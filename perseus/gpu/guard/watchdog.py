@@ -34,6 +34,9 @@ from typing import Dict, List, Optional, Set, Tuple
 
 logger = logging.getLogger(__name__)
 
+WATCHDOG_ENV = "PERSEUS_GPU_WATCHDOG"
+"""Set to ``0`` to start no watchdog (where the job's epilog runs ``perseus-gpu restore``)."""
+
 _lock = threading.Lock()
 # Per owner pid: the watchdog process and the state dirs it was told about.
 _watchdogs: Dict[int, Tuple[subprocess.Popen, Set[str]]] = {}
@@ -43,8 +46,11 @@ def watch(state_dir: Path) -> Optional[subprocess.Popen]:
     """Make sure this process has a watchdog that covers ``state_dir``; returns it.
 
     Never raises: without a watchdog, a killed process's GPUs are restored by the next start
-    or by ``perseus-gpu restore`` (the failure is logged).
+    or by ``perseus-gpu restore`` (the failure is logged). With ``PERSEUS_GPU_WATCHDOG=0`` in
+    the environment no watchdog is started (``None``).
     """
+    if os.environ.get(WATCHDOG_ENV) == "0":
+        return None
     pid, directory = os.getpid(), str(Path(state_dir).resolve())
     with _lock:
         known = _watchdogs.get(pid)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import subprocess
 import sys
 from typing import Any, Tuple
 from unittest.mock import call
@@ -164,19 +163,6 @@ def test_broken_nvml_with_gpus_present_exits_2(monkeypatch, tmp_path):
     status, text = doctor(nvml=m, clock=VirtualClock(100.0))
     assert status == 2
     assert "NVML/RM version mismatch" in text and "reboot the node" in text
-
-
-@pytest.mark.parametrize(
-    ("module", "prog"), [("doctor", "perseus-doctor"), ("gpu_tool", "perseus-gpu")]
-)
-def test_console_scripts_run(module, prog):
-    proc = subprocess.run(
-        [sys.executable, "-m", f"perseus.apps.{module}", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and prog in proc.stdout
 
 
 def test_perseus_gpu_restore_for_job_epilogs(tmp_path, capsys):

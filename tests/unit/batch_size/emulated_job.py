@@ -1,10 +1,11 @@
 """A recurring job trained on the emulated GPU and a virtual clock (test support).
 
-The ``RecurringJob`` tests and the sweeper's Hydra app (``hydra_app/recurring_loop.py``) train
-the same way: the bundled device profile on a virtual clock, so that costs, and so the search's
-decisions, do not depend on how busy the machine is, its energy sampled as a sampler thread
-would (:func:`job_energy`); and a model that reaches the target after a set number of epochs
-per batch size, each epoch a fixed number of samples.
+The ``RecurringJob`` tests and the sweeper's Hydra app
+(``tests/integration/batch_size/hydra_app/recurring_loop.py``) train the same way: the bundled
+device profile on a virtual clock, so that costs, and so the search's decisions, do not depend on
+how busy the machine is, its energy sampled as a sampler thread would (:func:`job_energy`); and a
+model that reaches the target after a set number of epochs per batch size, each epoch a fixed number
+of samples.
 """
 
 from __future__ import annotations

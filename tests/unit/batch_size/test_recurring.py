@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -20,7 +16,7 @@ from perseus.errors import BatchSizeError
 from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.gpu.guard.owner import GPUGuard
 from tests.unit.batch_size.emulated_job import TOP_MW, emulated_gpu, job_energy, train
-from tests.unit.power_limit.fakes import VirtualClock, free_port
+from tests.unit.power_limit.fakes import VirtualClock
 
 ROOT = Path(__file__).resolve().parents[3]
 # epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
@@ -153,37 +149,6 @@ def test_an_exhausted_search_fails_before_training(tmp_path: Path) -> None:
     assert gpu.power_limit_mw() == TOP_MW
 
 
-def test_the_example_script_runs_on_the_emulated_gpu(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "recurring_training.py"),
-            "--db",
-            str(tmp_path / "example.db"),
-            "--runs",
-            "3",
-            "--gpu-backend",
-            "emulated",
-            "--time-scale",
-            "0.05",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
-    # The example measures real time: which batch sizes follow the default depends on this
-    # machine's speed, so only the shape of its report is checked here.
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 3
-    assert lines[0].startswith("run 1: batch size 64,")
-    for i, line in enumerate(lines[1:], start=2):
-        assert re.match(rf"run {i}: batch size (16|32|128|256),", line), line
-    assert (tmp_path / "example.db").exists()
-    assert (tmp_path / "example.db.power_limits.json").exists()
-
-
 def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch.distributed as dist
@@ -199,21 +164,3 @@ def _rank_main(rank: int, port: int, db: str, out_dir: str) -> None:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "last": job.result}))
     finally:
         dist.destroy_process_group()
-
-
-@pytest.mark.integration
-def test_data_parallel_ranks_follow_rank_zero(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    args = (port, str(tmp_path / "bso.db"), str(tmp_path))
-    procs = [ctx.Process(target=_rank_main, args=(r, *args)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["seen"] == ranks[1]["seen"] == [[64, 32], [32, 16], [128, 64]]
-    assert ranks[0]["last"] == ranks[1]["last"]  # every rank gets the run's record
-    last = ranks[0]["last"]
-    assert last["status"] == "reached" and last["power_limit"]["num_gpus"] == 2

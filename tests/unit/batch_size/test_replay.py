@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -209,65 +208,3 @@ def _script(*args: str) -> str:
         [sys.executable, *args], capture_output=True, text=True, check=True, timeout=600, cwd=ROOT
     )
     return out.stdout
-
-
-def test_simulate_script_prints_recurrences_totals_and_plots(tmp_path: Path) -> None:
-    plot = tmp_path / "trajectory.png"
-    stdout = _script(
-        "scripts/simulate_batch_size.py",
-        "--train-trace",
-        str(TRAIN),
-        "--power-trace",
-        str(POWER),
-        "--job",
-        "sentiment140",
-        "--policy",
-        "both",
-        "--plot",
-        str(plot),
-    )
-    rows = [line for line in stdout.splitlines() if re.match(r"^\s+\d+\s+\d+@\d+", line)]
-    assert len(rows) == 2 * 70
-    assert "best fixed choice: batch size 64 at 175 W" in stdout
-    assert "default: batch size 128 at 250 W" in stdout
-    assert re.search(r"^perseus: total cost .* regret vs best fixed \+0\.\d+", stdout, re.M)
-    assert re.search(r"^zeus-nsdi23: total cost", stdout, re.M)
-    assert plot.stat().st_size > 10_000
-    # a job given by its fields, totals only
-    stdout = _script(
-        "scripts/simulate_batch_size.py",
-        "--train-trace",
-        str(TRAIN),
-        "--power-trace",
-        str(POWER),
-        "--dataset",
-        "squad",
-        "--network",
-        "bert_base_uncased",
-        "--optimizer",
-        "adamw",
-        "--target-metric",
-        "84",
-        "--max-epochs",
-        "6",
-        "--default-batch-size",
-        "32",
-        "--quiet",
-    )
-    assert "perseus: total cost" in stdout and "98 recurrences" in stdout
-
-
-def test_compare_script_prints_the_table(tmp_path: Path) -> None:
-    stdout = _script(
-        "scripts/compare_batch_size_zeus.py",
-        "--trace-dir",
-        str(DATA),
-        "--jobs",
-        "sentiment140",
-        "movielens-1m",
-        "--seeds",
-        "2",
-    )
-    lines = stdout.strip().splitlines()
-    assert lines[-1] == "all_at_or_below_zeus=True broken=0"
-    assert any(line.startswith("sentiment140") and "2/2" in line for line in lines)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from perseus.config.schema import PerseusConfig, ServerConfig
+from perseus.config.schema import PerseusConfig
 from perseus.errors import ConfigError, ServerError
 from perseus.formats.plan.document import Plan, PlanStep
-from perseus.launcher.preflight import check_job, check_server, check_state_dir, local_ranks
+from perseus.launcher.preflight import check_job, check_state_dir, local_ranks
 from perseus.schedule import stage_order
 
 
@@ -19,22 +19,6 @@ def _cfg() -> PerseusConfig:
     cfg.parallelism.pp, cfg.parallelism.num_microbatches = 2, 4
     cfg.gpu.backend = "emulated"  # type: ignore[assignment]
     return cfg
-
-
-def test_server_that_refuses_the_token_is_found_before_launch(tmp_path: Path) -> None:
-    from perseus.server.process import start_local_server
-
-    handle = start_local_server(ServerConfig(token="right-token"), tmp_path / "server")
-    try:
-        cfg = _cfg()
-        cfg.server.url = handle.url
-        cfg.server.token = "wrong-token"
-        with pytest.raises(ServerError, match="refuses server.token"):
-            check_server(cfg)
-        cfg.server.token = "right-token"
-        check_server(cfg)
-    finally:
-        handle.stop()
 
 
 def test_gpipe_plan_only_warns_without_strict_checks(

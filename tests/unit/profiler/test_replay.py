@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Tuple
 
 import pytest
 
-from perseus.errors import RecordingError
 from perseus.profiler.estimation.attribution import Span, Timeline, equations
 from perseus.profiler.estimation.power_fit import PowerFit
 from perseus.profiler.replay import (
@@ -67,25 +64,6 @@ def _printed(probe: str, holdout: bool) -> dict:
             out[(group, kind)] = float(match.group(2 + 2 * i))
             out[(group, kind, "se")] = float(match.group(3 + 2 * i))
     return out
-
-
-def test_the_script_prints_one_line_per_group() -> None:
-    probe = DATA / "probe2"
-    args = ["--polls", str(probe / "polls.csv"), "--segments", str(probe / "segments.csv")]
-    for extra in ([], ["--holdout"]):
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "replay_nvml_trace.py"), *args, *extra],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()
-        groups = [LINE.match(line).group(1) for line in out]  # type: ignore[union-attr]
-        assert groups == _recording("probe2").groups()
-        idle0 = out[groups.index("idle0")]
-        assert "forward_w=nan forward_se_w=nan backward_w=nan" in idle0
-        assert not re.search(r"idle_w=nan", idle0)
-        steady = out[groups.index("mlp4096:steady-forward")]  # a kind of its own: no power
-        assert steady.count("nan") == 6
 
 
 @pytest.mark.parametrize("holdout", [False, True])
@@ -140,34 +118,6 @@ def test_host_gaps_between_segments_do_not_cost_equations() -> None:
 
     assert in_steps(strict) <= 2
     assert in_steps(timeline) >= 60
-
-
-def test_a_bad_recording_is_refused_with_the_fix(tmp_path: Path) -> None:
-    polls = tmp_path / "polls.csv"
-    segments = tmp_path / "segments.csv"
-    polls.write_text("t0,t1,energy\n0,1,2\n")
-    segments.write_text("label,kind,start_s,end_s\nx,idle,0,1\n")
-    with pytest.raises(RecordingError, match=r"missing column\(s\) \['t0_s', 't1_s'"):
-        read_recording(polls, segments)
-    polls.write_text("t0_s,t1_s,energy_mj\n0,0.003,5\n0.004,0.007,5\n")
-    with pytest.raises(RecordingError, match="moved 0 time"):
-        read_recording(polls, segments)
-    polls.write_text("t0_s,t1_s,energy_mj\n0,0.003,abc\n")
-    with pytest.raises(RecordingError, match="row 2: energy_mj 'abc' is not a number"):
-        read_recording(polls, segments)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "replay_nvml_trace.py"),
-            "--polls",
-            str(tmp_path / "missing.csv"),
-            "--segments",
-            str(segments),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2 and "cannot read" in out.stderr
 
 
 def test_a_kind_seen_only_in_held_out_steps_still_gets_a_power(tmp_path: Path) -> None:

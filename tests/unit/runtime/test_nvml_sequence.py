@@ -6,8 +6,6 @@ sequences below are every other call, exactly, and no energy read comes from the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, List
 from unittest import mock
@@ -134,25 +132,6 @@ opt.on_instruction_begin("forward")
 opt.flush_clocks()
 # The script ends here without close(): the exit hooks must restore the clocks.
 """
-
-
-def test_interpreter_exit_restores_clocks(tmp_path: Path) -> None:
-    out = tmp_path / "calls.txt"
-    code = CHILD_EXIT.format(repo=str(REPO), out=str(out), state=str(tmp_path / "state"))
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO)
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = [
-        *opening_calls(0),
-        mock.call.nvmlDeviceSetGpuLockedClocks(H, 1410, 1410),
-        mock.call.nvmlDeviceResetGpuLockedClocks(H),
-        mock.call.nvmlShutdown(),
-    ]
-    assert out.read_text().splitlines() == [repr(c) for c in expected] + [
-        "off-sampler energy reads: []"
-    ]
-    assert list((tmp_path / "state").glob("*.state.json")) == []
 
 
 def test_two_engines_in_one_process_share_the_gpu(tmp_path: Path) -> None:

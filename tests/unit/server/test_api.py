@@ -25,7 +25,9 @@ RANK = {"rank": 0, "stage": 0, "supported_clocks_mhz": [1410, 1395, 1380]}
 
 @pytest.fixture()
 def client(tmp_path: Path):
-    with TestClient(create_app(ServerConfig(), tmp_path)) as c:
+    # Workers as threads of this process (the unit tier starts no process).
+    cfg = ServerConfig(profiler_workers=0, planner_workers=0)
+    with TestClient(create_app(cfg, tmp_path)) as c:
         yield c
 
 
@@ -92,7 +94,9 @@ def test_oversized_and_malformed_bodies_are_rejected(client: TestClient) -> None
 
 
 def test_token_guards_everything_but_healthz(tmp_path: Path) -> None:
-    with TestClient(create_app(ServerConfig(token="s3cret"), tmp_path)) as c:
+    with TestClient(
+        create_app(ServerConfig(token="s3cret", profiler_workers=0, planner_workers=0), tmp_path)
+    ) as c:
         assert c.get("/healthz").status_code == 200
         assert c.post("/jobs", json=SPEC).status_code == 401
         assert (
@@ -122,7 +126,9 @@ def test_token_is_checked_on_the_event_loop_not_a_worker_thread(
 
     monkeypatch.setattr(app_module.hmac, "compare_digest", checking)
     monkeypatch.setattr(JobRegistry, "create", creating)
-    with TestClient(create_app(ServerConfig(token="s3cret"), tmp_path)) as c:
+    with TestClient(
+        create_app(ServerConfig(token="s3cret", profiler_workers=0, planner_workers=0), tmp_path)
+    ) as c:
         ok = c.post("/jobs", json=SPEC, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
     assert threads["token"] == threads["endpoint"]
@@ -148,7 +154,11 @@ def test_exposure_needs_a_token_or_explicit_permission() -> None:
 
 
 def test_rank_silence_marks_it_dead(tmp_path: Path) -> None:
-    with TestClient(create_app(ServerConfig(rank_timeout_s=0.2), tmp_path)) as c:
+    with TestClient(
+        create_app(
+            ServerConfig(rank_timeout_s=0.2, profiler_workers=0, planner_workers=0), tmp_path
+        )
+    ) as c:
         c.post("/jobs", json=SPEC)
         c.post("/jobs/job-a/ranks", json=RANK)
         status = _wait(lambda: c.get("/jobs/job-a").json(), lambda s: s["ranks"] == {"0": "dead"})

@@ -16,7 +16,8 @@ from perseus.config.schema import ServerConfig
 from perseus.server.app import create_app
 
 _TMP = Path(tempfile.mkdtemp(prefix="perseus-fuzz-"))
-_CLIENT = TestClient(create_app(ServerConfig(), _TMP), raise_server_exceptions=False)
+_CFG = ServerConfig(profiler_workers=0, planner_workers=0)  # threads: no process
+_CLIENT = TestClient(create_app(_CFG, _TMP), raise_server_exceptions=False)
 _CLIENT.post("/jobs", json={"job_id": "fz", "num_stages": 2, "num_microbatches": 2})
 _CLIENT.post("/jobs/fz/ranks", json={"rank": 0, "stage": 0, "supported_clocks_mhz": [1410]})
 

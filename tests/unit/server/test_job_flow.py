@@ -17,7 +17,9 @@ from tests.unit.server.flow import VirtualRanks
 
 @pytest.fixture()
 def client(tmp_path: Path):
-    cfg = ServerConfig(drift_threshold=0.05, drift_patience=2)
+    cfg = ServerConfig(
+        drift_threshold=0.05, drift_patience=2, profiler_workers=0, planner_workers=0
+    )
     with TestClient(create_app(cfg, tmp_path)) as c:
         yield c
 

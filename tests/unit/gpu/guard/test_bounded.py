@@ -7,13 +7,8 @@ sets only at the end. The bounds under test are small; pytest's timeout is the h
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from unittest.mock import call
 
@@ -112,25 +107,3 @@ CHILD = textwrap.dedent(
     time.sleep(120)
     """
 )
-
-
-def test_sigterm_still_ends_the_process_when_the_driver_hangs(tmp_path):
-    script, ready = tmp_path / "child.py", tmp_path / "ready"
-    script.write_text(CHILD.format(helpers=str(HELPERS), repo=str(REPO)))
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "state"), str(ready)],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        assert proc.poll() is None, "child died before it was ready"
-        assert time.monotonic() < deadline, "child never became ready"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)  # a hang guard: the bound is 0.5 s
-    assert proc.returncode == -signal.SIGTERM  # died the default way despite the hung driver
-    assert "did not finish within 0.5 s" in stderr
-    assert (tmp_path / "state" / f"{uuid_of(0)}.state.json").exists()  # left for recovery

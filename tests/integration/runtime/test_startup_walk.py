@@ -16,6 +16,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[3]
 
 WALK = """

@@ -19,6 +19,8 @@ from perseus.errors import ConfigError, ServerError
 from perseus.runtime.online.client import ServerClient
 from perseus.server.process import new_token, start_server_process
 
+pytestmark = pytest.mark.integration
+
 
 def test_port_zero_gives_the_bound_url_and_the_token_guards_it(tmp_path: Path) -> None:
     token = new_token()

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from perseus.server.workers import PlannerPool
+
+pytestmark = pytest.mark.integration
 
 
 def _gone(pid: int, within_s: float = 60.0) -> bool:

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.scripts import SCRIPTS, load_script
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = SCRIPTS / "bench_hooks.py"

@@ -10,6 +10,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 STARTER = textwrap.dedent(
     """
     import sys, time

@@ -1,10 +1,4 @@
-"""Measurements that are not finite numbers never reach the server as numbers.
-
-A rank whose iteration time or energy came out NaN or infinite still takes part in its stage's
-exchange (its peers wait on it), but the iteration counts as unmeasured and the energy as
-unknown; a report that still holds one (an instruction record) is dropped by the link with one
-warning, and the link goes on with the next.
-"""
+"""Measurements that are not finite numbers never reach a real server process as numbers."""
 
 from __future__ import annotations
 
@@ -24,6 +18,8 @@ from perseus.runtime.online.link import ServerLink
 from perseus.server.process import start_local_server
 from perseus.wire import InstructionReport, RankRegistration, StepReport
 from tests.unit.server.stage_ranks import CLOCKS, spec_of, stage_sources, wait_prefetched
+
+pytestmark = pytest.mark.integration
 
 
 class RecordingClient(ServerClient):

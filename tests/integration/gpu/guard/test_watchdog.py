@@ -24,8 +24,10 @@ import pytest
 
 from tests.unit.gpu.nvml_mock import uuid_of, uuid_opening_calls
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[4]
-HELPERS = Path(__file__).resolve().parents[1]  # nvml_mock.py
+HELPERS = REPO / "tests" / "unit" / "gpu"  # nvml_mock.py
 
 SITECUSTOMIZE = textwrap.dedent(
     """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from perseus.config.schema import PerseusConfig, ServerConfig
 from perseus.records import RankInfo
 from perseus.runtime.online.client import ServerClient
@@ -11,6 +13,8 @@ from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.schedule import stage_order
 from perseus.server.process import start_local_server
 from tests.unit.server.stage_ranks import wait_prefetched
+
+pytestmark = pytest.mark.integration
 
 
 def test_from_config_online_mode_talks_to_the_server(tmp_path: Path) -> None:
