@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from bench_hooks import NullGPU  # scripts/ is on sys.path when a script runs
 from perseus.adapters import _instruction_map as imap
+from perseus.adapters._common import FrameworkAdapter
 
 from perseus.records import RankInfo
 from perseus.runtime import context
@@ -94,12 +95,14 @@ def _time_engine(adapter: str, num_mb: int, iterations: int) -> Tuple[float, flo
         roles[Recompute] = imap.RECOMPUTE
     engine = cls()
     unwrapped = _best(lambda: engine.train_batch(), iterations)
-    patch = imap.InstructionMapAdapter(cls, roles, lambda e: RankInfo())
-    patch.patch()
+    adapter_of_engine = FrameworkAdapter(
+        lambda: imap.InstructionMapAdapter(cls, roles, lambda e: RankInfo()).apply
+    )
+    adapter_of_engine.patch()
     try:
         wrapped = _best(lambda: engine.train_batch(), iterations)
     finally:
-        patch.unpatch()
+        adapter_of_engine.unpatch()
     return unwrapped, wrapped
 
 
@@ -126,7 +129,7 @@ def _time_megatron(num_mb: int, iterations: int) -> Tuple[float, float]:
     plain = make_schedule(forward_step, backward_step)
     unwrapped = _best(lambda: plain(model=None), iterations)
     # The adapter's own wrappers around do-nothing bodies; ranks without parallel_state.
-    saved_rank_info, mega.rank_info = mega.rank_info, lambda: RankInfo()  # type: ignore[assignment]
+    saved_rank_info, mega.rank_info = mega.rank_info, lambda *a, **k: RankInfo()  # type: ignore[assignment]
     try:
         wrapped_fb = mega._wrap_step(
             make_schedule(mega._wrap_forward(forward_step), mega._wrap_backward(backward_step))

@@ -7,12 +7,13 @@ out-of-range settings, ...) and prints, per case, the wall time, the exit code, 
 or the coordination server was started, and the error line. The figures depend on the machine's
 load; nothing asserts them (``tests/e2e/test_cli_bad_input.py`` checks the behaviour).
 
-Usage: python scripts/bench_preflight.py
+Usage: python scripts/bench_preflight.py [--cases N]   (N: only the first N problems)
 The last line is ``slowest_preflight_s=<float>``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -53,15 +54,21 @@ def cases(root: Path) -> List[Tuple[str, List[str]]]:
     ]
 
 
-def main() -> None:
-    """Run every case and print one line each."""
+def main() -> int:
+    """Run every case (or the first ``--cases``) and print one line each."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", type=int, default=None, help="run only the first N cases")
+    args = parser.parse_args()
     binary = Path(sys.executable).parent / "perseus-train"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PERSEUS_CONFIG", None)
     slowest = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for index, (label, overrides) in enumerate(cases(root)):
+        every = cases(root)
+        chosen = every if args.cases is None else every[: max(1, args.cases)]
+        failed = 0
+        for index, (label, overrides) in enumerate(chosen):
             run_dir = root / f"run{index}"
             start = time.perf_counter()
             proc = subprocess.run(
@@ -77,12 +84,14 @@ def main() -> None:
             started = (run_dir / "logs").exists() or (run_dir / "server").exists()
             lines = [ln for ln in proc.stderr.splitlines() if "perseus-train: error:" in ln]
             error = lines[0][len("perseus-train: error: ") :] if lines else "(no error line)"
+            failed += proc.returncode != 2 or started or not lines
             print(
                 f"{seconds:6.2f} s  exit {proc.returncode}  started={'yes' if started else 'no'}"
                 f"  {label}: {error[:110]}"
             )
     print(f"slowest_preflight_s={slowest:.2f}")
+    return 1 if failed else 0  # a case that was not refused before launch with one line
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -52,11 +52,11 @@ def timed(self, *args, **kwargs):
 engine_module.PipelineEngine.train_batch = timed
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 module.main()
-rendezvous = sys.modules.get("perseus.runtime.launch.rendezvous")
+context = sys.modules.get("perseus.runtime.context")  # absent: the script without the import
 rank = int(__import__("os").environ["RANK"])
 with open(f"bench-rank{rank}.json", "w") as out:
     json.dump({"rank": rank, "steps": times,
-               "timings": rendezvous.timings() if rendezvous else {}}, out)
+               "timings": context.launch_timings() if context else {}}, out)
 """
 
 
@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--spawns", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
+    if args.spawns < 1 or args.steps < 3:
+        parser.error("--spawns must be >= 1 and --steps >= 3 (later steps: from the third on)")
 
     spawns = spawn_times(args.spawns)
     print(f"server_spawn_s_median={statistics.median(spawns):.3f}")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from perseus.records import RankInfo
 from perseus.runtime.session import (
@@ -107,6 +107,14 @@ def reset() -> None:
     with _lock:
         old, _session = _session, RankSession()
     old.close()
+
+
+def launch_timings() -> Dict[str, float]:
+    """Seconds this process spent setting up its launch's job, for benchmarks.
+
+    Keys ``endpoint_s``, ``server_start_s`` (rank 0) and ``agree_s``; empty before the first hook.
+    """
+    return dict(_session.launch.timings)
 
 
 def current_config() -> PerseusConfig:
