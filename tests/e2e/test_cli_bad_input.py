@@ -9,12 +9,13 @@ prints how long each pre-launch failure takes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -32,8 +33,23 @@ PROFILE_HEADER = "stage,instruction,frequency,time,energy\n"
 PROFILE_ROWS = "0,forward,1410,0.1,20\n0,backward,1410,0.2,40\n"
 
 
-def run(prog: str, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = None) -> str:
-    """Run ``prog`` and return its stderr after the common assertions."""
+def _check(prog: str, code: object, err: str, run_dir: Path) -> str:
+    """The common assertions on a refusal; ``err`` (standard error) back."""
+    assert code == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith(f"{prog}: error:")]
+    assert len(errors) == 1, err[-3000:]
+    if prog == "perseus-train":
+        assert not (run_dir / "logs").exists(), "a rank was started"
+        assert not (run_dir / "server").exists(), "the coordination server was started"
+        assert processes_mentioning(str(run_dir)) == []
+    return err
+
+
+def run_installed(
+    prog: str, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = None
+) -> str:
+    """Run the installed console script ``prog`` in a process; its stderr after the checks."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     for key in ("PERSEUS_CONFIG", "HYDRA_FULL_ERROR", "PERSEUS_SERVER_URL"):
         full_env.pop(key, None)
@@ -46,16 +62,37 @@ def run(prog: str, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = N
         text=True,
         timeout=300,
     )
-    err = proc.stderr
-    assert proc.returncode == 2, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    errors = [line for line in err.splitlines() if line.startswith(f"{prog}: error:")]
-    assert len(errors) == 1, err[-3000:]
-    if prog == "perseus-train":
-        assert not (run_dir / "logs").exists(), "a rank was started"
-        assert not (run_dir / "server").exists(), "the coordination server was started"
-        assert processes_mentioning(str(run_dir)) == []
-    return err
+    return _check(prog, proc.returncode, proc.stderr, run_dir)
+
+
+Runner = Callable[[str, List[str], Path], str]
+ENTRY = {"perseus-train": "perseus.apps.train", "perseus-plan": "perseus.apps.plan"}
+
+
+@pytest.fixture
+def run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[[str, List[str], Path], str]:
+    """``run(prog, args, cwd)``: the console script's own entry point in this process, with the
+    command line and environment a user's run has (one process for the many cases; what the
+    installed commands do is checked by the ``run_installed`` cases below)."""
+
+    def in_process(prog: str, args: List[str], cwd: Path) -> str:
+        for key in ("PERSEUS_CONFIG", "HYDRA_FULL_ERROR", "PERSEUS_SERVER_URL"):
+            monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.chdir(cwd)
+        run_dir = cwd / "run"
+        monkeypatch.setattr(sys, "argv", [prog, *args, f"hydra.run.dir={run_dir}"])
+        capsys.readouterr()
+        code: object = 0
+        try:
+            importlib.import_module(ENTRY[prog]).main()
+        except SystemExit as exc:
+            code = exc.code
+        return _check(prog, code, capsys.readouterr().err, run_dir)
+
+    return in_process
 
 
 def write_plan(path: Path, schedule: str, num_stages: int, num_microbatches: int) -> str:
@@ -207,7 +244,7 @@ TRAIN_CASES = [
 
 @pytest.mark.parametrize(("args", "fragment"), [(c[0], c[-1]) for c in TRAIN_CASES])
 def test_train_refuses_before_any_rank(
-    args: List[str], fragment: str, files: Dict[str, str], tmp_path: Path
+    args: List[str], fragment: str, files: Dict[str, str], tmp_path: Path, run: Runner
 ) -> None:
     values = dict(files, root=str(tmp_path), port=str(free_port("127.0.0.1")))
     message = run("perseus-train", [*SMALL, *(a.format(**values) for a in args)], tmp_path)
@@ -215,13 +252,14 @@ def test_train_refuses_before_any_rank(
 
 
 def test_train_without_deepspeed_installed_properly(files: Dict[str, str], tmp_path: Path) -> None:
-    message = run("perseus-train", SMALL, tmp_path, env={"PYTHONPATH": files["broken_site"]})
+    env = {"PYTHONPATH": files["broken_site"]}
+    message = run_installed("perseus-train", SMALL, tmp_path, env=env)
     assert "framework=deepspeed needs deepspeed, which cannot be imported here" in message
     assert "simulated: this DeepSpeed was built for another torch" in message
     assert "pip install 'perseus-energy[deepspeed]'" in message
 
 
-def test_train_megatron_without_cuda(tmp_path: Path) -> None:
+def test_train_megatron_without_cuda(tmp_path: Path, run: Runner) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -231,7 +269,7 @@ def test_train_megatron_without_cuda(tmp_path: Path) -> None:
     )
 
 
-def test_train_lists_every_config_problem_one_line_each(tmp_path: Path) -> None:
+def test_train_lists_every_config_problem_one_line_each(tmp_path: Path, run: Runner) -> None:
     message = run(
         "perseus-train",
         [*SMALL, "server.port=0", "train.seed=-1", "profiler.max_iterations=0"],
@@ -270,7 +308,7 @@ def test_train_lists_every_config_problem_one_line_each(tmp_path: Path) -> None:
     ],
 )
 def test_plan_refuses_bad_input(
-    args: List[str], fragment: str, files: Dict[str, str], tmp_path: Path
+    args: List[str], fragment: str, files: Dict[str, str], tmp_path: Path, run: Runner
 ) -> None:
     values = dict(files, root=str(tmp_path))
     message = run("perseus-plan", [a.format(**values) for a in args], tmp_path)
@@ -289,3 +327,20 @@ def test_hydra_type_errors_name_the_key_without_traceback(tmp_path: Path) -> Non
     assert proc.returncode != 0
     assert "train.max_steps" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("prog", "args", "fragment"),
+    [
+        ("perseus-train", ["planner.p2p_power_w=inf"], "planner.p2p_power_w=inf: is not finite"),
+        ("perseus-train", ["gpu=nvml"], "nvmlInit() on GPU 0 failed"),
+        ("perseus-plan", [], "planner.profile is not set"),
+    ],
+)
+def test_the_installed_commands_refuse_the_same_way(
+    prog: str, args: List[str], fragment: str, tmp_path: Path
+) -> None:
+    """The installed console scripts (their own process, exit code 2, one error line), for
+    cases the in-process runs above check as well."""
+    extra = SMALL if prog == "perseus-train" else []
+    assert fragment in run_installed(prog, [*extra, *args], tmp_path)
