@@ -24,6 +24,9 @@ SMALL = [
     "gpu.emulated.time_scale=0.3",
     "profiler.baseline_steps=3",
     "profiler.measure_steps=4",
+    # perseus-train stops once the plan is measured; the bound only keeps a job that cannot
+    # get there from running for ever (a busy machine plans slower, in more steps).
+    "train.max_steps=100000",
 ]
 
 
