@@ -74,14 +74,18 @@ def test_short_instructions_give_a_complete_profile(seed: int, overrun_p: float)
 
 def test_refinement_remeasures_only_uncertain_rows_and_ends_when_none_is_left() -> None:
     """Once the first pass is over, the iterations left re-measure the clocks whose rows are
-    still uncertain, least certain first: what is still queued at the end is exactly the
-    uncertain rows' clocks. With a budget to spare, a sweep whose rows all reached the
-    target ends before it."""
+    still uncertain (a little inside the target, so that later data do not put them back
+    above it): what is still queued at the end holds every uncertain row's clock, and a
+    stage whose sweep ended early has none. With a budget to spare, a sweep whose rows all
+    reached the target ends before it."""
     job, _ = _profile(1, 0.1, 0.0)
     profile = job.profile()
     for stage, sweep in enumerate(job.sweeps):
         uncertain = {f for s, _, f in profile.uncertain if s == stage}
-        assert set(sweep.refine_priority or []) == uncertain
+        assert uncertain <= set(sweep.refine_priority or [])
+        if sweep.num_steps < 40:
+            assert uncertain == set() and sweep.refine_priority == []
+    assert any(s.num_steps < 40 for s in job.sweeps)
     roomy, _ = _profile(1, 0.1, 0.0, pp=2, budget=100, noise=0.003)
     assert not roomy.profile().uncertain
     for sweep in roomy.sweeps:
