@@ -22,7 +22,13 @@ shared powers::
 (``nan`` where the group has no such kind). ``--check`` adds, per group made of those kinds
 only, the counter's energy inside its steps (or, with ``--holdout``, its held-out steps)
 against the energy predicted from the printed powers, with the standard error of the difference
-and how many of the steps had a host stall.
+and how many of the steps had a host stall. ``--target-se 0.02`` adds, per group of stepped
+forwards and backwards, what the profiler's own estimator (its instructions at one clock, the
+rest of each step blocking) makes of each row and how much more of the recording the target
+would need (errors fall as 1/sqrt(data))::
+
+    # target group=<g> kind=<k> instruction_ms=<ms> se=<%> steps=<n> steps_needed=<n>
+        seconds=<s> seconds_needed=<s>
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from perseus.profiler.replay import (
     fit_recording,
     format_lines,
     read_recording,
+    target_needs,
 )
 
 
@@ -67,7 +74,17 @@ def main(argv=None) -> int:  # type: ignore[no-untyped-def]
     parser.add_argument(
         "--check", action="store_true", help="also print the counter against the prediction"
     )
+    parser.add_argument(
+        "--target-se",
+        type=float,
+        default=None,
+        help="also print what each row of the profiler's estimator needs to reach this "
+        "relative standard error (e.g. 0.02)",
+    )
     args = parser.parse_args(argv)
+    if args.target_se is not None and not 0 < args.target_se < 1:
+        print(f"error: --target-se {args.target_se}: give a fraction in (0, 1)", file=sys.stderr)
+        return 2
     try:
         recording = read_recording(args.polls, args.segments)
         fit = fit_recording(recording, args.holdout, args.power_limit_w, args.idle_power_w)
@@ -95,6 +112,15 @@ def main(argv=None) -> int:  # type: ignore[no-untyped-def]
                 f"predicted_j={check.predicted_j:.1f} error={100 * check.error:+.2f}% "
                 f"error_se={100 * check.error_se:.2f}% "
                 f"interpolated_error={100 * check.interpolated_error:+.2f}%"
+            )
+    if args.target_se is not None:
+        for need in target_needs(recording, args.target_se, args.power_limit_w):
+            print(
+                f"# target group={need.group} kind={need.kind} "
+                f"instruction_ms={1000 * need.instruction_s:.1f} "
+                f"se={100 * need.relative_se:.2f}% steps={need.steps} "
+                f"steps_needed={need.steps * need.factor:.1f} seconds={need.seconds:.2f} "
+                f"seconds_needed={need.seconds_needed:.2f}"
             )
     return 0
 

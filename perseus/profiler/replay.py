@@ -48,14 +48,19 @@ from perseus.profiler.estimation.attribution import (
     covering_updates,
     sustained_power_range_w,
 )
+from perseus.profiler.estimation.estimate import StageEstimator
 from perseus.profiler.estimation.power_fit import COUNTER_NOISE, PowerFit, Prior
 from perseus.profiler.estimation.stretch import is_stall, typical_by_key, worked_spans
+from perseus.records import InstructionRecord
 from perseus.records.energy import EnergySeries, EnergyUpdate
 
 KINDS = ("forward", "backward", "idle")
 WORK = ("forward", "backward")
 GAP = ("<gap>", "gap")
 STALL = ("<stall>", "stall")
+# The clock a recording's instructions count as when the profiler's estimator is fed them (the
+# recordings ran at default clocks: one clock).
+RECORDED_CLOCK_MHZ = 0
 # Which steps a held-out fit leaves out: ``odd`` (1, 3, ...) or ``even`` (0, 2, ...).
 HOLDOUTS = {"odd": 1, "even": 0}
 # Time between segments up to this long is split between its neighbours (host time between
@@ -420,6 +425,102 @@ def host_stalls(recording: Recording) -> List[Segment]:
 def stalled_steps(recording: Recording) -> Set[Tuple[str, Optional[int]]]:
     """``(group, step)`` of every step with a host stall (see :func:`host_stalls`)."""
     return {(s.group, s.step) for s in host_stalls(recording) if s.step is not None}
+
+
+def group_estimator(
+    recording: Recording, group: str, power_limit_w: Optional[float] = None
+) -> StageEstimator:
+    """The profiler's own estimator fed ``group``'s steps as a rank reports them.
+
+    Its forwards and backwards are instructions at one clock (:data:`RECORDED_CLOCK_MHZ`), the
+    rest of each step (waits, host time) blocking, consecutive steps' time in between a
+    nuisance power: what the estimator makes of a real GPU's counter.
+    """
+    steps: Dict[int, List[Segment]] = {}
+    for seg in recording.segments:
+        if seg.group == group and seg.step is not None:
+            steps.setdefault(seg.step, []).append(seg)
+    est = StageEstimator(power_limit_w)
+    for step, segs in sorted(steps.items()):
+        work = [s for s in segs if s.kind in WORK]
+        records = [
+            InstructionRecord(
+                position=i,
+                instruction=seg.kind,
+                microbatch=0,
+                frequency_mhz=RECORDED_CLOCK_MHZ,
+                start_s=seg.start_s,
+                end_s=seg.end_s,
+            )
+            for i, seg in enumerate(work)
+        ]
+        start_s, end_s = min(s.start_s for s in segs), max(s.end_s for s in segs)
+        est.add_step(records, (), start_s, end_s, step)
+    est.add_updates(recording.updates)
+    return est
+
+
+@dataclass(frozen=True)
+class TargetNeed:
+    """What one row of a recorded group needs to reach a target error, by the profiler's fit.
+
+    Attributes:
+        group: The group.
+        kind: ``forward`` or ``backward``.
+        instruction_s: Its typical duration.
+        relative_se: Its energy's relative standard error from the recorded steps.
+        steps: The group's steps the counter covered.
+        seconds: The seconds of that kind in them.
+        target: The target relative standard error.
+    """
+
+    group: str
+    kind: str
+    instruction_s: float
+    relative_se: float
+    steps: int
+    seconds: float
+    target: float
+
+    @property
+    def factor(self) -> float:
+        """How many times the recorded data the target needs (errors fall as 1/sqrt(data))."""
+        return (self.relative_se / self.target) ** 2
+
+    @property
+    def seconds_needed(self) -> float:
+        """Seconds of this kind the target needs."""
+        return self.seconds * self.factor
+
+
+def target_needs(
+    recording: Recording, target: float = 0.02, power_limit_w: Optional[float] = None
+) -> List[TargetNeed]:
+    """Per group of stepped forwards and backwards only: what each row needs for ``target``."""
+    first_s, last_s = recording.updates[0].time_s, recording.updates[-1].time_s
+    out = []
+    for group in recording.groups():
+        segs = [s for s in recording.segments if s.group == group]
+        covered = [s for s in segs if s.start_s >= first_s and s.end_s <= last_s]
+        if not covered or any(s.kind not in KINDS or s.step is None for s in segs):
+            continue
+        types, _ = group_estimator(recording, group, power_limit_w).estimate()
+        for kind in WORK:
+            est = types.get((kind, RECORDED_CLOCK_MHZ))
+            if est is None or not math.isfinite(est.relative_se):
+                continue
+            out.append(
+                TargetNeed(
+                    group=group,
+                    kind=kind,
+                    instruction_s=est.time_s,
+                    relative_se=est.relative_se,
+                    steps=len({s.step for s in covered}),
+                    seconds=sum(s.end_s - s.start_s for s in covered if s.kind == kind),
+                    target=target,
+                )
+            )
+    return out
 
 
 def _durations(segments: Sequence[Segment]) -> Dict[Tuple[str, str], List[float]]:

@@ -112,6 +112,38 @@ def virtual_gpu(
     return gpu, clock
 
 
+def realistic_gpus(
+    num_stages: int, *, instruction_s: float = 0.05, seed: int = 0
+) -> List[Tuple[EmulatedGPU, VirtualClock]]:
+    """One realistic emulated GPU per stage (the recorded H100's counter), each on its clock.
+
+    The bundled default device with every time scaled so that its forward at the highest
+    clock lasts ``instruction_s`` (its backward about twice that); ``seed`` offsets the
+    clocks and seeds each GPU's readings.
+    """
+    time_scale = instruction_s / _forward_s(read_profile_csv(default_device_profile_path()))
+    out = []
+    for stage in range(num_stages):
+        clock = VirtualClock(1000.0 + 0.0137 * stage + 0.0071 * seed)
+        gpu = EmulatedGPU(
+            read_profile_csv(default_device_profile_path()),
+            blocking_power_w=83.64,
+            time_scale=time_scale,
+            counter="realistic",
+            seed=stage + 100 * seed,
+            num_pipeline_stages=num_stages,
+            clock=clock,
+            sleeper=clock.sleep,
+        )
+        out.append((gpu, clock))
+    return out
+
+
+def _forward_s(profile: Profile) -> float:
+    """The first stage's forward at its highest clock (s)."""
+    return max(profile.measurements(0, "forward"), key=lambda m: m.frequency_mhz).time_s
+
+
 def run_step(
     gpu: EmulatedGPU,
     clock: VirtualClock,

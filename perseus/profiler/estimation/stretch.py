@@ -19,9 +19,11 @@ jitter and the host's launch delays, modelled the same way but not worth a word)
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Mapping, Sequence
+from typing import Any, Dict, Hashable, List, Mapping, Sequence, TypeVar
 
 from perseus.profiler.estimation.attribution import Span
+
+K = TypeVar("K", bound=Hashable)
 
 # An excess over this share of the typical duration is a host stall (counted, reported).
 STALL_SHARE = 0.5
@@ -39,7 +41,7 @@ def typical_s(durations: Sequence[float]) -> float:
     return ordered[(len(ordered) - 1) // 4]
 
 
-def typical_by_key(durations: Mapping[Hashable, Sequence[float]]) -> Dict[Hashable, float]:
+def typical_by_key(durations: Mapping[K, Sequence[float]]) -> Dict[K, float]:
     """:func:`typical_s` of every key with at least one duration."""
     return {key: typical_s(values) for key, values in durations.items() if values}
 

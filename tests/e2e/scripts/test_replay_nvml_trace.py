@@ -60,6 +60,29 @@ def test_the_check_holds_the_stalled_step_within_three_percent() -> None:
     assert [m.group(3) for m in checks if m.group(1) == "mlp4096:stage0"] == ["1"]
 
 
+def test_what_the_target_needs_is_printed_per_row() -> None:
+    probe = DATA / "probe3"
+    args = ["--polls", str(probe / "polls.csv"), "--segments", str(probe / "segments.csv")]
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "replay_nvml_trace.py"),
+            *args,
+            "--target-se",
+            "0.02",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    target = [line for line in out if line.startswith("# target ")]
+    assert [line.split()[2:4] for line in target] == [
+        ["group=mlp4096:stage0", "kind=forward"],
+        ["group=mlp4096:stage0", "kind=backward"],
+    ]
+    assert all(re.search(r" steps=10 steps_needed=\d+\.\d seconds=", line) for line in target)
+
+
 def test_a_bad_recording_is_refused_with_the_fix(tmp_path: Path) -> None:
     polls = tmp_path / "polls.csv"
     segments = tmp_path / "segments.csv"

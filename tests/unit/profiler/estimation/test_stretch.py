@@ -11,11 +11,17 @@ import pytest
 from perseus.profiler.estimation.attribution import Span, covering_updates
 from perseus.profiler.estimation.estimate import BLOCKING, StageEstimator
 from perseus.profiler.estimation.stretch import is_stall, typical_s, worked_spans
-from perseus.profiler.replay import Recording, Segment, read_recording
-from perseus.records import InstructionRecord
+from perseus.profiler.replay import (
+    RECORDED_CLOCK_MHZ,
+    Recording,
+    Segment,
+    group_estimator,
+    read_recording,
+    target_needs,
+)
 from tests.unit.profiler.test_replay import DATA
 
-CLOCK_MHZ = 1980  # the recordings' default clocks, as one swept clock
+CLOCK_MHZ = RECORDED_CLOCK_MHZ
 
 
 def test_the_typical_duration_is_the_lower_quartile() -> None:
@@ -38,7 +44,7 @@ def test_an_instruction_longer_than_typical_waits_for_the_excess() -> None:
 
 
 @cache
-def _stage0(probe: str) -> Recording:
+def _recording(probe: str) -> Recording:
     return read_recording(DATA / probe / "polls.csv", DATA / probe / "segments.csv")
 
 
@@ -54,23 +60,7 @@ def _steps(recording: Recording) -> Dict[int, List[Segment]]:
 def _estimator(probe: str) -> StageEstimator:
     """The profiler's estimator fed the pipeline stage's ten steps as a rank reports them: the
     forwards and backwards as instructions at one clock, the 4 ms waits between them blocking."""
-    recording = _stage0(probe)
-    est = StageEstimator(power_limit_w=700.0)
-    for step, segs in sorted(_steps(recording).items()):
-        records = [
-            InstructionRecord(
-                position=i,
-                instruction=seg.kind,
-                microbatch=0,
-                frequency_mhz=CLOCK_MHZ,
-                start_s=seg.start_s,
-                end_s=seg.end_s,
-            )
-            for i, seg in enumerate(s for s in segs if s.kind in ("forward", "backward"))
-        ]
-        est.add_step(records, (), segs[0].start_s, segs[-1].end_s, step)
-    est.add_updates(recording.updates)
-    return est
+    return group_estimator(_recording(probe), "mlp4096:stage0", power_limit_w=700.0)
 
 
 @pytest.mark.parametrize("probe", ["probe3", "probe4"])
@@ -79,7 +69,7 @@ def test_the_profilers_estimator_predicts_every_step_the_stalled_one_too(probe: 
     five of its forwards and backwards): every step's counter energy within 3 % of the
     estimator's own powers times its typed seconds, the ten steps within 1 %; the five stalls
     counted and said; the rows' energies known to better than 3 %."""
-    recording, est = _stage0(probe), _estimator(probe)
+    recording, est = _recording(probe), _estimator(probe)
     types, blocking_w = est.estimate()
     fit, timeline = est.last_fit, est.timeline()
     assert fit is not None and blocking_w is not None
@@ -105,3 +95,18 @@ def test_the_profilers_estimator_predicts_every_step_the_stalled_one_too(probe: 
         assert 0 < types[key].relative_se <= 0.03
     # The excess of the stalled instructions is waiting, at about the idle power, not work.
     assert 100.0 <= blocking_w <= 200.0
+
+
+def test_what_the_target_needs_follows_the_recorded_errors() -> None:
+    """probe4's pipeline stage: the estimator's forward row is known to ~2 % from its ten steps,
+    so the target needs about as much again; the recorded 44 ms forwards of probe1 (fewer
+    than its 11 ms ones, of the same pattern) need far less than those."""
+    (fwd, bwd) = [n for n in target_needs(_recording("probe4"), power_limit_w=700.0)]
+    assert (fwd.kind, bwd.kind, fwd.steps) == ("forward", "backward", 10)
+    assert fwd.seconds_needed == pytest.approx(fwd.seconds * (fwd.relative_se / 0.02) ** 2)
+    assert 0.5 < fwd.factor < 2.0 and bwd.factor < fwd.factor
+    probe1 = {(n.group, n.kind): n for n in target_needs(_recording("probe1"), power_limit_w=700.0)}
+    assert (
+        probe1[("mlp8192", "forward")].seconds_needed
+        < probe1[("mlp4096", "forward")].seconds_needed / 10
+    )
