@@ -8,7 +8,7 @@ import pytest
 
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.profiler.estimation.smooth import fill_missing, ratio_rows, smoothness_rows
-from perseus.profiler.virtual_run import profile_virtually, realistic_gpus, virtual_gpu
+from perseus.profiler.virtual_run import profile_realistic, profile_virtually, virtual_gpu
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate
 from perseus.schedule import stage_order
@@ -159,24 +159,7 @@ def test_the_realistic_counter_reaches_the_target_on_50_ms_instructions() -> Non
     of each kind per iteration: with a budget that does not bind, every swept clock's rows
     reach 2 % within eight iterations per clock (5-6 here), the sweep ends by itself, and every
     row holds its truth within 4 standard errors."""
-    pp = 2
-    gpus = realistic_gpus(pp, instruction_s=0.05, seed=3)
-    orders = stage_order("1f1b", pp, 4)
-
-    def make_sweep(stage, period_s, eq_noise):
-        clocks = sweep_clocks_mhz(gpus[stage][0].supported_sm_clocks_mhz(), frequency_step=10)
-        return StageSweep(
-            orders[stage],
-            clocks,
-            instruction_time_s={"forward": 0.05, "backward": 0.095},
-            max_steps=500,
-            update_period_s=period_s,
-            equation_noise=eq_noise,
-        )
-
-    job = profile_virtually(
-        gpus, orders, make_sweep, max_steps=500, rng=random.Random(3), mean_gap_s=0.002
-    )
+    job, gpus = profile_realistic(0.05, 2, 4, frequency_step=10, budget=500, seed=3)
     profile = job.profile()
     assert not profile.uncertain
     for sweep in job.sweeps:
