@@ -19,6 +19,7 @@ from typing import Optional
 
 from perseus.apps.common import hydra_app
 from perseus.config.schema import PerseusConfig
+from perseus.profiler.payback import payback_words
 from perseus.runtime.announce import saving_words
 
 logger = logging.getLogger("perseus.train")
@@ -46,10 +47,15 @@ def summary_line(report: dict, out_dir: Path) -> str:
 
     A saving whose interval contains 0 reads "no measurable energy saving", never a number. A
     power-limit run whose limits were measured in fewer than three windows each has no
-    interval and says so (``saving_interval``).
+    interval and says so (``saving_interval``). An online run adds what profiling cost above
+    max speed and after how many plan iterations the saving repays it (or that it cannot be
+    told).
     """
     where = f"report: {out_dir / 'report.json'}"
     said = _predicted_words(report)
+    cost, repaid = report.get("profiling_cost"), report.get("payback")
+    if cost is not None and repaid is not None:
+        where = f"{payback_words(cost, repaid)}; {where}"
     if report.get("energy_saving_ci95") is not None:
         words = saving_words(
             {

@@ -200,7 +200,18 @@ class ProfilerConfig:
     energy_rise_patience: int = 5
     warmup_instructions: int = 2
     min_window_s: float = 0.1
+    # The profiling budget: a (stage, clock) is re-measured until its rows' energy is known to
+    # 2 % or the budget is spent, then the job plans with what was measured (the rows still
+    # uncertain are listed). The budget is the smallest of max_iterations, max_iterations_fraction
+    # of job_iterations, and what ran within max_minutes.
     max_iterations: int = 40
+    # At most this fraction of the job's iterations profile; None = no such cap.
+    max_iterations_fraction: Optional[float] = None
+    # The job's length in iterations (conf/profiler/default.yaml: train.max_steps); None = not
+    # known (max_iterations_fraction then caps nothing).
+    job_iterations: Optional[int] = None
+    # Profiling stops once its iterations ran this many minutes; None = no such cap.
+    max_minutes: Optional[float] = None
     # Try every n-th supported clock (1 = all of them): a count of clocks, not MHz.
     frequency_step: int = 1
     # Lowest frequency to try (MHz); None = the device's lowest supported.

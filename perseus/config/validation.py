@@ -200,6 +200,9 @@ def validate(cfg: PerseusConfig) -> None:
         ConfigError: listing each bad key, its value and how to fix it (one line each).
     """
     values = _flat_values(cfg)
+    if cfg.profiler.job_iterations == cfg.train.max_steps:
+        # Its default, train.max_steps (conf/profiler/default.yaml): a problem is said once.
+        values.pop("profiler.job_iterations")
     problems = list(ranges_problems(values, RANGES))
     valid = {key: value for key, value in values.items() if RANGES[key].problem(value) is None}
     if cfg.parallelism.schedule not in ALL_SCHEDULES:

@@ -15,7 +15,18 @@ Schema::
      "plan": {"iteration_time_s", "energy_j", "predicted_iteration_time_s", "predicted_energy_j",
               "predicted_energy_error"},
      "energy_saving": <fraction or null>, "energy_saving_ci95": [low, high],
-     "energy_saving_measurable": <bool>, "slowdown": <fraction>, "slowdown_ci95": [low, high], ...}
+     "energy_saving_measurable": <bool>, "slowdown": <fraction>, "slowdown_ci95": [low, high],
+     "profiling_iterations": <n>, "profiling_stopped_by": <"target" | a budget key | ...>,
+     "profiling_uncertain_rows": [[stage, instruction, MHz], ...],
+     "profiling_cost": {"iterations", "time_s", "extra_time_s", "extra_time_se_s", "energy_j",
+                        "energy_se_j", "extra_energy_j", "extra_energy_se_j",
+                        "extra_energy_ci95_j", "reference", ...},
+     "payback": {"measurable", "iterations", "iterations_ci95", "saving_j", "saving_ci95_j",
+                 "reason"}, ...}
+
+``profiling_cost`` is what profiling took above max speed; ``payback`` after how many plan
+iterations the measured saving repays its energy (``iterations`` ``null`` and a ``reason`` when
+the saving's interval contains 0: not measurable).
 """
 
 from __future__ import annotations
@@ -80,6 +91,11 @@ def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
     profiling = summary.get("profiling") or {}
     if profiling:
         report["profiling_iterations"] = profiling.get("iterations")
+        report["profiling_stopped_by"] = profiling.get("stopped_by")
+        report["profiling_uncertain_rows"] = profiling.get("uncertain_rows")
+        report["profiling_cost"] = profiling.get("cost")
+    if summary.get("payback") is not None:
+        report["payback"] = summary["payback"]
     for key in ("job_id", "phase", "failure"):
         if summary.get(key) is not None:
             report[key] = summary[key]
