@@ -21,9 +21,18 @@ from tests.unit.power_limit.fakes import VirtualClock
 ROOT = Path(__file__).resolve().parents[3]
 # epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
 EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
-# The ideal emulated GPU applies a power limit per instruction: no settling time to wait for;
-# one window per limit, so that even the short runs of large batch sizes finish profiling.
-LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2, warmup_s=0.0, repeats=1)
+# The ideal emulated GPU applies a power limit per instruction: no settling time to wait for,
+# no limiter swings to average out (windows of the counter's fewest updates); one candidate in
+# one confirmation round, so that even the short runs of large batch sizes finish profiling.
+LIMITS = PowerLimitConfig(
+    step_w=100,
+    warmup_steps=1,
+    profile_steps=2,
+    warmup_s=0.0,
+    repeats=1,
+    max_candidates=1,
+    target_error=0.1,
+)
 
 
 def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
