@@ -12,22 +12,26 @@ polled on the virtual clock as its thread would.
 For each profile, stage and selector the optimizer searches the limits as in training (down
 until the cost clearly rises, then the best candidates against the highest limit in
 ``--repeats`` interleaved rounds) and keeps its choice; the choice is judged against the truth:
-each limit run for ``--truth-s`` seconds of steady training on a fresh device, energy taken from
-the device's own record (no counter). The truth's device is sampled like the measured one: on
-the virtual clock the sampler's blocking reads (~3 % of the time) pause the device's timeline,
-which changes how the power limiter paces it (on the real clock a sampler thread does not).
-Printed per case: the chosen limit (``*``: the highest kept because the pick's gain was not
-measurable, the pick in brackets), the truly best limit, the true score of the chosen one against
-the best's (``gap``: what choosing from measurements cost), the pick's measured saving against the
-highest limit with its 95 % interval, its true saving, and the search's steps and limits measured
-of all. A case matches when its gap is within ``--tie`` (limits closer than that are a tie the
-measurement cannot split), or when the highest limit was kept because the pick's gain was not
-measurable; for ``max_slowdown`` the slowdown bound is a tie within the chosen limit's measured
-slowdown interval (its half-width, at least ``--tie``): the chosen limit must truly be within
-the bound plus that, and cost no more than the best within the bound minus that.
-The last lines are ``intervals_hold=<k>/<n>`` (true savings inside the measured interval, where
-the pick is not the highest limit), ``kept_highest=<k>`` (choices not measurable) and
-``all_match=<True|False> cases=<n>``.
+each limit run for ``--truth-s`` seconds of steady training, energy taken from the device's own
+record (no counter), after a spell at the highest limit as the chosen limit is applied (an even
+number of rounds ends there), and, in the ``fresh`` column, on a fresh device: the emulated
+limiter settles into cycles that depend on the limit it came from. The truth's device is
+sampled like the measured one: on the virtual clock the sampler's blocking reads (~3 % of the
+time) pause the device's timeline, which changes how the power limiter paces it (on the real
+clock a sampler thread does not).
+Printed per case: the chosen limit (``*``: the highest kept because the selector's pick saved
+nothing measurable, the pick in brackets), the truly best limit, the true score of the chosen one
+against the best's (``gap``: what choosing from measurements cost), the measured saving against
+the highest limit, with its 95 % interval, of the limit the choice was weighed against (the
+chosen one; where the highest limit stayed, the pick or the best other confirmed limit), its true
+saving, and the search's steps and limits measured of all. A case matches when its gap is within
+``--tie`` (limits closer than that are a tie the measurement cannot split), or when the highest
+limit was kept because the pick's saving was not measurable; for ``max_slowdown`` the slowdown
+bound is a tie within the chosen limit's measured slowdown interval (its half-width, at least
+``--tie``): the chosen limit must truly be within the bound plus that, and cost no more than the
+best within the bound minus that. The last lines are ``intervals_hold=<k>/<n> (fresh: <k>/<n>)``
+(true savings inside the measured interval, where it is of a limit below the highest),
+``kept_highest=<k>`` (picks not measurable) and ``all_match=<True|False> cases=<n>``.
 """
 
 from __future__ import annotations
@@ -209,13 +213,13 @@ def main() -> None:
                 kwargs = dict(eta=args.eta, max_power_w=opt.max_power_w)
                 assert opt.decision is not None and opt.chosen_limit_mw is not None
                 chosen = next(m for m in table if m.power_limit_mw == opt.chosen_limit_mw)
-                pick_mw = opt.decision.pick.power_limit_mw
+                pick_mw = opt.decision.compared.power_limit_mw
                 best = select_power_limit(table, selector, max_slowdown=args.max_slowdown, **kwargs)
                 s_chosen = score(true[chosen.power_limit_mw], selector, **kwargs)
                 s_best = score(true[best.power_limit_mw], selector, **kwargs)
                 gap = s_chosen / s_best - 1.0
                 saving = opt.saving() or {}
-                unmeasurable = pick_mw != chosen.power_limit_mw
+                unmeasurable = opt.decision.unmeasurable
                 kept += unmeasurable
                 if unmeasurable:
                     match = True  # the highest limit, and the report says the pick's gain is not

@@ -122,11 +122,11 @@ def power_limit_words(section: Optional[dict]) -> Optional[str]:
             f"energy saving {100 * saving['energy_saving']:.1f} %, slowdown "
             f"{100 * saving['slowdown']:+.2f} % ({saving.get('interval')})"
         )
-    pick = saving.get("power_limit_w", chosen)
-    if pick != chosen:
+    compared = saving.get("power_limit_w", chosen)
+    if compared != chosen:
         return (
-            f"power limit {chosen:g} W (the highest) kept: {pick:g} W scored best but saved "
-            f"nothing measurable: {figures} ({how})"
+            f"power limit {chosen:g} W (the highest) kept: {section.get('decision')}; "
+            f"{compared:g} W: {figures} ({how})"
         )
     return f"power limit {chosen:g} W (of {top:g} W): {figures} ({how})"
 

@@ -166,9 +166,10 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
     The saving and slowdown are the optimizer's (``section["saving"]``): with their 95 %
     intervals where the limits were confirmed in three or more rounds (``energy_saving_ci95``,
     ``slowdown_ci95``, ``energy_saving_measurable``), else the point values and
-    ``saving_interval`` saying why there is no interval. When the search's pick saved nothing
-    measurable and the highest limit stayed, the saving is 0 and ``saving_interval`` says why
-    (the pick's figures stay in ``power_limit.saving``).
+    ``saving_interval`` saying why there is no interval. When the highest limit stayed (the
+    search's pick saved nothing measurable, or it scored best), the saving is 0 and
+    ``saving_interval`` says why (the figures of the limit it was weighed against stay in
+    ``power_limit.saving``).
     """
     rows = section.get("measurements") or []
     chosen_w = section.get("chosen_power_limit_w")
@@ -188,8 +189,9 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
         "power_limit_w": chosen_w,
     }
     saving = section.get("saving") or {}
-    kept_w = saving.get("power_limit_w", chosen_w)
-    if kept_w != chosen_w:  # the pick's gain was not measurable: the highest limit stayed
+    compared_w = saving.get("power_limit_w", chosen_w)
+    # the highest limit stayed: the saving is of the limit it was weighed against
+    if compared_w != chosen_w:
         report["energy_saving"] = report["slowdown"] = 0.0
         report["energy_saving_ci95"] = report["slowdown_ci95"] = None
         report["energy_saving_measurable"] = False

@@ -39,7 +39,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
@@ -126,7 +126,6 @@ class PowerLimitOptimizer:
                 "GPUGuard objects, or build it with PowerLimitOptimizer.for_gpus([gpu], cfg)"
             )
         check_config(cfg)
-        Criterion(str(cfg.selector), eta=eta, max_slowdown=cfg.max_slowdown).check()
         self.guards = list(guards)
         self.cfg = cfg
         self.eta = eta
@@ -145,6 +144,7 @@ class PowerLimitOptimizer:
         self.criterion = Criterion(
             str(cfg.selector), eta=eta, max_power_w=self.max_power_w, max_slowdown=cfg.max_slowdown
         )
+        self.criterion.check()
         self.max_steps = max_steps
         self.measurements: List[PowerLimitMeasurement] = []
         self.chosen_limit_mw: Optional[int] = None
@@ -159,7 +159,7 @@ class PowerLimitOptimizer:
         self._window_start_s: Optional[float] = None
         self._warmup = (0.0, 0)  # when the window's warm-up began, and its steps
         self._warmup_start_s = 0.0
-        self._held: Optional[tuple] = None  # (limit, since when) settled and not interrupted
+        self._held: Optional[Tuple[int, float]] = None  # (limit, since) settled, not interrupted
         self._probed = False
         self._jitter = 0.0  # where in [0, 1) of its jitter this warm-up ends
         self._rng = random.Random(JITTER_SEED)  # the same draws on every rank
@@ -193,7 +193,7 @@ class PowerLimitOptimizer:
 
     @property
     def window_steps(self) -> int:
-        """Steps per measurement window (raised when windows span too few counter updates)."""
+        """Steps of the next measurement window."""
         return self.windows.window_steps
 
     @classmethod
@@ -337,10 +337,10 @@ class PowerLimitOptimizer:
         return next((m for m in self.measurements if m.power_limit_mw == chosen), None)
 
     def saving(self) -> Optional[Dict[str, Any]]:
-        """The selector's pick's saving against the highest limit, with its interval.
+        """The saving against the highest limit, with its interval (``power_limit_w``: of which).
 
-        The pick is the chosen limit, or a lower one whose gain was not measurable (the GPUs
-        then keep the highest; ``power_limit_w`` says which). None before a choice, after a
+        Of the chosen limit, or where the highest limit stayed of the lower one it was weighed
+        against (:class:`~perseus.power_limit.saving.Decision`). None before a choice, after a
         failure, and when the highest limit was not measured. See
         :func:`perseus.power_limit.saving.saving_of` for the fields.
         """
@@ -436,7 +436,7 @@ class PowerLimitOptimizer:
         self._steps_done = 0
         self._window_start_s = None
 
-    def _begin_window(self, warmup: tuple) -> None:
+    def _begin_window(self, warmup: Tuple[float, int]) -> None:
         self.state = PROFILING
         self._warmup = warmup
         self._steps_done = 0

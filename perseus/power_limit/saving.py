@@ -9,8 +9,10 @@ follow the limits in order, so a drift of the host or the GPU would pass for a s
 and keeps it only when what it gains is measurable: a saving of energy whose 95 % interval lies
 above 0 (a speed-up for the ``time`` selector, or ``zeus_cost`` with ``eta=0``). Otherwise the
 GPUs keep the highest limit, and the report gives the pick's saving as "not measurable" rather
-than a number. Without an interval (fewer than three rounds) the pick stands on its means, and
-the report says it has no interval.
+than a number. Where the highest limit scores best itself, the report gives the saving of the
+best of the others, so that it shows what keeping the highest limit was weighed against. Without
+an interval (fewer than three rounds) the pick stands on its means, and the report says it has
+no interval.
 
 Runs on Python 3.9.
 """
@@ -87,16 +89,21 @@ class Decision:
 
     Attributes:
         chosen: The limit the GPUs keep.
-        pick: The selector's pick (``chosen``, or a lower limit whose gain was not measurable).
-        saving: The pick's saving against the highest limit (:func:`saving_of`); ``None`` when
-            the highest limit was not measured.
+        compared: The limit whose saving is given: ``chosen``, or, where the highest limit
+            stayed, the lower one it was weighed against (the selector's pick whose gain was not
+            measurable, or the best of the other confirmed limits).
+        saving: ``compared``'s saving against the highest limit (:func:`saving_of`); ``None``
+            when the highest limit was not measured.
         reason: Why, in words.
+        unmeasurable: The selector picked a lower limit whose gain was not measurable, and the
+            highest limit stayed.
     """
 
     chosen: PowerLimitMeasurement
-    pick: PowerLimitMeasurement
+    compared: PowerLimitMeasurement
     saving: Optional[Dict[str, Any]]
     reason: str
+    unmeasurable: bool = False
 
 
 def _gain_measurable(saving: Dict[str, Any], criterion: Criterion) -> bool:
@@ -122,30 +129,36 @@ def decide(
     """
     reference = next((m for m in measurements if m.power_limit_mw == reference_mw), None)
     pool = [m for m in measurements if m.confirmed]
-    if reference is None or reference not in pool or len(pool) < 2:
+    confirmed = reference is not None and reference in pool and len(pool) >= 2
+    if not confirmed:
         pool = list(measurements)
     pick = select_by(pool, criterion)
     pick_w = pick.power_limit_mw // 1000
     if reference is None:
+        reason = f"{pick_w} W scored best; the highest limit was not measured: no saving to give"
+        return Decision(chosen=pick, compared=pick, saving=None, reason=reason)
+    if pick is reference:
+        others = [m for m in pool if m is not reference] if confirmed else []
+        other = select_by(others, criterion) if others else reference
+        reason = f"the highest limit ({pick_w} W) scored best"
+        if other is not reference:
+            reason += f"; of the others {other.power_limit_mw // 1000} W did"
         return Decision(
-            pick,
-            pick,
-            None,
-            f"{pick_w} W scored best; the highest limit was not "
-            "measured, so there is no saving to give",
+            chosen=reference, compared=other, saving=saving_of(reference, other), reason=reason
         )
     saving = saving_of(reference, pick)
-    if pick is reference:
-        return Decision(reference, pick, saving, f"the highest limit ({pick_w} W) scored best")
     if saving["num_pairs"] < MIN_PAIRS:
-        return Decision(pick, pick, saving, f"{pick_w} W scored best ({saving['interval']})")
+        reason = f"{pick_w} W scored best ({saving['interval']})"
+        return Decision(chosen=pick, compared=pick, saving=saving, reason=reason)
     gain = "energy saving" if criterion.saves_energy else "speed-up"
     if not _gain_measurable(saving, criterion):
         return Decision(
-            reference,
-            pick,
-            saving,
-            f"{pick_w} W scored best but its {gain} is not measurable at 95 %: the GPUs keep "
-            f"the highest limit ({reference_mw // 1000} W)",
+            chosen=reference,
+            compared=pick,
+            saving=saving,
+            reason=f"{pick_w} W scored best but its {gain} is not measurable at 95 %: the GPUs "
+            f"keep the highest limit ({reference_mw // 1000} W)",
+            unmeasurable=True,
         )
-    return Decision(pick, pick, saving, f"{pick_w} W scored best with a measurable {gain}")
+    reason = f"{pick_w} W scored best with a measurable {gain}"
+    return Decision(chosen=pick, compared=pick, saving=saving, reason=reason)

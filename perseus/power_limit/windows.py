@@ -8,9 +8,8 @@ did not change since the last window), and lasts long enough for its energy to r
 steps of the fastest step measured, which the first warm-up measures (:meth:`LimitWindows.probe`,
 one collective). Until the energy sampler measured the counter's update period (or a window was
 combined), windows have their fewest steps, and one found too short for the period then known
-(a real GPU's, 100 ms, when none was measured) is measured again. Which
-window comes next is the search's business
-(:class:`~perseus.power_limit.search.LimitSearch`).
+(a real GPU's, 100 ms, when none was measured) is measured again. Which window comes next is
+the search's business (:class:`~perseus.power_limit.search.LimitSearch`).
 
 Runs on Python 3.9.
 """
@@ -283,7 +282,11 @@ class LimitWindows:
             return
         phase = SEARCH if closed.key.pass_index == 0 else CONFIRM
         measured = MeasuredWindow(
-            closed.key.pass_index, job.time_s, job.energy_j, closed.num_steps, phase
+            pass_index=closed.key.pass_index,
+            time_s=job.time_s,
+            energy_j=job.energy_j,
+            num_steps=closed.num_steps,
+            phase=phase,
         )
         self._measured.setdefault(closed.key.limit_index, []).append(measured)
         if self.search is not None:

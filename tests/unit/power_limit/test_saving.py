@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Sequence
+from typing import Sequence
 
 import pytest
 
@@ -23,9 +23,15 @@ TOP_MW = 300_000
 
 def _row(limit_mw: int, energies_j: Sequence[float], time_s: float = 1.0) -> PowerLimitMeasurement:
     """A limit confirmed in one round per energy (plus its descent window)."""
-    windows: List[MeasuredWindow] = [MeasuredWindow(0, time_s, energies_j[0] * 0.97, 1, SEARCH)]
-    windows += [MeasuredWindow(k + 1, time_s, e, 1, CONFIRM) for k, e in enumerate(energies_j)]
+    windows = [_window(0, time_s, energies_j[0] * 0.97, SEARCH)]
+    windows += [_window(k + 1, time_s, e, CONFIRM) for k, e in enumerate(energies_j)]
     return PowerLimitMeasurement.of_windows(limit_mw, windows)
+
+
+def _window(round_index: int, time_s: float, energy_j: float, phase: str) -> MeasuredWindow:
+    return MeasuredWindow(
+        pass_index=round_index, time_s=time_s, energy_j=energy_j, num_steps=1, phase=phase
+    )
 
 
 def test_means_and_pairs_use_the_confirmation_windows_only() -> None:
@@ -43,7 +49,7 @@ def test_means_and_pairs_use_the_confirmation_windows_only() -> None:
 def test_a_measurable_saving_is_kept() -> None:
     table = [_row(TOP_MW, [100.0, 101.0, 99.0]), _row(200_000, [90.0, 91.0, 89.0])]
     decision = decide(table, Criterion("energy"), TOP_MW)
-    assert decision.chosen.power_limit_mw == 200_000 == decision.pick.power_limit_mw
+    assert decision.chosen.power_limit_mw == 200_000 == decision.compared.power_limit_mw
     assert "measurable energy saving" in decision.reason
 
 
@@ -51,7 +57,7 @@ def test_an_unmeasurable_saving_keeps_the_highest_limit() -> None:
     # 1 % less energy on average, but the rounds scatter by +-5 %
     table = [_row(TOP_MW, [100.0, 95.0, 105.0]), _row(200_000, [104.0, 91.0, 102.0])]
     decision = decide(table, Criterion("energy"), TOP_MW)
-    assert decision.pick.power_limit_mw == 200_000
+    assert decision.compared.power_limit_mw == 200_000 and decision.unmeasurable
     assert decision.chosen.power_limit_mw == TOP_MW
     assert decision.saving is not None and not decision.saving["energy_saving_measurable"]
     assert "not measurable at 95 %" in decision.reason and "(300 W)" in decision.reason
@@ -66,6 +72,21 @@ def test_the_time_selector_needs_a_measurable_speed_up() -> None:
     assert decide(table, Criterion("time"), TOP_MW).chosen.power_limit_mw == TOP_MW
 
 
+def test_the_highest_limit_scoring_best_gives_the_saving_of_the_best_other() -> None:
+    table = [
+        _row(TOP_MW, [100.0, 101.0, 99.0], time_s=1.0),
+        _row(250_000, [95.0, 96.0, 94.0], time_s=1.2),
+        _row(200_000, [90.0, 91.0, 89.0], time_s=1.5),
+    ]
+    # zeus cost, eta 0.5, P_max 300 W: 200 J + 150 J at the top, 195 J + 180 J at 250 W
+    decision = decide(table, Criterion("zeus_cost", max_power_w=300.0), TOP_MW)
+    assert decision.chosen.power_limit_mw == TOP_MW and not decision.unmeasurable
+    assert decision.compared.power_limit_mw == 250_000
+    assert decision.saving is not None and decision.saving["power_limit_w"] == 250.0
+    assert decision.saving["energy_saving"] == pytest.approx(0.05)
+    assert decision.reason == "the highest limit (300 W) scored best; of the others 250 W did"
+
+
 def test_fewer_than_three_rounds_choose_on_the_means_and_say_there_is_no_interval() -> None:
     table = [_row(TOP_MW, [100.0, 101.0]), _row(200_000, [90.0, 91.0])]
     decision = decide(table, Criterion("energy"), TOP_MW)
@@ -75,9 +96,7 @@ def test_fewer_than_three_rounds_choose_on_the_means_and_say_there_is_no_interva
 
 
 def test_unconfirmed_limits_are_not_chosen_over_confirmed_ones() -> None:
-    pruned_guess = PowerLimitMeasurement.of_windows(
-        100_000, [MeasuredWindow(0, 1.5, 50.0, 1, SEARCH)]
-    )
+    pruned_guess = PowerLimitMeasurement.of_windows(100_000, [_window(0, 1.5, 50.0, SEARCH)])
     table = [_row(TOP_MW, [100.0, 101.0, 99.0]), _row(200_000, [90.0, 91.0, 89.0]), pruned_guess]
     assert decide(table, Criterion("energy"), TOP_MW).chosen.power_limit_mw == 200_000
 
@@ -98,7 +117,7 @@ def test_a_table_saved_before_windows_had_a_phase_pairs_every_pass() -> None:
 
 def test_a_saved_search_answers_only_what_it_searched_for(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
-    key = ProfileKey("job", "GPU", 1, [TOP_MW, 200_000])
+    key = ProfileKey(job_id="job", gpu_name="GPU", num_gpus=1, power_limits_mw=[TOP_MW, 200_000])
     table = [_row(TOP_MW, [100.0, 101.0, 99.0]), _row(200_000, [90.0, 91.0, 89.0])]
     zeus = {"selector": "zeus_cost", "eta": 0.5, "max_slowdown": 0.1}
     save_profile(path, key, table, zeus)

@@ -20,7 +20,9 @@ ENERGY = Criterion("energy")
 
 
 def _window(key: WindowKey, time_s: float, energy_j: float) -> MeasuredWindow:
-    return MeasuredWindow(key.pass_index, time_s, energy_j, 1, SEARCH)
+    return MeasuredWindow(
+        pass_index=key.pass_index, time_s=time_s, energy_j=energy_j, num_steps=1, phase=SEARCH
+    )
 
 
 def _descend(search: LimitSearch, costs: Sequence[float], times: Sequence[float] = ()) -> List[int]:
