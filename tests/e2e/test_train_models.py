@@ -45,23 +45,25 @@ def test_tiny_models_train_in_a_deepspeed_pipeline(tmp_path: Path, model: str) -
     assert len(list(run_dir.glob("trace-rank*.csv"))) == 2
 
 
+# Plain DDP on two ranks searching four limits, three rounds (the fewest that give an interval).
+POWER_LIMIT_DDP = [
+    "framework=torch",
+    "energy=power_limit",
+    "parallelism.pp=1",
+    "parallelism.dp=2",
+    "parallelism.num_microbatches=2",
+    "gpu=emulated",
+    "gpu.emulated.time_scale=0.2",
+    "energy.power_limit.step_w=100",
+    "energy.power_limit.repeats=3",
+]
+
+
 def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    profile = f"energy.power_limit.profile_path={tmp_path / 'limits.json'}"
     proc = run_train(
-        [
-            "framework=torch",
-            "energy=power_limit",
-            "parallelism.pp=1",
-            "parallelism.dp=2",
-            "parallelism.num_microbatches=2",
-            "gpu=emulated",
-            "gpu.emulated.time_scale=0.2",
-            "energy.power_limit.step_w=100",
-            "energy.power_limit.repeats=3",  # the fewest rounds that give an interval
-            "train.max_steps=3000",
-            f"energy.power_limit.profile_path={tmp_path / 'limits.json'}",
-            f"hydra.run.dir={run_dir}",
-        ],
+        [*POWER_LIMIT_DDP, "train.max_steps=3000", profile, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         timeout_s=240,
     )
@@ -102,20 +104,8 @@ def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
     # the next run of the same job reads the saved table instead of searching
     again = tmp_path / "again"
     proc = run_train(
-        [
-            "framework=torch",
-            "energy=power_limit",
-            "parallelism.pp=1",
-            "parallelism.dp=2",
-            "parallelism.num_microbatches=2",
-            "gpu=emulated",
-            "gpu.emulated.time_scale=0.2",
-            "energy.power_limit.step_w=100",
-            "energy.power_limit.repeats=3",
-            "train.max_steps=20",  # under the search's least: fine, there is none to do
-            f"energy.power_limit.profile_path={tmp_path / 'limits.json'}",
-            f"hydra.run.dir={again}",
-        ],
+        # under the search's least: fine, there is none to do
+        [*POWER_LIMIT_DDP, "train.max_steps=20", profile, f"hydra.run.dir={again}"],
         cwd=tmp_path,
         timeout_s=240,
     )

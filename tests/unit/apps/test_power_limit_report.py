@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from perseus.apps.train import summary_line
 from perseus.launcher.report import apply_power_limit
@@ -74,6 +74,21 @@ def test_a_table_without_windows_computes_the_point_values() -> None:
     assert report["saving_interval"] == "one measurement window each: no interval"
 
 
+def _figures(
+    saving: float, ci: List[float], slowdown: float, slow_ci: List[float]
+) -> Dict[str, Any]:
+    """The saving of 200 W as the search gives it."""
+    return {
+        "power_limit_w": 200.0,
+        "energy_saving": saving,
+        "energy_saving_ci95": ci,
+        "energy_saving_measurable": not ci[0] <= 0.0 <= ci[1],
+        "slowdown": slowdown,
+        "slowdown_ci95": slow_ci,
+        "interval": "95 % interval over 6 paired measurement windows",
+    }
+
+
 def _searched(saving: Optional[Dict[str, Any]], **fields: Any) -> Dict[str, Any]:
     """A section as the search writes it."""
     search = {"steps": 119, "steps_needed": [62, 156], "num_measured": 11, "pruned_w": [1.0] * 5}
@@ -82,15 +97,7 @@ def _searched(saving: Optional[Dict[str, Any]], **fields: Any) -> Dict[str, Any]
 
 
 def test_the_chosen_limit_and_its_saving_are_the_last_line() -> None:
-    saving = {
-        "power_limit_w": 200.0,
-        "energy_saving": 0.146,
-        "energy_saving_ci95": [0.143, 0.148],
-        "energy_saving_measurable": True,
-        "slowdown": 0.104,
-        "slowdown_ci95": [0.101, 0.107],
-        "interval": "95 % interval over 6 paired measurement windows",
-    }
+    saving = _figures(0.146, [0.143, 0.148], 0.104, [0.101, 0.107])
     line = summary_line(apply_power_limit({}, _searched(saving)), OUT)
     assert line.startswith("perseus-train: power limit 200 W (of 300 W): measured energy saving ")
     assert "14.6 % (95 % interval 14.3 to 14.8 %)" in line
@@ -98,14 +105,7 @@ def test_the_chosen_limit_and_its_saving_are_the_last_line() -> None:
 
 
 def test_a_pick_whose_saving_is_not_measurable_leaves_the_highest_limit() -> None:
-    saving = {
-        "power_limit_w": 200.0,
-        "energy_saving": 0.01,
-        "energy_saving_ci95": [-0.02, 0.04],
-        "energy_saving_measurable": False,
-        "slowdown": 0.02,
-        "slowdown_ci95": [0.0, 0.04],
-    }
+    saving = _figures(0.01, [-0.02, 0.04], 0.02, [0.0, 0.04])
     why = "200 W scored best but its energy saving is not measurable at 95 %"
     section = _searched(saving, chosen_power_limit_w=300.0, decision=why)
     report = apply_power_limit({}, section)

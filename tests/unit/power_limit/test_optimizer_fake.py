@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -56,6 +56,16 @@ def _until_done(opt: PowerLimitOptimizer, gpu: PowerModelGPU, max_steps: int = 5
     return steps
 
 
+def _searched(selector: str, step_w: float = 100) -> Tuple[PowerLimitOptimizer, PowerModelGPU]:
+    """A whole search for ``selector`` without warm-ups, windows of 3 steps."""
+    cfg = PowerLimitConfig(
+        warmup_s=0.0, step_w=step_w, warmup_steps=1, profile_steps=3, selector=selector
+    )
+    opt, gpu = _make(cfg)
+    _until_done(opt, gpu)
+    return opt, gpu
+
+
 def _windows(opt: PowerLimitOptimizer) -> int:
     return sum(len(m.windows) for m in opt.measurements)
 
@@ -96,15 +106,11 @@ def test_chosen_limit_is_the_exhaustive_best(selector: str) -> None:
 
 
 def test_saving_has_a_95_percent_interval_over_the_rounds() -> None:
-    cfg = PowerLimitConfig(
-        warmup_s=0.0, step_w=100, warmup_steps=1, profile_steps=3, selector="energy"
-    )
-    opt, gpu = _make(cfg)
-    _until_done(opt, gpu)
+    opt, gpu = _searched("energy")
     assert opt.chosen_limit_mw == 100_000
     saving = opt.report()["saving"]
     top, chosen = gpu.step_cost(300_000), gpu.step_cost(100_000)
-    assert saving["num_pairs"] == cfg.repeats == 6
+    assert saving["num_pairs"] == opt.cfg.repeats == 6
     assert saving["energy_saving"] == pytest.approx(1 - chosen[1] / top[1], abs=2e-3)
     assert saving["slowdown"] == pytest.approx(chosen[0] / top[0] - 1, rel=1e-6)
     low, high = saving["energy_saving_ci95"]
@@ -115,11 +121,7 @@ def test_saving_has_a_95_percent_interval_over_the_rounds() -> None:
 
 
 def test_keeping_the_highest_limit_shows_what_it_was_weighed_against() -> None:
-    cfg = PowerLimitConfig(
-        warmup_s=0.0, step_w=100, warmup_steps=1, profile_steps=3, selector="time"
-    )
-    opt, gpu = _make(cfg)
-    _until_done(opt, gpu)
+    opt, _ = _searched("time")
     assert opt.chosen_limit_mw == 300_000
     # what keeping it was weighed against: 200 W, confirmed, saves energy but is slower
     saving = opt.report()["saving"]
@@ -130,11 +132,7 @@ def test_keeping_the_highest_limit_shows_what_it_was_weighed_against() -> None:
 
 
 def test_the_highest_limit_clearly_best_needs_no_confirmation() -> None:
-    cfg = PowerLimitConfig(
-        warmup_s=0.0, step_w=50, warmup_steps=1, profile_steps=3, selector="time"
-    )
-    opt, gpu = _make(cfg)
-    _until_done(opt, gpu)
+    opt, _ = _searched("time", step_w=50)
     assert opt.chosen_limit_mw == 300_000
     search = opt.report()["search"]
     # 250 W is 7.6 % slower, 200 W 18 %: both clearly (beyond 5.5 %), known once 150 W closed;
@@ -238,9 +236,11 @@ def test_windows_span_what_a_slow_counter_needs() -> None:
         assert m.energy_per_step_j == pytest.approx(true_j, rel=0.01)
 
 
-def test_the_first_warm_up_times_a_step_and_lasts_warmup_s() -> None:
+def _edges_recorded(
+    cfg: PowerLimitConfig,
+) -> Tuple[PowerLimitOptimizer, PowerModelGPU, List[float]]:
+    """An optimizer whose ``synchronize`` records when each window edge is stamped."""
     edges: List[float] = []
-    cfg = PowerLimitConfig(warmup_s=0.5, step_w=100, warmup_steps=1, profile_steps=3, repeats=1)
     clock = VirtualClock()
     gpu = PowerModelGPU(clock)
     opt = PowerLimitOptimizer(
@@ -249,7 +249,13 @@ def test_the_first_warm_up_times_a_step_and_lasts_warmup_s() -> None:
         energy=sampled([gpu], clock),
         synchronize=lambda: edges.append(clock.now_s),
     )
-    start_s = clock.now_s
+    return opt, gpu, edges
+
+
+def test_the_first_warm_up_times_a_step_and_lasts_warmup_s() -> None:
+    cfg = PowerLimitConfig(warmup_s=0.5, step_w=100, warmup_steps=1, profile_steps=3, repeats=1)
+    opt, gpu, edges = _edges_recorded(cfg)
+    start_s = gpu.clock.now_s
     _until_done(opt, gpu)
     # One 0.1 s step of warm-up is under 0.5 s: the warm-up goes on to 5 steps, and every
     # later one has 5 from the start; nothing is measured again.
@@ -329,16 +335,8 @@ def test_saved_profiles_are_kept_per_batch_size(tmp_path: Path) -> None:
 
 
 def test_queued_gpu_work_is_waited_for_at_window_edges() -> None:
-    calls: List[float] = []
     cfg = PowerLimitConfig(warmup_s=0.0, step_w=100, warmup_steps=1, profile_steps=2, repeats=1)
-    clock = VirtualClock()
-    gpu = PowerModelGPU(clock)
-    opt = PowerLimitOptimizer(
-        [RecordingGuard(gpu)],
-        cfg,
-        energy=sampled([gpu], clock),
-        synchronize=lambda: calls.append(clock.now_s),
-    )
+    opt, gpu, calls = _edges_recorded(cfg)
     _until_done(opt, gpu)
     assert len(opt.power_limits_mw) == 3 and opt.num_retries == 0
     # one wait when each window opens and one when it closes, nothing per step
