@@ -164,9 +164,12 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
     """Fill baseline (highest power limit) and plan (chosen limit) from the power-limit table.
 
     The saving and slowdown are the optimizer's (``section["saving"]``): with their 95 %
-    intervals where the limits were measured in three or more windows each
-    (``energy_saving_ci95``, ``slowdown_ci95``, ``energy_saving_measurable``), else the point
-    values and ``saving_interval`` saying why there is no interval.
+    intervals where the limits were confirmed in three or more rounds (``energy_saving_ci95``,
+    ``slowdown_ci95``, ``energy_saving_measurable``), else the point values and
+    ``saving_interval`` saying why there is no interval. When the highest limit stayed (the
+    search's pick saved nothing measurable, or it scored best), the saving is 0 and
+    ``saving_interval`` says why (the figures of the limit it was weighed against stay in
+    ``power_limit.saving``).
     """
     rows = section.get("measurements") or []
     chosen_w = section.get("chosen_power_limit_w")
@@ -186,6 +189,14 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
         "power_limit_w": chosen_w,
     }
     saving = section.get("saving") or {}
+    compared_w = saving.get("power_limit_w", chosen_w)
+    # the highest limit stayed: the saving is of the limit it was weighed against
+    if compared_w != chosen_w:
+        report["energy_saving"] = report["slowdown"] = 0.0
+        report["energy_saving_ci95"] = report["slowdown_ci95"] = None
+        report["energy_saving_measurable"] = False
+        report["saving_interval"] = section.get("decision") or "no measurable saving"
+        return report
     report["energy_saving"] = saving.get(
         "energy_saving", 1.0 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
     )
