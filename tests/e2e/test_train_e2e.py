@@ -26,7 +26,7 @@ SMALL = [
     "profiler.measure_steps=4",
     # perseus-train stops once the plan is measured; the bound only keeps a job that cannot
     # get there from running for ever (a busy machine plans slower, in more steps).
-    "train.max_steps=100000",
+    "train.max_steps=5000",
 ]
 
 
