@@ -12,7 +12,9 @@ name a user gives is exposed as it is.
 Per job (label ``job_id``):
 
 * ``perseus_job_info{kind}``, ``perseus_job_phase{phase}`` (one series per phase, 1 for the
-  current one), ``perseus_job_profiling_progress_ratio``, ``perseus_job_step``,
+  current one), ``perseus_job_phase_entered_timestamp_seconds{phase}`` (every phase the job
+  went through, even one shorter than a scrape interval),
+  ``perseus_job_profiling_progress_ratio``, ``perseus_job_step``,
   ``perseus_job_ranks{status}``, ``perseus_plan_info{plan_id, reason}``;
 * ``perseus_iteration_time_seconds{arm}`` and ``perseus_iteration_energy_joules{arm}`` (arm
   ``baseline``: max speed; ``plan``: the chosen plan; typical iterations as measured),
@@ -132,7 +134,7 @@ def families(snapshots: Iterable[JobSnapshot]) -> List[_Family]:
         _job(out, snap)
         _gpus(out, snap)
         _optimizer(out, snap)
-    return list(out.by_name.values())
+    return [family for family in out.by_name.values() if family.samples]
 
 
 def _job(out: _Families, snap: JobSnapshot) -> None:
@@ -153,6 +155,14 @@ def _job(out: _Families, snap: JobSnapshot) -> None:
             ("job_id", "phase"),
             (snap.job_id, phase),
             float(phase == snap.phase),
+        )
+    for phase, entered_s in sorted(snap.phases_entered_s.items()):
+        out.gauge(
+            "perseus_job_phase_entered_timestamp_seconds",
+            "When the job first entered a phase (Unix time): every phase it went through",
+            ("job_id", "phase"),
+            (snap.job_id, phase),
+            entered_s,
         )
     out.gauge(
         "perseus_job_profiling_progress_ratio",

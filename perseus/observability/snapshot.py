@@ -166,6 +166,7 @@ class JobSnapshot:
         gpus: The GPUs whose readings the job has (a stage's leader GPU on a server).
         optimizer: A power-limit or batch-size optimizer's choices.
         retired: Every rank of the job ended.
+        phases_entered_s: ``phase -> when the job first entered it`` (Unix time).
     """
 
     job_id: str
@@ -193,6 +194,7 @@ class JobSnapshot:
     gpus: Tuple[GpuReading, ...] = ()
     optimizer: Optional[OptimizerState] = None
     retired: bool = False
+    phases_entered_s: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -369,6 +371,10 @@ def snapshot_from_json(data: Any) -> JobSnapshot:
         ),
         optimizer=None if optimizer is None else reader.optimizer(optimizer),
         retired=bool(obj.get("retired", False)),
+        phases_entered_s={
+            str(k): reader.number({k: v}, k)
+            for k, v in reader.mapping(obj, "phases_entered_s").items()
+        },
     )
 
 

@@ -54,12 +54,14 @@ class RankOutlets:
                 self.tracker = start_tracker(cfg, hooks)
             served = getattr(getattr(hooks, "source", None), "endpoint", None) is not None
             if cfg.metrics.textfile_dir and not served:
-                job_id = _job_id(cfg)
+                # One name per rank: node_exporter merges the files of a node, where the
+                # job-wide series of two ranks would collide.
+                name = f"{_job_id(cfg)}/rank{rank.rank}"
                 self.publishers.append(
                     TextfilePublisher(
                         Path(cfg.metrics.textfile_dir),
-                        f"{job_id}-rank{rank.rank}",
-                        rank_snapshot(cfg, hooks, job_id),
+                        name,
+                        rank_snapshot(cfg, hooks, name),
                         cfg.metrics.interval_s,
                     )
                 )

@@ -107,7 +107,16 @@ def job_snapshot(
             for g in sorted(tel.gpus.values(), key=lambda g: (g.stage, g.rank))
         ),
         retired=tel.retired_s is not None,
+        phases_entered_s=_entered(tel),
     )
+
+
+def _entered(tel: JobTelemetry) -> Dict[str, float]:
+    """When the job first entered each phase it went through."""
+    out: Dict[str, float] = {}
+    for change in tel.phases:
+        out.setdefault(change.phase, change.time_s)
+    return out
 
 
 def _measured(
