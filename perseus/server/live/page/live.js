@@ -207,6 +207,14 @@
     const message = $("job-message");
     message.hidden = !job.message;
     message.textContent = job.message || "";
+    // A pipeline job draws all of it; a job without a server what it has.
+    const pipeline = job.kind === "pipeline";
+    $("saving-fig").hidden = !pipeline;
+    $("frontier-fig").hidden = !pipeline;
+    $("timeline-fig").hidden = !pipeline;
+    $("power-fig").hidden = !pipeline && !Object.keys(detail.power || {}).length;
+    $("time-fig").hidden = !pipeline && !(detail.steps || []).length;
+    $("energy-fig").hidden = $("time-fig").hidden;
     drawSaving($("saving-fig"), detail.savings, job);
     drawFrontier($("frontier-fig"), detail.frontier);
     drawTimeline($("timeline-fig"), detail.timeline, detail.timeline_plan_id);
@@ -372,7 +380,7 @@
     const now = Math.max(...series.map(([, pts]) => pts[pts.length - 1][0]));
     const xs = extent(series.flatMap(([, pts]) => pts.map((p) => p[0] - now)), 0);
     const ys = extent(series.flatMap(([, pts]) => pts.map((p) => p[1])).concat([0]));
-    const f = frame(chart, xs, ys, ["seconds ago", "W"], [(v) => Math.round(-v), fixed(0)]);
+    const f = frame(chart, xs, ys, ["seconds ago", "W"], [(v) => Math.max(0, Math.round(-v)), fixed(0)]);
     f.svg.dataset.numGpus = String(series.length);
     series.forEach(([gpu, pts], i) => {
       const color = GPU_COLORS[i % GPU_COLORS.length];
