@@ -229,6 +229,7 @@ class StepPoint:
     iteration_time_s: float
     energy_j: Optional[float]
     arm: str
+    phase: str = ""
 
 
 @dataclass(frozen=True)

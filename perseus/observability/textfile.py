@@ -45,10 +45,15 @@ def file_stem(name: str) -> str:
 
 
 def write_snapshot_file(path: Path, snapshot: JobSnapshot) -> Path:
-    """Write ``snapshot`` as ``{"format": ..., "snapshot": ...}`` (atomically)."""
-    return write_json_atomic(
-        path, {"format": SNAPSHOT_FORMAT, "snapshot": snapshot_to_json(snapshot)}
-    )
+    """Write ``snapshot`` as ``{"format": ..., "snapshot": ...}`` (atomically).
+
+    World-readable, as the textfile beside it: a server or node_exporter of another user reads
+    them.
+    """
+    body = {"format": SNAPSHOT_FORMAT, "snapshot": snapshot_to_json(snapshot)}
+    written = write_json_atomic(path, body)
+    written.chmod(0o644)
+    return written
 
 
 def read_snapshot_file(path: Path) -> JobSnapshot:

@@ -21,6 +21,7 @@ class LiveStep:
         iteration_time_s: The slowest stage's time.
         energy_j: All the job's GPUs (``None`` until every stage's energy arrived).
         arm: What it ran (``baseline``: max speed, ``plan``, ``profiling``, ...).
+        phase: The job's phase when it completed.
         clocks_mhz: Per stage, the time-weighted mean SM clock of its last reported iteration
             (``None``: default clocks).
     """
@@ -30,12 +31,16 @@ class LiveStep:
     iteration_time_s: float
     energy_j: Optional[float]
     arm: str
+    phase: str = ""
     clocks_mhz: List[Optional[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class LiveSteps:
-    """Answer to ``GET /live/jobs/{job_id}/steps?after=N&limit=M``: iterations after ``N``."""
+    """``GET /live/jobs/{job_id}/steps?after=N&limit=M``: the iterations after ``N``.
+
+    ``phase`` is the job's phase now (each step carries the phase it completed in).
+    """
 
     job_id: str
     phase: str

@@ -101,7 +101,7 @@ class ServerFeed:
                     iteration_time_s=_finite(item.iteration_time_s),
                     energy_j=energy,
                     clocks_mhz=clocks,
-                    phase=answer.phase,
+                    phase=item.phase or answer.phase,
                     arm=item.arm or answer.phase,
                 )
             )

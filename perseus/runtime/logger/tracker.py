@@ -43,6 +43,8 @@ class Tracker:
         final: The report's figures (called on the tracker's thread at the end; ``{}``: none).
         interval_s: Seconds between two looks at the feed.
         name: The backend's name, for messages (``mlflow``, ...).
+        start: Start the thread now (tests drive :meth:`open`, :meth:`look` and
+            :meth:`finish` themselves).
     """
 
     def __init__(
@@ -52,6 +54,8 @@ class Tracker:
         final: Callable[[], Dict[str, float]],
         interval_s: float = 2.0,
         name: str = "",
+        *,
+        start: bool = True,
     ) -> None:
         self.feed = feed
         self.final = final
@@ -65,24 +69,31 @@ class Tracker:
         self._phase: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="perseus-tracker")
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     # -- the tracker's thread -------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            self.backend = self._open()
-            logger.info("Perseus tracker: %s", self.backend.where)
-        except Exception as exc:
-            self._fail(f"cannot start ({exc})")
+        if not self.open():
             return
         while not self._stop.wait(self.interval_s):
-            if not self._look():
+            if not self.look():
                 return
-        if self._look():
-            self._finish()
+        if self.look():
+            self.finish()
 
-    def _look(self) -> bool:
-        """Log what the feed has that is new; False once the backend failed."""
+    def open(self) -> bool:
+        """Open the backend; False (one warning) when it cannot be."""
+        try:
+            self.backend = self._open()
+        except Exception as exc:
+            self._fail(f"cannot start ({exc})")
+            return False
+        logger.info("Perseus tracker: %s", self.backend.where)
+        return True
+
+    def look(self) -> bool:
+        """Log what the feed has that is new; False once the backend failed (one warning)."""
         try:
             rows = self.feed.poll()
         except Exception as exc:  # the server away for a moment: the next look tries again
@@ -107,7 +118,8 @@ class Tracker:
             return False
         return True
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Log the report's figures and finish the run."""
         backend = self.backend
         assert backend is not None
         try:
@@ -135,6 +147,8 @@ class Tracker:
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Log the last iterations and the report's figures, then finish (bounded wait)."""
         self._stop.set()
+        if not self._thread.ident:  # never started
+            return
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             logger.warning(

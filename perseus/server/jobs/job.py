@@ -258,7 +258,9 @@ class Job:
         if js is not None:
             self._history.append(js)
             arm = live_views.arm_of(self._phase, js.step)
-            self.live.job_step(js.step, js.iteration_time_s, js.energy_j, arm)
+            self.live.job_step(
+                js.step, js.iteration_time_s, js.energy_j, arm, str(self._phase.name)
+            )
             self._phase.job_step(js)
             self._settle()
 

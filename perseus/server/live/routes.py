@@ -146,6 +146,7 @@ def install_live_routes(app: FastAPI, jobs: LiveJobs, auth: Any, token_required:
                     iteration_time_s=point.iteration_time_s,
                     energy_j=point.energy_j,
                     arm=point.arm,
+                    phase=point.phase,
                     clocks_mhz=list(clocks),
                 )
                 for point, clocks in rows

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from perseus.observability.counter import CounterTrack
@@ -167,9 +167,14 @@ class JobTelemetry:
         return weights
 
     def job_step(
-        self, step: int, iteration_time_s: float, energy_j: Optional[float], arm: str
+        self,
+        step: int,
+        iteration_time_s: float,
+        energy_j: Optional[float],
+        arm: str,
+        phase: str = "",
     ) -> None:
-        """The job completed an iteration (its energy may follow: :meth:`energy`)."""
+        """The job completed an iteration in ``phase`` (its energy may follow: :meth:`energy`)."""
         if self.steps and step <= self.steps[-1].step:
             return
         if arm == "plan":
@@ -186,6 +191,7 @@ class JobTelemetry:
                 iteration_time_s=iteration_time_s,
                 energy_j=energy_j,
                 arm=arm,
+                phase=phase,
             )
         )
         self._step_index[step] = self._first_step_kept + len(self.steps) - 1
@@ -198,14 +204,7 @@ class JobTelemetry:
             return
         i = at - self._first_step_kept
         if 0 <= i < len(self.steps) and self.steps[i].step == step:
-            old = self.steps[i]
-            self.steps[i] = StepPoint(
-                step=old.step,
-                time_s=old.time_s,
-                iteration_time_s=old.iteration_time_s,
-                energy_j=energy_j,
-                arm=old.arm,
-            )
+            self.steps[i] = replace(self.steps[i], energy_j=energy_j)
 
     def phase(self, phase: str, step: Optional[int], why: Optional[str]) -> None:
         """The job entered ``phase`` (from iteration ``step``)."""

@@ -218,7 +218,7 @@ def job_detail(view: JobView, tel: JobTelemetry) -> JobDetail:
         frontier=frontier,
         timeline=timeline,
         timeline_plan_id=timeline_plan,
-        power={g.gpu: list(g.counter.samples) for g in gpus},
+        power={g.gpu: list(g.counter.samples) for g in gpus if g.counter.samples},
         steps=tuple(steps),
         savings=tuple(tel.savings),
         phases=tuple(tel.phases),

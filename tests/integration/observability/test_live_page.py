@@ -87,9 +87,9 @@ def test_the_live_page_follows_a_running_job(tmp_path: Path) -> None:
 
             def request(req: Any) -> None:
                 urls.append(req.url)
-                if "/live/" in req.url and not req.url.endswith("/live/auth"):
-                    if req.headers.get("authorization") != f"Bearer {TOKEN}":
-                        unauthorized.append(req.url)
+                data = "/live/" in req.url and not req.url.endswith("/live/auth")
+                if data and req.headers.get("authorization") != f"Bearer {TOKEN}":
+                    unauthorized.append(req.url)
 
             page.on("request", request)
             page.goto(f"{server.url}/ui/")
