@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
+from perseus.wire.live import LiveStep
+
 # Kinds of job a snapshot describes.
 PIPELINE = "pipeline"  # a pipeline job of a coordination server (phases, plans)
 RANK = "rank"  # a rank without a server (runtime.mode plan, measure or max_speed)
@@ -221,18 +223,6 @@ class TimelineBox:
 
 
 @dataclass(frozen=True)
-class StepPoint:
-    """One iteration of the job: ``arm`` is what it ran (``baseline``, ``plan``, a phase)."""
-
-    step: int
-    time_s: float
-    iteration_time_s: float
-    energy_j: Optional[float]
-    arm: str
-    phase: str = ""
-
-
-@dataclass(frozen=True)
 class SavingPoint:
     """The measured saving as it stood once ``num_pairs`` block pairs were measured."""
 
@@ -261,7 +251,8 @@ class JobDetail:
         timeline: The plan in force over one iteration, per stage (stages, never ranks).
         timeline_plan_id: Which plan :attr:`timeline` shows.
         power: Per GPU (``gpu`` label), ``(Unix time, W)`` over the last minutes.
-        steps: The most recent iterations.
+        steps: The most recent iterations (the wire's :class:`~perseus.wire.LiveStep`, without
+            the stages' clocks).
         savings: The measured saving each time another block pair completed.
         phases: The job's phase changes.
     """
@@ -270,7 +261,7 @@ class JobDetail:
     timeline: Tuple[Tuple[TimelineBox, ...], ...] = ()
     timeline_plan_id: Optional[int] = None
     power: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
-    steps: Tuple[StepPoint, ...] = ()
+    steps: Tuple[LiveStep, ...] = ()
     savings: Tuple[SavingPoint, ...] = ()
     phases: Tuple[PhaseChange, ...] = ()
 

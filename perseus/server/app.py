@@ -1,8 +1,8 @@
 """The FastAPI application of the coordination server.
 
-Endpoints (JSON; every one but ``GET /healthz`` needs ``Authorization: Bearer <token>`` when the
-server has a token; OpenAPI at ``/openapi.json``; paths and bodies are those of
-:mod:`perseus.wire`):
+Endpoints (JSON; every one but ``GET /healthz``, ``GET /live/auth`` and the live page's static
+files needs ``Authorization: Bearer <token>`` when the server has a token; OpenAPI at
+``/openapi.json``; paths and bodies are those of :mod:`perseus.wire`):
 
 * ``GET  /healthz`` — liveness.
 * ``POST /jobs`` — register a job (every rank may; identical specs are idempotent).

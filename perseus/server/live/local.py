@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -44,12 +45,16 @@ class LocalJobs:
         self.retired_s = retired_s
         self._kept: Dict[str, Tuple[Version, Optional[JobSnapshot]]] = {}
         self._warned: Set[Tuple[str, Version]] = set()
+        self._lock = threading.Lock()  # scrapes and page polls read from worker threads
 
     def snapshots(self, now_s: float) -> List[Tuple[str, JobSnapshot]]:
         """``(key, snapshot)`` of every current file, by file name."""
-        directory = self.directory
-        if directory is None:
+        if self.directory is None:
             return []
+        with self._lock:
+            return self._snapshots(self.directory, now_s)
+
+    def _snapshots(self, directory: Path, now_s: float) -> List[Tuple[str, JobSnapshot]]:
         try:
             entries = sorted(
                 (e for e in os.scandir(directory) if e.name.endswith(SNAPSHOT_SUFFIX)),

@@ -21,6 +21,7 @@ it.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -34,7 +35,7 @@ from perseus.errors import ExtraMissingError
 from perseus.observability.snapshot import JobDetail, JobSnapshot, to_json
 from perseus.server.jobs.registry import JobRegistry
 from perseus.server.live.local import LocalJobs
-from perseus.wire import JOB_ID_PATTERN, LiveStep, LiveSteps, Route
+from perseus.wire import JOB_ID_PATTERN, LiveSteps, Route
 
 MAX_PAGE = 200
 MAX_STEPS = 2048
@@ -139,18 +140,7 @@ def install_live_routes(app: FastAPI, jobs: LiveJobs, auth: Any, token_required:
         answer = LiveSteps(
             job_id=job_id,
             phase=phase,
-            steps=[
-                LiveStep(
-                    step=point.step,
-                    time_s=point.time_s,
-                    iteration_time_s=point.iteration_time_s,
-                    energy_j=point.energy_j,
-                    arm=point.arm,
-                    phase=point.phase,
-                    clocks_mhz=list(clocks),
-                )
-                for point, clocks in rows
-            ],
+            steps=[replace(point, clocks_mhz=list(clocks)) for point, clocks in rows],
         )
         return JSONResponse(to_json(answer), headers=DATA_HEADERS)
 

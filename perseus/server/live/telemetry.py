@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from perseus.observability.counter import CounterTrack
-from perseus.observability.snapshot import Interval, PhaseChange, SavingPoint, StepPoint
-from perseus.wire import RankRegistration, StepReport
+from perseus.observability.snapshot import Interval, PhaseChange, SavingPoint
+from perseus.wire import LiveStep, RankRegistration, StepReport
 
 # Iterations kept (the page's recent iterations, the trackers' per-step reads).
 STEPS_KEPT = 4096
@@ -86,7 +86,7 @@ class JobTelemetry:
         self.wall = wall
         self.gpus: Dict[int, GpuTrack] = {}
         self.stages: List[StageTrack] = [StageTrack() for _ in range(num_stages)]
-        self.steps: Deque[StepPoint] = deque(maxlen=STEPS_KEPT)
+        self.steps: Deque[LiveStep] = deque(maxlen=STEPS_KEPT)
         self.step_clocks: Dict[int, Clocks] = {}
         self.phases: Deque[PhaseChange] = deque(maxlen=EVENTS_KEPT)
         self.savings: Deque[SavingPoint] = deque(maxlen=EVENTS_KEPT)
@@ -185,7 +185,7 @@ class JobTelemetry:
             self.step_clocks.pop(old, None)
             self._first_step_kept += 1
         self.steps.append(
-            StepPoint(
+            LiveStep(
                 step=step,
                 time_s=self.wall(),
                 iteration_time_s=iteration_time_s,
@@ -230,7 +230,7 @@ class JobTelemetry:
         """The stage's time-weighted mean SM clock in its last iteration (``None``: default)."""
         return self.stages[stage].mean_mhz if 0 <= stage < self.num_stages else None
 
-    def steps_after(self, step: int, limit: int) -> List[Tuple[StepPoint, Clocks]]:
+    def steps_after(self, step: int, limit: int) -> List[Tuple[LiveStep, Clocks]]:
         """Up to ``limit`` kept iterations after ``step``, oldest first, with stage clocks."""
         out = []
         for point in self.steps:

@@ -23,16 +23,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
+from tests.e2e.test_train_e2e import SMALL
+
 BIN = Path(sys.executable).parent
-MAIN_JOB = [
-    "parallelism.pp=2",
-    "parallelism.num_microbatches=4",
-    "gpu=emulated",
-    "gpu.emulated.time_scale=0.3",
-    "profiler.baseline_steps=3",
-    "profiler.measure_steps=4",
-    "train.progress=false",
-]
+MAIN_JOB = [*SMALL, "train.progress=false"]
 # A short power-limit run: three limits, ideal counter, tiny windows.
 POWER_LIMIT_JOB = [
     "framework=torch",
@@ -95,6 +89,16 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: flo
         time.sleep(every_s)
 
 
+def answers(proc: subprocess.Popen, log: Path, url: str) -> bool:
+    """``url`` answers 200 (its process, still running, is what logs to ``log``)."""
+    assert proc.poll() is None, log.read_text()[-3000:]
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 class Server:
     """``perseus-server`` with a token, on a free port."""
 
@@ -122,12 +126,7 @@ class Server:
         wait_for("perseus-server to answer", self._healthy, 120)
 
     def _healthy(self) -> bool:
-        assert self.proc.poll() is None, self.log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
+        return answers(self.proc, self.log, f"{self.url}/healthz")
 
     def get(self, path: str, token: Optional[str] = None) -> Any:
         request = urllib.request.Request(

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from tests.integration._support.live_stack import free_port, wait_for
+from tests.integration._support.live_stack import answers, free_port, wait_for
 
 
 class Prometheus:
@@ -59,12 +59,7 @@ class Prometheus:
         wait_for("Prometheus to be ready", self._ready, 120)
 
     def _ready(self) -> bool:
-        assert self.proc.poll() is None, self.log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
+        return answers(self.proc, self.log, f"{self.url}/-/ready")
 
     def api(self, path: str, **params: Any) -> Any:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
