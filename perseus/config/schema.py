@@ -99,16 +99,24 @@ class PowerLimitConfig:
 
     # Try limits from the maximum down in steps of this many watts.
     step_w: float = 25.0
-    # Steps run at each limit before its measurement window, and steps measured (at least; a
-    # window is lengthened until it spans 10 energy-counter updates).
-    warmup_steps: int = 5
-    profile_steps: int = 10
+    # Steps of warm-up after a limit change and steps per measurement window, at least: a
+    # warm-up also lasts warmup_s, and a window spans enough energy-counter updates for
+    # target_error (both sized from the measured step time).
+    warmup_steps: int = 2
+    profile_steps: int = 1
     # Warm-up lasts at least this long (s): a GPU holds its power limit on an average over ~1 s,
     # so right after a change it still runs as under the old limit.
     warmup_s: float = 2.0
-    # Windows per limit, in passes over the limits that alternate direction; 3 or more give the
-    # saving a 95 % interval (fewer: the report says it has none).
-    repeats: int = 3
+    # Relative standard error of one window's energy the windows are sized for: (spread of one
+    # counter interval's energy / target_error)^2 counter intervals (0.01 with the H100's 6 %
+    # under its power limiter: 36, 3.6 s).
+    target_error: float = 0.01
+    # Confirmation rounds: the best candidates and the highest limit measured again, interleaved,
+    # once per round; 3 or more give the saving a 95 % interval (fewer: the report says it has
+    # none).
+    repeats: int = 6
+    # Limits confirmed against the highest one (the best of those not clearly worse than the best).
+    max_candidates: int = 2
     # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
     selector: PowerLimitSelector = PowerLimitSelector.zeus_cost
     # max_slowdown selector: least energy within this fraction of the fastest limit's time.
@@ -202,7 +210,18 @@ class ProfilerConfig:
     energy_rise_patience: int = 5
     warmup_instructions: int = 2
     min_window_s: float = 0.1
+    # The profiling budget: a (stage, clock) is re-measured until its rows' energy is known to
+    # 2 % or the budget is spent, then the job plans with what was measured (the rows still
+    # uncertain are listed). The budget is the smallest of max_iterations, max_iterations_fraction
+    # of job_iterations, and what ran within max_minutes.
     max_iterations: int = 40
+    # At most this fraction of the job's iterations profile; None = no such cap.
+    max_iterations_fraction: Optional[float] = None
+    # The job's length in iterations (conf/profiler/default.yaml: train.max_steps); None = not
+    # known (max_iterations_fraction then caps nothing).
+    job_iterations: Optional[int] = None
+    # Profiling stops once its iterations ran this many minutes; None = no such cap.
+    max_minutes: Optional[float] = None
     # Try every n-th supported clock (1 = all of them): a count of clocks, not MHz.
     frequency_step: int = 1
     # Lowest frequency to try (MHz); None = the device's lowest supported.

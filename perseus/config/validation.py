@@ -28,6 +28,7 @@ from perseus.config.bounds import (
     MAX_POWER_W,
     MHZ,
     P2P_POWER_W,
+    POWER_LIMIT_SETTINGS,
     PROFILER_SETTINGS,
     SOLVER_NAME_PATTERN,
 )
@@ -111,12 +112,7 @@ RANGES: Dict[str, Range] = {
     "parallelism.num_model_chunks": _count(),
     # energy (the server's bounds of the same keys)
     **{f"energy.{key}": allowed for key, allowed in ENERGY_SETTINGS.items()},
-    "energy.power_limit.step_w": _watts(positive=True),
-    "energy.power_limit.warmup_steps": _count(0),
-    "energy.power_limit.profile_steps": _count(),
-    "energy.power_limit.repeats": _count(),
-    "energy.power_limit.warmup_s": Range(ge=0.0, le=3600.0, unit="s"),
-    "energy.power_limit.max_slowdown": Range(ge=0.0, le=100.0),
+    **{f"energy.power_limit.{key}": allowed for key, allowed in POWER_LIMIT_SETTINGS.items()},
     # gpu.emulated
     "gpu.emulated.time_scale": Range(gt=0.0, le=1e6),
     "gpu.emulated.blocking_power_w": _watts(optional=True),
@@ -210,6 +206,9 @@ def validate(cfg: PerseusConfig) -> None:
         ConfigError: listing each bad key, its value and how to fix it (one line each).
     """
     values = _flat_values(cfg)
+    if cfg.profiler.job_iterations == cfg.train.max_steps:
+        # Its default, train.max_steps (conf/profiler/default.yaml): a problem is said once.
+        values.pop("profiler.job_iterations")
     problems = list(ranges_problems(values, RANGES))
     valid = {key: value for key, value in values.items() if RANGES[key].problem(value) is None}
     if cfg.parallelism.schedule not in ALL_SCHEDULES:

@@ -179,10 +179,12 @@ RUNTIME_CHILD = textwrap.dedent(
             for f in (1410, 1200, 1005)]
     profile = Profile.from_rows(rows, source="py39")
     order = [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),
-             ("backward", 1), ("backward", 2)]
+             ("backward", 1), ("backward", 2)]  # stage 0 of 2 in 1F1B
+    last = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
+            ("forward", 2), ("backward", 2)]  # stage 1 (the last)
     clocks = [1410, 1200, 1005, 1200, 1410, 1005]
     plan = Plan("1f1b", 2, 3, [[PlanStep(n, m, f) for (n, m), f in zip(order, clocks)],
-                               [PlanStep(n, m, f) for (n, m), f in zip(order, clocks[::-1])]])
+                               [PlanStep(n, m, f) for (n, m), f in zip(last, clocks[::-1])]])
     gpu = EmulatedGPU(profile, blocking_power_w=80.0, sleep=False, num_pipeline_stages=2,
                       energy_update_period_s=1e-6)
     state_dir = Path(tempfile.mkdtemp())
@@ -191,10 +193,10 @@ RUNTIME_CHILD = textwrap.dedent(
                                   state_dir=state_dir, trace_dir=trace_dir)
     guard = opt.guard
 
-    def iterate(o):
+    def iterate(o, stage_order=order):
         for _ in range(2):
             o.on_step_begin()
-            for name, _mb in order:
+            for name, _mb in stage_order:
                 o.on_instruction_begin(name)
                 o.on_instruction_end(name)
             o.on_step_end()
@@ -212,7 +214,7 @@ RUNTIME_CHILD = textwrap.dedent(
     cfg.runtime.trace = True
     cfg.output_dir = str(trace_dir / "run")
     opt2 = PerseusOptimizer.from_config(cfg, RankInfo(stage=1, num_stages=2, rank=1))
-    iterate(opt2)
+    iterate(opt2, last)
     opt2.close()
     print(json.dumps({
         "python": list(sys.version_info[:2]),
@@ -233,7 +235,11 @@ def test_runtime_applies_a_plan_on_the_core(core_python: Path) -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["python"] == [3, 9]
     assert out["freqs"] == [[1410, 1200, 1005, 1200, 1410, 1005]] * 2
-    assert all(e is not None and e > 0 for e in out["energy_j"])
+    # The last iteration's energy is waited for (settle_energy); the first one's is unknown
+    # when the sampler thread had not read the counter twice before it started (a busy
+    # machine schedules the thread late), as on a real GPU at the start of a run.
+    energies = out["energy_j"]
+    assert energies[-1] is not None and all(e > 0 for e in energies if e is not None)
     assert out["trace_rows"] == 12
     assert out["guard_released"] is True
     assert out["from_config_freqs"] == [[1005, 1410, 1200, 1005, 1200, 1410]] * 2

@@ -11,19 +11,16 @@ from typing import Dict, List, Optional
 import pytest
 
 from perseus.batch_size import RecurringJob
-from perseus.config.schema import GPUConfig, PowerLimitConfig
+from perseus.config.schema import GPUConfig
 from perseus.errors import BatchSizeError
 from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.gpu.guard.owner import GPUGuard
-from tests.unit.batch_size.emulated_job import TOP_MW, emulated_gpu, job_energy, train
+from tests.unit.batch_size.emulated_job import LIMITS, TOP_MW, emulated_gpu, job_energy, train
 from tests.unit.power_limit.fakes import VirtualClock
 
 ROOT = Path(__file__).resolve().parents[3]
 # epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
 EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
-# The ideal emulated GPU applies a power limit per instruction: no settling time to wait for;
-# one window per limit, so that even the short runs of large batch sizes finish profiling.
-LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2, warmup_s=0.0, repeats=1)
 
 
 def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
