@@ -52,6 +52,13 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.process_exit",
             "perseus.wire",  # the package and its modules (vocabulary, fields, bounds, jobs, ...)
             "perseus.formats",
+            # A job's live snapshot, its Prometheus rendering and its textfile (the optimizers'
+            # snapshots sit with the optimizers, below).
+            "perseus.observability",
+            "perseus.observability.snapshot",
+            "perseus.observability.prometheus",
+            "perseus.observability.textfile",
+            "perseus.observability.counter",
         ],
     ),
     ("gpu", ["perseus.gpu"]),
@@ -66,6 +73,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.batch_size",
             "perseus.models",
             "perseus.adapters",  # outside the stack: imports runtime and below only
+            "perseus.observability.optimizers",
         ],
     ),
     ("server", ["perseus.server", "perseus.train"]),
@@ -84,6 +92,15 @@ TRAINING_PROCESS = [
 ]
 # Import names of the core dependencies (pyproject's ``dependencies``) and what they bring.
 CORE_IMPORTS = {"omegaconf", "yaml", "antlr4", "pynvml"}
+# Optional packages a training-process module may import inside a function, on the path that
+# needs them only, each installed by the pip extra named here (its absence is one message
+# naming that extra): the metrics textfile, the experiment trackers.
+OPTIONAL_EXTRAS = {
+    "prometheus_client": "metrics",
+    "mlflow": "mlflow",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+}
 # The frameworks the adapters patch: the user's process already has them.
 PATCHED_FRAMEWORKS = {"torch", "deepspeed", "megatron", "Merak"}
 

@@ -24,6 +24,7 @@ from perseus.config.enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    LoggerBackend,
     PlannerEffort,
     PlannerScope,
     PowerLimitSelector,
@@ -39,6 +40,7 @@ __all__ = [
     "Framework",
     "GPUBackend",
     "GPUOnUnsupported",
+    "LoggerBackend",
     "PerseusConfig",
     "PlannerEffort",
     "PlannerScope",
@@ -322,6 +324,13 @@ class ServerConfig:
     # Server: false keeps a plan whose measurement fails that check (the verdict is still
     # recorded in the job's summary and events).
     plan_check: bool = True
+    # Server: the live model behind /metrics and the live page keeps each GPU's power this
+    # long (s), and shows a job whose ranks all ended this long after its end (s).
+    live_history_s: float = 600.0
+    live_retired_s: float = 3600.0
+    # Server: a directory where jobs without a coordination server publish their state
+    # (metrics.textfile_dir of those jobs): /metrics and the live page show them too.
+    live_dir: Optional[str] = None
 
 
 @dataclass
@@ -359,6 +368,44 @@ class TrainConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Experiment tracker of global rank 0 (config group ``logger``).
+
+    Per iteration: its time, its energy (once the sampler covers it), the clock of every
+    stage and the phase; at the end the report's figures. Written by a thread of its own,
+    never by the training thread; a tracker that fails costs one warning, never the training.
+    """
+
+    backend: LoggerBackend = LoggerBackend.none
+    # Where the tracker writes (None: <run directory>/<backend> under perseus-train,
+    # perseus-runs/<job id>/<backend> in an own script).
+    dir: Optional[str] = None
+    # MLflow's tracking URI (None: a file store in ``dir``).
+    tracking_uri: Optional[str] = None
+    # MLflow experiment / Weights & Biases project, and the run's name (None: the job id).
+    experiment: str = "perseus"
+    run_name: Optional[str] = None
+    # Seconds between the tracker's looks at new iterations.
+    interval_s: float = 2.0
+
+
+@dataclass
+class MetricsConfig:
+    """Prometheus metrics of jobs without a coordination server (config group ``metrics``).
+
+    A job with a server is scraped at the server's ``/metrics``. Without one (runtime modes
+    ``plan``, ``measure``, ``max_speed``; ``energy=power_limit``), every process writes its
+    readings in the Prometheus text format into ``textfile_dir`` for node_exporter's textfile
+    collector, from a thread of its own.
+    """
+
+    # node_exporter's textfile-collector directory (None: no files).
+    textfile_dir: Optional[str] = None
+    # Seconds between two writes.
+    interval_s: float = 5.0
+
+
+@dataclass
 class PerseusConfig:
     """The whole configuration of ``perseus-train`` and ``perseus-plan``."""
 
@@ -372,4 +419,6 @@ class PerseusConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     output_dir: Optional[str] = None

@@ -25,6 +25,8 @@ MAX_UPDATES = 65536
 # A step sequence ("F0,F1,B0,..."; I and W: a backward's halves): at most this many characters.
 MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
 SEQUENCE_PATTERN = r"^([FBIW][0-9]{1,6}(,[FBIW][0-9]{1,6})*)?$"
+# A GPU as ``<host>:<index>`` (host name characters only).
+GPU_LABEL_PATTERN = r"^[A-Za-z0-9._-]{1,120}:[0-9]{1,6}$"
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
 Mhz = Annotated[int, Bound.of(MHZ)]

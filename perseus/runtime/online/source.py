@@ -78,6 +78,8 @@ class OnlineSource:
         max_queued_reports: Reports waiting to be sent beyond this are dropped (oldest first).
         endpoint: Where the job is served (global rank 0 announces phases and the summary,
             and waits for the others before a server it started stops).
+        gpu: This rank's GPU as ``<host>:<index>`` (a leader registers it: the server's
+            metrics name the GPU its counter updates come from).
     """
 
     changes_clocks = True
@@ -94,6 +96,7 @@ class OnlineSource:
         prefetch_steps: int = 2,
         max_queued_reports: int = 64,
         endpoint: Optional[Endpoint] = None,
+        gpu: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.endpoint = endpoint
@@ -142,7 +145,7 @@ class OnlineSource:
             self.link = ServerLink(
                 client,
                 job_spec,
-                stage_registration(rank, self.exchange.members),
+                stage_registration(rank, self.exchange.members, gpu),
                 prefetch_steps=prefetch_steps,
                 max_queued_reports=max_queued_reports,
                 on_message=self._notice,

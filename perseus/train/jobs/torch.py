@@ -143,9 +143,12 @@ def run(cfg: PerseusConfig) -> int:
         return total
 
     done_fn = _power_limit_done(cfg, plo) if plo is not None else None
+    publisher = _power_limit_publisher(cfg, plo) if plo is not None and rank == 0 else None
     try:
         steps = run_loop(cfg, step, is_rank0=rank == 0, done_fn=done_fn)
     finally:
+        if publisher is not None:
+            publisher.close()
         if plo is not None:
             if rank == 0 and cfg.output_dir:
                 path = Path(cfg.output_dir) / "power_limit.json"
@@ -154,6 +157,22 @@ def run(cfg: PerseusConfig) -> int:
     if cfg.output_dir:
         write_rank_steps(Path(cfg.output_dir), rank)
     return steps
+
+
+def _power_limit_publisher(cfg: PerseusConfig, plo: Any) -> Any:
+    """Global rank 0's textfile of the power-limit optimizer (``metrics.textfile_dir``)."""
+    if not cfg.metrics.textfile_dir:
+        return None
+    from perseus.observability.optimizers import power_limit_snapshot
+    from perseus.observability.textfile import TextfilePublisher
+
+    name = f"{cfg.server.job_id or 'perseus'}/power_limit"
+    return TextfilePublisher(
+        Path(cfg.metrics.textfile_dir),
+        name,
+        lambda: power_limit_snapshot(name, plo.report()),
+        cfg.metrics.interval_s,
+    )
 
 
 def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
