@@ -15,10 +15,12 @@ import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
 if TYPE_CHECKING:
-    from perseus.profiler.estimation.estimate import StageEstimator, TypeEstimate
-    from perseus.profiler.job_profiler import JobProfiler
-    from perseus.profiler.sweep.stage import StageSweep, sweep_clocks_mhz
-    from perseus.profiler.sweep.stop import EnergyRiseStop
+    from perseus.profiler.estimation.estimate import StageEstimator as StageEstimator
+    from perseus.profiler.estimation.estimate import TypeEstimate as TypeEstimate
+    from perseus.profiler.job_profiler import JobProfiler as JobProfiler
+    from perseus.profiler.sweep.stage import StageSweep as StageSweep
+    from perseus.profiler.sweep.stage import sweep_clocks_mhz as sweep_clocks_mhz
+    from perseus.profiler.sweep.stop import EnergyRiseStop as EnergyRiseStop
 
 _MODULE_OF: Dict[str, str] = {
     "EnergyRiseStop": "perseus.profiler.sweep.stop",
