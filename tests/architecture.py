@@ -323,12 +323,21 @@ def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def training_process_modules() -> List[str]:
-    """The training-process modules as found on disk (new ones are covered too)."""
+    """The training-process modules as found on disk (new ones are covered too).
+
+    A module under one of those prefixes whose own layer is higher (e.g. the optimizers'
+    snapshots in ``perseus.observability.optimizers``) is not one of them; the adapters are.
+    """
     prefixes = [p for p in TRAINING_PROCESS if p != "perseus"]
+    runtime = layer_named("runtime")
     return [
         m
         for m in module_files()
-        if m == "perseus" or any(m == p or m.startswith(p + ".") for p in prefixes)
+        if m == "perseus"
+        or (
+            any(m == p or m.startswith(p + ".") for p in prefixes)
+            and (m.startswith("perseus.adapters") or (layer_of(m) or 0) <= runtime)
+        )
     ]
 
 

@@ -51,9 +51,30 @@ SUMMARY: Dict[str, Any] = {
 
 def rows() -> List[StepRow]:
     return [
-        StepRow(0, 0.25, None, {0: 1410.0, 1: 1410.0}, "baseline", "baseline"),
-        StepRow(1, 0.26, 170.0, {0: 1300.0}, "profiling", "profiling"),
-        StepRow(0, 0.25, 180.0, {0: 1410.0, 1: 1410.0}, "baseline", "baseline"),  # its energy
+        StepRow(
+            step=0,
+            iteration_time_s=0.25,
+            energy_j=None,
+            clocks_mhz={0: 1410.0, 1: 1410.0},
+            phase="baseline",
+            arm="baseline",
+        ),
+        StepRow(
+            step=1,
+            iteration_time_s=0.26,
+            energy_j=170.0,
+            clocks_mhz={0: 1300.0},
+            phase="profiling",
+            arm="profiling",
+        ),
+        StepRow(
+            step=0,
+            iteration_time_s=0.25,
+            energy_j=180.0,
+            clocks_mhz={0: 1410.0, 1: 1410.0},
+            phase="baseline",
+            arm="baseline",
+        ),  # its energy
     ]
 
 
@@ -125,8 +146,22 @@ def record(step: int, energy_j: Any) -> StepRecord:
         start_s=0.0,
         end_s=0.3,
         instructions=[
-            InstructionRecord(0, "forward", 0, 1410, 0.0, 0.1),
-            InstructionRecord(1, "backward", 0, 1000, 0.1, 0.2),
+            InstructionRecord(
+                position=0,
+                instruction="forward",
+                microbatch=0,
+                frequency_mhz=1410,
+                start_s=0.0,
+                end_s=0.1,
+            ),
+            InstructionRecord(
+                position=1,
+                instruction="backward",
+                microbatch=0,
+                frequency_mhz=1000,
+                start_s=0.1,
+                end_s=0.2,
+            ),
         ],
     )
     record.energy_j = energy_j
