@@ -1,4 +1,4 @@
-"""What a GPU's energy counter showed: its updates, the energy between two instants, its period.
+"""What a GPU's energy counter showed (updates, energy between instants, period); its temperature.
 
 A real GPU's cumulative energy counter (NVML's ``nvmlDeviceGetTotalEnergyConsumption``) does not
 move continuously: it is updated every ~100 ms (with jitter), and a read returns the energy up to
@@ -14,6 +14,11 @@ the GPU's sampler (:mod:`perseus.gpu.energy.sampler`), and derives everything el
   between them: :mod:`perseus.profiler.estimation.attribution`);
 * the counter's update period and jitter (:func:`estimate_update_period`), the one estimator the
   sampler, ``perseus-doctor``, the profiler and the server use.
+
+The same sampler reads the GPU's temperature every second or so (:class:`TemperatureSeries`):
+leakage power rises with temperature, so measurements taken while the card still warms up are
+biased. :func:`thermal_verdict` is the one criterion of "thermally settled" that the phases which
+measure (the server's baseline and profiling) wait for (``docs/design.md``, "Thermal drift").
 
 Plain data and arithmetic, standard library only; thread-safe where it says so.
 """
@@ -208,3 +213,159 @@ class EnergySeries:
         return before.energy_mj + (after.energy_mj - before.energy_mj) * (
             (t_s - before.time_s) / span
         )
+
+
+# -- temperature --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemperatureReading:
+    """One reading of a GPU's temperature sensor (NVML's ``NVML_TEMPERATURE_GPU``: whole °C).
+
+    Attributes:
+        time_s: When it was read (the clock the hooks stamp with).
+        temperature_c: The reading (°C).
+    """
+
+    time_s: float
+    temperature_c: float
+
+
+class TemperatureSeries:
+    """One GPU's temperature readings, oldest first (its sampler reads them beside the counter).
+
+    Thread-safe: the sampler adds from its thread while others read. Beyond ``max_readings`` the
+    oldest half is dropped (a reading a second keeps more than a day).
+
+    Args:
+        max_readings: Readings kept at most.
+    """
+
+    def __init__(self, max_readings: int = 100_000) -> None:
+        self._lock = threading.Lock()
+        self._max = max(4, max_readings)
+        self._readings: List[TemperatureReading] = []
+        self._times: List[float] = []
+
+    def add(self, reading: TemperatureReading) -> None:
+        """Append a reading (later than the last one; an earlier one is ignored)."""
+        with self._lock:
+            if self._times and reading.time_s <= self._times[-1]:
+                return
+            if len(self._readings) >= self._max:
+                half = len(self._readings) // 2
+                del self._readings[:half]
+                del self._times[:half]
+            self._readings.append(reading)
+            self._times.append(reading.time_s)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._readings)
+
+    @property
+    def latest(self) -> Optional[TemperatureReading]:
+        """The newest reading (``None``: none yet)."""
+        with self._lock:
+            return self._readings[-1] if self._readings else None
+
+    def between(self, t0_s: float, t1_s: float) -> List[TemperatureReading]:
+        """The readings at times within ``[t0_s, t1_s]``, oldest first."""
+        with self._lock:
+            lo = bisect.bisect_left(self._times, t0_s)
+            hi = bisect.bisect_right(self._times, t1_s)
+            return self._readings[lo:hi]
+
+    def snapshot(self) -> List[TemperatureReading]:
+        """Every reading kept, oldest first."""
+        with self._lock:
+            return list(self._readings)
+
+
+@dataclass(frozen=True)
+class ThermalCriterion:
+    """When a GPU counts as thermally settled (``docs/design.md``, "Thermal drift").
+
+    Settled: over the last ``window_s`` of readings (at least ``min_readings`` of them, spanning
+    at least ``window_s``) the temperature's least-squares slope is within
+    ``max_slope_c_per_min``. With a first-order approach to the steady temperature (time
+    constant ``tau``), that slope means at most ``max_slope_c_per_min * tau / 60`` °C are left
+    to go. A card that has not settled after ``max_wait_s`` is taken as it is (said so); a card
+    whose temperature is not known does not hold anything up.
+
+    Attributes:
+        window_s: Span of readings the slope is fitted over.
+        max_slope_c_per_min: Largest slope (°C per minute, either sign) that counts as settled.
+        max_wait_s: Longest wait for it, from the first reading.
+        min_readings: Fewest readings the slope is fitted from.
+    """
+
+    window_s: float = 60.0
+    max_slope_c_per_min: float = 0.5
+    max_wait_s: float = 600.0
+    min_readings: int = 5
+
+
+@dataclass(frozen=True)
+class ThermalVerdict:
+    """Whether measuring may start, and why.
+
+    Attributes:
+        ready: Start now: settled, waited ``max_wait_s`` already, or no temperature known.
+        reason: ``settled``, ``timeout`` (not settled after the longest wait), ``unknown`` (no
+            readings), or ``warming`` (not ready: the temperature still moves).
+        slope_c_per_min: The fitted slope (``None``: too few readings yet).
+        temperature_c: The last reading (``None``: none).
+    """
+
+    ready: bool
+    reason: str
+    slope_c_per_min: Optional[float]
+    temperature_c: Optional[float]
+
+
+def temperature_slope_c_per_min(
+    readings: Sequence[TemperatureReading], window_s: float, min_readings: int = 5
+) -> Optional[float]:
+    """Least-squares slope (°C per minute) of the readings in the last ``window_s``.
+
+    ``None`` when fewer than ``min_readings`` readings lie in that window or they span less
+    than ``window_s`` (the series is too young to tell).
+    """
+    if not readings:
+        return None
+    end_s = readings[-1].time_s
+    start = bisect.bisect_left([r.time_s for r in readings], end_s - window_s)
+    recent = readings[start:]
+    if start > 0:  # the reading just before the window makes the span whole
+        recent = readings[start - 1 :]
+    if len(recent) < max(2, min_readings) or end_s - recent[0].time_s < window_s:
+        return None
+    n = len(recent)
+    mean_t = sum(r.time_s for r in recent) / n
+    mean_c = sum(r.temperature_c for r in recent) / n
+    var = sum((r.time_s - mean_t) ** 2 for r in recent)
+    if var <= 0.0:
+        return None
+    cov = sum((r.time_s - mean_t) * (r.temperature_c - mean_c) for r in recent)
+    return 60.0 * cov / var
+
+
+def thermal_verdict(
+    readings: Sequence[TemperatureReading], criterion: Optional[ThermalCriterion] = None
+) -> ThermalVerdict:
+    """Whether a GPU whose readings are ``readings`` (oldest first) may start measuring now.
+
+    The wait is counted from the first reading, on the readings' own clock; ``criterion``:
+    :class:`ThermalCriterion`'s defaults unless given.
+    """
+    criterion = criterion or ThermalCriterion()
+    if not readings:
+        return ThermalVerdict(True, "unknown", None, None)
+    last = readings[-1]
+    slope = temperature_slope_c_per_min(readings, criterion.window_s, criterion.min_readings)
+    if slope is not None and abs(slope) <= criterion.max_slope_c_per_min:
+        return ThermalVerdict(True, "settled", slope, last.temperature_c)
+    if last.time_s - readings[0].time_s >= criterion.max_wait_s:
+        return ThermalVerdict(True, "timeout", slope, last.temperature_c)
+    return ThermalVerdict(False, "warming", slope, last.temperature_c)
