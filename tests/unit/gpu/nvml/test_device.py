@@ -90,6 +90,29 @@ def test_changes_call_nvml_exactly():
     ]
 
 
+def test_temperature_is_the_die_sensor_and_none_where_unsupported():
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0)
+        m.reset_mock()
+        assert gpu.temperature_c() == 45.0
+        m.nvmlDeviceGetTemperature.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        assert gpu.temperature_c() is None
+    assert m.mock_calls == [
+        call.nvmlDeviceGetTemperature(H0, pynvml.NVML_TEMPERATURE_GPU),
+        call.nvmlDeviceGetTemperature(H0, pynvml.NVML_TEMPERATURE_GPU),
+    ]
+
+
+def test_dry_run_reads_the_temperature_and_changes_nothing():
+    m = make_pynvml_mock()
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0, dry_run=True)
+        gpu.lock_sm_clocks_mhz(1005, 1005)
+        assert gpu.temperature_c() == 45.0
+    assert m.nvmlDeviceSetGpuLockedClocks.call_count == 0
+
+
 def test_permission_error_says_how_to_fix():
     m = make_pynvml_mock()
     m.nvmlDeviceSetGpuLockedClocks.side_effect = no_permission()
