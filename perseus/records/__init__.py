@@ -17,6 +17,7 @@ from perseus.records.energy import (
     TemperatureSeries,
     ThermalCriterion,
     ThermalVerdict,
+    ThermalWatch,
     UpdatePeriod,
     thermal_verdict,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "TemperatureSeries",
     "ThermalCriterion",
     "ThermalVerdict",
+    "ThermalWatch",
     "UpdatePeriod",
     "thermal_verdict",
 ]

@@ -29,7 +29,7 @@ import bisect
 import statistics
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -352,12 +352,14 @@ def temperature_slope_c_per_min(
 
 
 def thermal_verdict(
-    readings: Sequence[TemperatureReading], criterion: Optional[ThermalCriterion] = None
+    readings: Sequence[TemperatureReading],
+    criterion: Optional[ThermalCriterion] = None,
+    since_s: Optional[float] = None,
 ) -> ThermalVerdict:
     """Whether a GPU whose readings are ``readings`` (oldest first) may start measuring now.
 
-    The wait is counted from the first reading, on the readings' own clock; ``criterion``:
-    :class:`ThermalCriterion`'s defaults unless given.
+    The wait is counted from ``since_s`` (default: the first reading), on the readings' own
+    clock; ``criterion``: :class:`ThermalCriterion`'s defaults unless given.
     """
     criterion = criterion or ThermalCriterion()
     if not readings:
@@ -366,6 +368,75 @@ def thermal_verdict(
     slope = temperature_slope_c_per_min(readings, criterion.window_s, criterion.min_readings)
     if slope is not None and abs(slope) <= criterion.max_slope_c_per_min:
         return ThermalVerdict(True, "settled", slope, last.temperature_c)
-    if last.time_s - readings[0].time_s >= criterion.max_wait_s:
+    start_s = readings[0].time_s if since_s is None else since_s
+    if last.time_s - start_s >= criterion.max_wait_s:
         return ThermalVerdict(True, "timeout", slope, last.temperature_c)
     return ThermalVerdict(False, "warming", slope, last.temperature_c)
+
+
+class ThermalWatch:
+    """One GPU's (or stage's) temperature readings as they arrive, and whether it has settled.
+
+    Keeps what :func:`thermal_verdict` needs and no more: when the first reading came (the
+    wait counts from it) and the readings of the last ``criterion.window_s``, at most one per
+    ``min_interval_s`` (an iteration's report carries the sampler's last reading, which moves
+    about once a second). Not thread-safe (one phase of one job feeds it). The server's baseline
+    waits on one per stage; the profiling phase may call :meth:`verdict` on the same to start
+    (or go on) only when settled.
+
+    Args:
+        criterion: When it counts as settled (default: :class:`ThermalCriterion`'s).
+        min_interval_s: Readings closer than this to the last one kept are skipped.
+    """
+
+    def __init__(
+        self, criterion: Optional[ThermalCriterion] = None, min_interval_s: float = 1.0
+    ) -> None:
+        self.criterion = criterion or ThermalCriterion()
+        self.min_interval_s = min_interval_s
+        self.since_s: Optional[float] = None
+        self._readings: List[TemperatureReading] = []
+        self._verdict: Optional[ThermalVerdict] = None
+
+    def add(self, time_s: float, temperature_c: float) -> None:
+        """A reading (at least ``min_interval_s`` after the last one kept, else skipped)."""
+        readings = self._readings
+        if readings and time_s < readings[-1].time_s + self.min_interval_s:
+            return
+        if self.since_s is None:
+            self.since_s = time_s
+        readings.append(TemperatureReading(time_s, temperature_c))
+        self._verdict = None
+        # Keep one reading older than the window (it makes the window's span whole).
+        cut = bisect.bisect_left([r.time_s for r in readings], time_s - self.criterion.window_s)
+        if cut > 1:
+            del readings[: cut - 1]
+
+    def verdict(self) -> ThermalVerdict:
+        """Whether measuring may start now (see :func:`thermal_verdict`)."""
+        if self._verdict is None:
+            self._verdict = thermal_verdict(self._readings, self.criterion, self.since_s)
+        return self._verdict
+
+    @property
+    def readings(self) -> List[TemperatureReading]:
+        """The readings kept (the last window's), oldest first."""
+        return list(self._readings)
+
+    def to_state(self) -> Dict[str, Any]:
+        """What :meth:`from_state` needs (JSON-ready)."""
+        return {
+            "since_s": self.since_s,
+            "readings": [[r.time_s, r.temperature_c] for r in self._readings],
+        }
+
+    @classmethod
+    def from_state(
+        cls, state: Dict[str, Any], criterion: Optional[ThermalCriterion] = None
+    ) -> ThermalWatch:
+        """The watch :meth:`to_state` described."""
+        watch = cls(criterion)
+        watch._readings = [TemperatureReading(float(t), float(c)) for t, c in state["readings"]]
+        since = state.get("since_s")
+        watch.since_s = None if since is None else float(since)
+        return watch

@@ -75,7 +75,9 @@ class PlanMeasurement:
         return {
             "reference": [job_step_to_json(s) for s in self.reference],
             "plan": [job_step_to_json(s) for s in self.plan],
-            "blocks": [[b.arm, b.num_steps, b.time_s, b.energy_j] for b in self.blocks],
+            "blocks": [
+                [b.arm, b.num_steps, b.time_s, b.energy_j, b.temperature_c] for b in self.blocks
+            ],
             "block_steps": self.block_steps,
         }
 
@@ -90,13 +92,19 @@ class PlanMeasurement:
         plan = [job_step_from_json(s) for s in data["plan"]]
         if "blocks" in data:
             blocks = [
-                Block(str(arm), int(n), float(t), None if e is None else float(e))
-                for arm, n, t, e in data["blocks"]
+                Block(
+                    str(b[0]),
+                    int(b[1]),
+                    float(b[2]),
+                    None if b[3] is None else float(b[3]),
+                    None if len(b) < 5 or b[4] is None else float(b[4]),
+                )
+                for b in data["blocks"]
             ]
         else:
             arms = [(js, REFERENCE) for js in reference] + [(js, PLAN) for js in plan]
             blocks = [
-                Block(arm, 1, js.iteration_time_s, js.energy_j)
+                Block(arm, 1, js.iteration_time_s, js.energy_j, js.temperature_c)
                 for js, arm in sorted(arms, key=lambda item: item[0].step)
             ]
         return cls(reference, plan, blocks, int(data.get("block_steps", 1)))

@@ -141,3 +141,20 @@ def test_the_temperature_series_keeps_order_and_answers_ranges() -> None:
     assert [r.time_s for r in series.snapshot()] == [3.0, 4.0, 5.0]  # halved once full
     assert series.latest == TemperatureReading(5.0, 45.0)
     assert [r.time_s for r in series.between(3.5, 5.0)] == [4.0, 5.0]
+
+
+def test_a_watch_keeps_the_last_window_and_comes_back_from_its_state() -> None:
+    from perseus.records.energy import ThermalWatch
+
+    watch = ThermalWatch()
+    temps = _approach(35.0, 72.0, 60.0, 400)
+    for t, c in enumerate(temps):
+        watch.add(float(t), float(c))
+        watch.add(t + 0.5, float(c))  # within a second of the last one kept: skipped
+    kept = watch.readings
+    assert kept[-1].time_s - kept[1].time_s <= 60.0 < kept[-1].time_s - kept[0].time_s
+    assert watch.since_s == 0.0
+    verdict = watch.verdict()
+    assert verdict.ready and verdict.reason == "settled"
+    again = ThermalWatch.from_state(watch.to_state())
+    assert again.readings == kept and again.since_s == 0.0 and again.verdict() == verdict
