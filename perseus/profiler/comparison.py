@@ -85,14 +85,24 @@ class Block:
         num_steps: Iterations in the block.
         time_s: Their iteration times, summed.
         energy_j: Their energies, summed (``None``: not all known).
-        temperature_c: The GPUs' mean temperature over them (°C; ``None``: not reported).
     """
 
     arm: str
     num_steps: int
     time_s: float
     energy_j: Optional[float]
-    temperature_c: Optional[float] = None
+
+    @property
+    def temperature_c(self) -> Optional[float]:
+        """The GPUs' mean temperature over the block (°C): not known for a plain block."""
+        return None
+
+
+@dataclass(frozen=True)
+class ThermalBlock(Block):
+    """A :class:`Block` with its GPUs' mean temperature (°C; ``None``: not reported)."""
+
+    temperature_c: Optional[float] = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
-from perseus.profiler.comparison import PLAN, REFERENCE, Block, Comparison, compare
+from perseus.profiler.comparison import PLAN, REFERENCE, Block, Comparison, ThermalBlock, compare
 from perseus.server.jobs.steps import JobStep, job_step_from_json, job_step_to_json
 
 
@@ -90,21 +90,22 @@ class PlanMeasurement:
         """
         reference = [job_step_from_json(s) for s in data["reference"]]
         plan = [job_step_from_json(s) for s in data["plan"]]
+        blocks: List[Block]
         if "blocks" in data:
             blocks = [
-                Block(
-                    str(b[0]),
-                    int(b[1]),
-                    float(b[2]),
-                    None if b[3] is None else float(b[3]),
-                    None if len(b) < 5 or b[4] is None else float(b[4]),
+                ThermalBlock(
+                    arm=str(b[0]),
+                    num_steps=int(b[1]),
+                    time_s=float(b[2]),
+                    energy_j=None if b[3] is None else float(b[3]),
+                    temperature_c=None if len(b) < 5 or b[4] is None else float(b[4]),
                 )
                 for b in data["blocks"]
             ]
         else:
             arms = [(js, REFERENCE) for js in reference] + [(js, PLAN) for js in plan]
             blocks = [
-                Block(arm, 1, js.iteration_time_s, js.energy_j, js.temperature_c)
+                Block(arm, 1, js.iteration_time_s, js.energy_j)
                 for js, arm in sorted(arms, key=lambda item: item[0].step)
             ]
         return cls(reference, plan, blocks, int(data.get("block_steps", 1)))

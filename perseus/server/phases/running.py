@@ -26,6 +26,7 @@ from perseus.profiler.comparison import (
     PLAN,
     REFERENCE,
     Block,
+    ThermalBlock,
     block_steps,
     compare,
     mean_temperature_c,
@@ -155,7 +156,15 @@ class BlockSamples:
             energy_j = sum(js.energy_j or 0.0 for js in steps)
             time_s = sum(js.iteration_time_s for js in steps)
             temperature_c = mean_temperature_c([js.temperature_c for js in steps])
-            out.append(Block(_COMPARISON_ARM[arm], len(steps), time_s, energy_j, temperature_c))
+            out.append(
+                ThermalBlock(
+                    arm=_COMPARISON_ARM[arm],
+                    num_steps=len(steps),
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    temperature_c=temperature_c,
+                )
+            )
         return out
 
     @property

@@ -18,6 +18,7 @@ from perseus.profiler.comparison import (
     PLAN,
     REFERENCE,
     Block,
+    ThermalBlock,
     arm_order,
     block_steps,
     compare,
@@ -140,7 +141,9 @@ def test_each_arm_reports_its_temperature_and_the_pairs_their_difference() -> No
     blocks = []
     for arm in arm_order(6):
         warm_c = (70.0 if arm == REFERENCE else 66.0) + rng.gauss(0, 0.3)  # the plan runs cooler
-        blocks.append(Block(arm, 2, 2.0, 1000.0, warm_c))
+        blocks.append(
+            ThermalBlock(arm=arm, num_steps=2, time_s=2.0, energy_j=1000.0, temperature_c=warm_c)
+        )
     result = compare(blocks)
     assert result.reference["temperature_c"] == pytest.approx(70.0, abs=0.5)
     assert result.plan["temperature_c"] == pytest.approx(66.0, abs=0.5)
