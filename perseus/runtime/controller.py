@@ -8,9 +8,12 @@ each instruction's start is then only marked (:meth:`ClockController.at_instruct
 
 * a clock that does not change costs one comparison;
 * a change the timeline foresaw costs one attribute store: the controller's thread, which knows
-  from the timeline that a change is ahead, polls for that mark (a sleep of :data:`POLL_S`
-  between looks, the interpreter lock free meanwhile) and makes the change as soon as it sees
-  it; with no change ahead it sleeps until the next hand-over;
+  from the timeline that a change is ahead, looks for that mark every :data:`POLL_S` (asleep,
+  the interpreter lock free, in between) and makes the change as soon as it sees it; where the
+  same timeline ran before, it first sleeps until shortly before the mark is due
+  (:data:`EARLY_SHARE` of the shortest time it took from the hand-over so far), so a long
+  instruction costs it a few looks, not hundreds; with no change ahead it sleeps until the
+  next hand-over;
 * a change the timeline did not foresee (a source without a timeline, a schedule that departs
   from its plan, an explicit :meth:`ClockController.request`) also wakes the thread.
 
@@ -44,6 +47,9 @@ from perseus.errors import GPUError, PerseusError
 # How long the controller's thread sleeps between looks for an instruction's mark while a
 # foreseen change is ahead (s). Linux sleeps at least ~50 us longer (timer slack).
 POLL_S = 100e-6
+# Where the same timeline ran before, the thread sleeps until this share of the shortest time
+# the mark took to come (from the hand-over), then looks every POLL_S.
+EARLY_SHARE = 0.8
 # Timelines whose next-change tables the thread keeps (one per distinct clock sequence).
 MAX_TIMELINES = 8
 
@@ -99,7 +105,12 @@ class ClockController:
         self._requested: Optional[int] = None  # last clock asked for (caller thread only)
         self._applied: Optional[int] = None  # last clock applied (applier only)
         self._ticket = 0  # iterations handed over
-        self._timeline: Tuple[int, Timeline] = (0, ())  # (ticket, clocks) of the last one
+        # (ticket, clocks, when handed over) of the last one
+        self._timeline: Tuple[int, Timeline, float] = (0, (), 0.0)
+        # The thread's: how soon after the hand-over each position's mark came at the soonest,
+        # for the last timeline it followed.
+        self._seen_s: Dict[int, float] = {}
+        self._seen_of: Timeline = ()
         self._last_clocks: Timeline = ()
         self._last_changes = False
         self._n = 0  # changes handed to the thread
@@ -137,7 +148,7 @@ class ClockController:
         if self.synchronous:
             return ticket
         timeline: Timeline = () if clocks is None else tuple(clocks)
-        self._timeline = (ticket, timeline)
+        self._timeline = (ticket, timeline, time.perf_counter())
         if not timeline:
             return ticket
         if timeline is not self._last_clocks:  # a new sequence: does it change clock inside?
@@ -163,7 +174,7 @@ class ClockController:
         self._hand(ticket, position, frequency_mhz)
         if self.synchronous:
             return
-        timeline_ticket, timeline = self._timeline
+        timeline_ticket, timeline, _ = self._timeline
         if (
             timeline_ticket != ticket
             or position >= len(timeline)
@@ -176,7 +187,7 @@ class ClockController:
         if frequency_mhz == self._requested:
             return
         # Outside the timeline: the rest of the iteration's marks wake the thread.
-        self._timeline = (0, ())
+        self._timeline = (0, (), 0.0)
         self._hand(self._ticket, -1, frequency_mhz)
         if not self.synchronous:
             self._signal()
@@ -279,10 +290,10 @@ class ClockController:
         self.num_applied += 1
 
     def _run(self) -> None:
-        sleep = time.sleep
         while True:
             n, ticket, position, frequency_mhz = self._due
             if n > self._done_n:
+                self._saw(ticket, position)
                 try:
                     self._apply(frequency_mhz)
                 except BaseException:
@@ -292,21 +303,43 @@ class ClockController:
                 continue  # a newer change may have come meanwhile
             if self._closed:
                 return
-            if self._change_ahead(ticket, position):
-                sleep(self.poll_s)  # the mark of the instruction the change is for is near
-            else:
+            wait_s = self._next_look_s(ticket, position)
+            if wait_s is None:
                 self._wake.acquire()  # until a hand-over, an unforeseen change or close
+            else:  # a foreseen change is ahead; a wake (flush, close, ...) cuts this short
+                self._wake.acquire(timeout=wait_s)
 
-    def _change_ahead(self, ticket: int, position: int) -> bool:
-        """Whether the current iteration's timeline changes clock after the last change seen."""
-        timeline_ticket, timeline = self._timeline
+    def _saw(self, ticket: int, position: int) -> None:
+        """Keep when the mark of ``position`` came, for the next run of the same timeline."""
+        timeline_ticket, timeline, handed_s = self._timeline
+        if timeline_ticket != ticket or position < 0:
+            return
+        if timeline is not self._seen_of:
+            self._seen_of = timeline
+            self._seen_s = {}
+        took_s = time.perf_counter() - handed_s
+        self._seen_s[position] = min(took_s, self._seen_s.get(position, took_s))
+
+    def _next_look_s(self, ticket: int, position: int) -> Optional[float]:
+        """How long to sleep before looking for the next foreseen change's mark.
+
+        ``None``: the current iteration's timeline changes clock no more after the last change
+        seen (at ``position`` of iteration ``ticket``).
+        """
+        timeline_ticket, timeline, handed_s = self._timeline
         start = position + 1 if timeline_ticket == ticket else 0
         if start >= len(timeline):
-            return False
-        applied = self._applied
-        if timeline[start] != applied:
-            return True
-        return self._next_change_of(timeline)[start] < len(timeline)
+            return None
+        if timeline[start] != self._applied:
+            change = start
+        else:
+            change = self._next_change_of(timeline)[start]
+            if change >= len(timeline):
+                return None
+        took_s = self._seen_s.get(change) if timeline is self._seen_of else None
+        if took_s is None:
+            return self.poll_s
+        return max(self.poll_s, handed_s + EARLY_SHARE * took_s - time.perf_counter())
 
     def _next_change_of(self, timeline: Timeline) -> List[int]:
         """``[i]``: the first position after ``i`` whose clock differs from position ``i``'s."""

@@ -221,3 +221,34 @@ def test_synchronous_follows_the_marks_in_the_calling_thread() -> None:
         ctrl.at_instruction(ticket, position, mhz)
     assert target.changes == [(1410, 0), (1200, 1)]
     assert ctrl._thread is None and ctrl.num_wakes == 0
+
+
+def test_the_thread_sleeps_until_shortly_before_a_mark_it_saw_come_before(monkeypatch) -> None:
+    """Following a timeline it ran before, the thread sleeps until EARLY_SHARE of the soonest
+    time the next change's mark came, then looks every POLL_S (a long instruction: few looks)."""
+    from types import SimpleNamespace
+
+    from perseus.runtime import controller as module
+
+    now = [100.0]
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    ctrl = ClockController(MarkedTarget(), poll_s=1e-4)
+    try:
+        timeline = (1410, 1410, 1005, 1005)
+        ctrl._timeline = (7, timeline, 100.0)  # handed over at 100 s
+        ctrl._applied = 1410
+        assert ctrl._next_look_s(7, 0) == 1e-4  # never seen: look every poll interval
+        now[0] = 100.060
+        ctrl._saw(7, 2)  # position 2's mark came 60 ms after the hand-over
+        now[0] = 100.050
+        ctrl._saw(7, 2)  # and 50 ms after in a later iteration: the soonest is kept
+        assert ctrl._seen_s[2] == pytest.approx(0.050)
+        now[0] = 100.010
+        assert ctrl._next_look_s(7, 0) == pytest.approx(0.8 * 0.050 - 0.010)
+        now[0] = 100.045
+        assert ctrl._next_look_s(7, 0) == 1e-4  # past the early share: look often
+        ctrl._applied = 1005
+        assert ctrl._next_look_s(7, 2) is None  # no change after position 2
+        assert ctrl._next_look_s(6, 3) == pytest.approx(1e-4)  # a new iteration: from its start
+    finally:
+        ctrl.close()
