@@ -29,7 +29,7 @@ import bisect
 import statistics
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generic, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,76 @@ def estimate_update_period(
     )
 
 
-class EnergySeries:
+class _Timed(Protocol):
+    @property
+    def time_s(self) -> float:
+        """When it happened."""
+
+
+_Item = TypeVar("_Item", bound=_Timed)
+
+
+class _TimedSeries(Generic[_Item]):
+    """Items with a ``time_s``, oldest first, thread-safe, dropping the oldest half when full.
+
+    Cursors (:meth:`since`) count every item ever added, so a reader that fell behind only
+    loses what was dropped.
+    """
+
+    def __init__(self, max_items: int) -> None:
+        self._lock = threading.Lock()
+        self._max = max(4, max_items)
+        self._items: List[_Item] = []
+        self._times: List[float] = []
+        self._dropped = 0
+
+    def add(self, item: _Item) -> None:
+        """Append an item (later than the last one; an earlier one is ignored)."""
+        with self._lock:
+            if self._times and item.time_s <= self._times[-1]:
+                return
+            if len(self._items) >= self._max:
+                half = len(self._items) // 2
+                del self._items[:half]
+                del self._times[:half]
+                self._dropped += half
+            self._items.append(item)
+            self._times.append(item.time_s)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def between(self, t0_s: float, t1_s: float) -> List[_Item]:
+        """The items at times within ``[t0_s, t1_s]``, oldest first."""
+        with self._lock:
+            lo = bisect.bisect_left(self._times, t0_s)
+            hi = bisect.bisect_right(self._times, t1_s)
+            return self._items[lo:hi]
+
+    def since(self, cursor: int) -> Tuple[List[_Item], int]:
+        """The items added after ``cursor`` (a count of items ever added) and the new cursor.
+
+        Start with cursor 0; pass the returned cursor next time.
+        """
+        with self._lock:
+            total = self._dropped + len(self._items)
+            first = max(cursor, self._dropped) - self._dropped
+            return self._items[first:], total
+
+    def snapshot(self) -> List[_Item]:
+        """Every item kept, oldest first."""
+        with self._lock:
+            return list(self._items)
+
+    @property
+    def latest(self) -> Optional[_Item]:
+        """The newest item (``None``: none yet)."""
+        with self._lock:
+            return self._items[-1] if self._items else None
+
+
+class EnergySeries(_TimedSeries[EnergyUpdate]):
     """The updates of one GPU's counter, oldest first, and the energy between instants.
 
     Thread-safe: the sampler adds updates from its thread while the training thread (or a
@@ -126,34 +195,13 @@ class EnergySeries:
     """
 
     def __init__(self, max_updates: int = 1_000_000) -> None:
-        self._lock = threading.Lock()
-        self._max = max(4, max_updates)
-        self._updates: List[EnergyUpdate] = []
-        self._times: List[float] = []
-        self._dropped = 0
-
-    def add(self, update: EnergyUpdate) -> None:
-        """Append an update (later than the last one; an earlier one is ignored)."""
-        with self._lock:
-            if self._times and update.time_s <= self._times[-1]:
-                return
-            if len(self._updates) >= self._max:
-                half = len(self._updates) // 2
-                del self._updates[:half]
-                del self._times[:half]
-                self._dropped += half
-            self._updates.append(update)
-            self._times.append(update.time_s)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._updates)
+        super().__init__(max_updates)
 
     @property
     def last_time_s(self) -> Optional[float]:
         """When the newest update happened (``None``: none yet)."""
-        with self._lock:
-            return self._times[-1] if self._times else None
+        newest = self.latest
+        return None if newest is None else newest.time_s
 
     def covers(self, t_s: float) -> bool:
         """Whether the counter has moved at or after ``t_s`` (so energy up to ``t_s`` is known)."""
@@ -180,35 +228,17 @@ class EnergySeries:
 
     def updates_between(self, t0_s: float, t1_s: float) -> List[EnergyUpdate]:
         """The updates at times within ``[t0_s, t1_s]``, oldest first."""
-        with self._lock:
-            lo = bisect.bisect_left(self._times, t0_s)
-            hi = bisect.bisect_right(self._times, t1_s)
-            return self._updates[lo:hi]
-
-    def since(self, cursor: int) -> Tuple[List[EnergyUpdate], int]:
-        """The updates added after ``cursor`` (a count of updates ever added) and the new cursor.
-
-        Start with cursor 0; pass the returned cursor next time.
-        """
-        with self._lock:
-            total = self._dropped + len(self._updates)
-            first = max(cursor, self._dropped) - self._dropped
-            return self._updates[first:], total
-
-    def snapshot(self) -> List[EnergyUpdate]:
-        """Every update kept, oldest first."""
-        with self._lock:
-            return list(self._updates)
+        return self.between(t0_s, t1_s)
 
     def _at(self, t_s: float) -> Optional[float]:
         times = self._times
         if not times or t_s < times[0] or t_s > times[-1]:
             return None
         i = bisect.bisect_left(times, t_s)
-        after = self._updates[i]
+        after = self._items[i]
         if times[i] == t_s or i == 0:
             return after.energy_mj
-        before = self._updates[i - 1]
+        before = self._items[i - 1]
         span = after.time_s - before.time_s
         return before.energy_mj + (after.energy_mj - before.energy_mj) * (
             (t_s - before.time_s) / span
@@ -231,7 +261,7 @@ class TemperatureReading:
     temperature_c: float
 
 
-class TemperatureSeries:
+class TemperatureSeries(_TimedSeries[TemperatureReading]):
     """One GPU's temperature readings, oldest first (its sampler reads them beside the counter).
 
     Thread-safe: the sampler adds from its thread while others read. Beyond ``max_readings`` the
@@ -242,44 +272,7 @@ class TemperatureSeries:
     """
 
     def __init__(self, max_readings: int = 100_000) -> None:
-        self._lock = threading.Lock()
-        self._max = max(4, max_readings)
-        self._readings: List[TemperatureReading] = []
-        self._times: List[float] = []
-
-    def add(self, reading: TemperatureReading) -> None:
-        """Append a reading (later than the last one; an earlier one is ignored)."""
-        with self._lock:
-            if self._times and reading.time_s <= self._times[-1]:
-                return
-            if len(self._readings) >= self._max:
-                half = len(self._readings) // 2
-                del self._readings[:half]
-                del self._times[:half]
-            self._readings.append(reading)
-            self._times.append(reading.time_s)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._readings)
-
-    @property
-    def latest(self) -> Optional[TemperatureReading]:
-        """The newest reading (``None``: none yet)."""
-        with self._lock:
-            return self._readings[-1] if self._readings else None
-
-    def between(self, t0_s: float, t1_s: float) -> List[TemperatureReading]:
-        """The readings at times within ``[t0_s, t1_s]``, oldest first."""
-        with self._lock:
-            lo = bisect.bisect_left(self._times, t0_s)
-            hi = bisect.bisect_right(self._times, t1_s)
-            return self._readings[lo:hi]
-
-    def snapshot(self) -> List[TemperatureReading]:
-        """Every reading kept, oldest first."""
-        with self._lock:
-            return list(self._readings)
+        super().__init__(max_readings)
 
 
 @dataclass(frozen=True)

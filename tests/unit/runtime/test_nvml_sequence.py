@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 
+from perseus.formats.plan.document import Plan
 from perseus.gpu.nvml.device import NVMLGPU
 from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
@@ -44,6 +45,17 @@ def _expected_plan_calls(freqs: List[int], num_iterations: int) -> List[Any]:
     return calls
 
 
+def _plan_optimizer(plan: Plan, stage: int, tmp_path: Path, synchronous: bool) -> PerseusOptimizer:
+    """Stage ``stage`` of ``plan`` on NVML GPU 0 (inside ``patched_pynvml``)."""
+    return PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=2),
+        NVMLGPU(0),
+        PlanSource(plan, stage),
+        state_dir=tmp_path,
+        synchronous_clocks=synchronous,
+    )
+
+
 @pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "thread+flush"])
 @pytest.mark.parametrize("stage", [0, 1])
 def test_plan_over_two_iterations_exact_nvml_calls(
@@ -53,13 +65,7 @@ def test_plan_over_two_iterations_exact_nvml_calls(
     order = one_f_one_b(2, stage, 3)
     nvml = make_pynvml_mock()
     with patched_pynvml(nvml):
-        opt = PerseusOptimizer.on_gpu(
-            RankInfo(stage=stage, num_stages=2),
-            NVMLGPU(0),
-            PlanSource(plan, stage),
-            state_dir=tmp_path,
-            synchronous_clocks=synchronous,
-        )
+        opt = _plan_optimizer(plan, stage, tmp_path, synchronous)
         guard = opt.guard
         assert guard is not None
         for _ in range(2):
@@ -98,13 +104,7 @@ def test_the_controller_thread_follows_the_timeline_without_a_wake_per_change(
     landed: List[Any] = []  # (clock, the instruction the hooks had marked) per lock
     cond = threading.Condition()
     with patched_pynvml(nvml):
-        opt = PerseusOptimizer.on_gpu(
-            RankInfo(stage=stage, num_stages=2),
-            NVMLGPU(0),
-            PlanSource(plan, stage),
-            state_dir=tmp_path,
-            synchronous_clocks=False,
-        )
+        opt = _plan_optimizer(plan, stage, tmp_path, False)
         lock = nvml.nvmlDeviceSetGpuLockedClocks.side_effect
 
         def marked_lock(handle: str, lo: int, hi: int) -> None:
@@ -188,6 +188,7 @@ atexit.register(lambda: open(out, "w").write("\\n".join(
     [repr(c) for c in calls_except_energy_reads(nvml)]
     + ["off-sampler energy reads: " + repr(energy_reads_off_sampler(nvml))])))
 from pathlib import Path
+from perseus.formats.plan.document import Plan
 from perseus.gpu.nvml.device import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource

@@ -6,8 +6,9 @@ Everything runs on a virtual clock (the device sleeps by moving it): exact and i
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import pytest
 
@@ -21,23 +22,11 @@ from perseus.gpu.emulated.device import (
 )
 from perseus.gpu.emulated.thermal import ThermalModel
 from perseus.gpu.energy.sampler import EnergySampler
+from perseus.profiler.virtual_run import VirtualClock
 from perseus.records import ThermalVerdict, thermal_verdict
 
 HIGH_MHZ, LOW_MHZ = 1410, 1005
 TRIAL_S = 3.0  # one trial: a profiling window of back-to-back forwards at one clock
-
-
-class VirtualClock:
-    """A clock that moves only when slept on."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +36,7 @@ def profile() -> Profile:
 
 def card(profile: Profile) -> Tuple[EmulatedGPU, EnergySampler, VirtualClock]:
     """A cold card (at its idle temperature) and its sampler (polled by hand: virtual time)."""
-    clock = VirtualClock()
+    clock = VirtualClock(0.0)
     gpu = EmulatedGPU(
         profile, blocking_power_w=83.64, clock=clock, sleeper=clock.sleep, thermal=True
     )
@@ -96,7 +85,7 @@ def truth(profile: Profile) -> Dict[int, float]:
     settle(gpu, sampler)
     thermal = gpu.thermal
     assert thermal is not None
-    operating_c = gpu._trace.temperature_c(clock.t)
+    operating_c = gpu._trace.temperature_c(clock.now_s)
     out = {}
     for mhz in (HIGH_MHZ, LOW_MHZ):
         m = gpu.true_measurement(0, "forward", mhz)
@@ -147,7 +136,7 @@ def test_the_card_settles_within_the_criterion_after_minutes(profile: Profile) -
     assert start_c is not None and verdict.temperature_c is not None
     assert verdict.temperature_c - start_c > 30  # idle to the baseline's load
     assert verdict.slope_c_per_min is not None and abs(verdict.slope_c_per_min) <= 0.5
-    assert 3 * 60 < clock.t < 8 * 60  # about five time constants of one minute
+    assert 3 * 60 < clock.now_s < 8 * 60  # about five time constants of one minute
 
 
 def test_the_sensor_reads_whole_degrees_and_none_without_the_model(profile: Profile) -> None:
@@ -157,14 +146,17 @@ def test_the_sensor_reads_whole_degrees_and_none_without_the_model(profile: Prof
     assert plain.temperature_c() is None
 
 
+MODEL = ThermalModel(
+    ambient_c=30.0,
+    resistance_c_per_w=0.1,
+    time_constant_s=60.0,
+    leakage_w_per_c=1.0,
+    reference_c=70.0,
+)
+
+
 def test_the_trace_integrates_leakage_exactly() -> None:
-    model = ThermalModel(
-        ambient_c=30.0,
-        resistance_c_per_w=0.1,
-        time_constant_s=60.0,
-        leakage_w_per_c=1.0,
-        reference_c=70.0,
-    )
+    model = MODEL
     trace = PowerTrace(0.0, 100.0, keep_s=1e9, thermal=model, start_c=40.0)
     trace.schedule(0.0, [(0.0, 400.0), (90.0, 100.0)])
     # A fine numerical integration of the same equations.
@@ -191,13 +183,5 @@ def test_the_trace_integrates_leakage_exactly() -> None:
     ],
 )
 def test_a_model_that_cannot_be_is_refused(kwargs: Dict[str, float], message: str) -> None:
-    params: Dict[str, Optional[float]] = {
-        "ambient_c": 30.0,
-        "resistance_c_per_w": 0.1,
-        "time_constant_s": 60.0,
-        "leakage_w_per_c": 1.0,
-        "reference_c": 70.0,
-    }
-    params.update(kwargs)
     with pytest.raises(GPUValueError, match=message):
-        ThermalModel(**params)  # type: ignore[arg-type]
+        dataclasses.replace(MODEL, **kwargs)
