@@ -11,9 +11,9 @@ each instruction's start is then only marked (:meth:`ClockController.at_instruct
   from the timeline that a change is ahead, looks for that mark every :data:`POLL_S` (asleep,
   the interpreter lock free, in between) and makes the change as soon as it sees it; where the
   same timeline ran before, it first sleeps until shortly before the mark is due
-  (:data:`EARLY_SHARE` of the shortest time it took from the hand-over so far), so a long
-  instruction costs it a few looks, not hundreds; with no change ahead it sleeps until the
-  next hand-over;
+  (:data:`EARLY_SHARE` of the shortest time it took from the hand-over so far, in sleeps of
+  at most :data:`MAX_SLEEP_S`), so a long instruction costs it a look a millisecond, not ten;
+  with no change ahead it sleeps until the next hand-over;
 * a change the timeline did not foresee (a source without a timeline, a schedule that departs
   from its plan, an explicit :meth:`ClockController.request`) also wakes the thread.
 
@@ -50,6 +50,9 @@ POLL_S = 100e-6
 # Where the same timeline ran before, the thread sleeps until this share of the shortest time
 # the mark took to come (from the hand-over), then looks every POLL_S.
 EARLY_SHARE = 0.8
+# ... in sleeps of at most this (s): an iteration faster than any before finds it late by no
+# more (a long instruction then costs a look a millisecond, a few microseconds each).
+MAX_SLEEP_S = 1e-3
 # Timelines whose next-change tables the thread keeps (one per distinct clock sequence).
 MAX_TIMELINES = 8
 
@@ -339,7 +342,8 @@ class ClockController:
         took_s = self._seen_s.get(change) if timeline is self._seen_of else None
         if took_s is None:
             return self.poll_s
-        return max(self.poll_s, handed_s + EARLY_SHARE * took_s - time.perf_counter())
+        early_s = handed_s + EARLY_SHARE * took_s - time.perf_counter()
+        return min(MAX_SLEEP_S, max(self.poll_s, early_s))
 
     def _next_change_of(self, timeline: Timeline) -> List[int]:
         """``[i]``: the first position after ``i`` whose clock differs from position ``i``'s."""

@@ -244,7 +244,9 @@ def test_the_thread_sleeps_until_shortly_before_a_mark_it_saw_come_before(monkey
         ctrl._saw(7, 2)  # and 50 ms after in a later iteration: the soonest is kept
         assert ctrl._seen_s[2] == pytest.approx(0.050)
         now[0] = 100.010
-        assert ctrl._next_look_s(7, 0) == pytest.approx(0.8 * 0.050 - 0.010)
+        assert ctrl._next_look_s(7, 0) == pytest.approx(1e-3)  # 30 ms away: a millisecond at most
+        now[0] = 100.0395
+        assert ctrl._next_look_s(7, 0) == pytest.approx(0.8 * 0.050 - 0.0395)
         now[0] = 100.045
         assert ctrl._next_look_s(7, 0) == 1e-4  # past the early share: look often
         ctrl._applied = 1005
