@@ -5,7 +5,7 @@ checks its signature — with pynvml's real constants and exception classes put 
 ``except pynvml.NVMLError`` and ``NVML_DEVICE_MIG_ENABLE`` behave), and plausible A100 answers.
 Handles are the strings ``"handle-<index>"``, so ``mock_calls`` compare exactly, even as reprs
 written by a child process. The instant power field answers 90 W, ``nvmlDeviceGetPowerUsage``
-85 W, the temperature 45 °C; the SM clock read back is the one locked (1410 MHz unlocked).
+85 W, no temperature (or 45 °C); the SM clock read back is the one locked (1410 MHz unlocked).
 Install it with ``patched_pynvml(m)`` (Perseus imports pynvml lazily, so replacing the module
 in ``sys.modules`` is the seam).
 
@@ -52,10 +52,13 @@ def make_pynvml_mock(
     mig_enabled: bool = False,
     power_limit_mw: int = DEFAULT_LIMIT_MW,
     names: Optional[List[str]] = None,
+    temperature_c: Optional[int] = None,
 ) -> Any:
     """An autospec'd pynvml with real constants/exceptions and fixed answers.
 
-    ``names``: the model of each GPU (default: all A100).
+    ``names``: the model of each GPU (default: all A100). ``temperature_c``: what the die
+    sensor reads (default: no sensor, ``NVML_ERROR_NOT_SUPPORTED``, so that jobs on these GPUs
+    are not held for their temperature to settle; :data:`TEMPERATURE_C` for one that reads).
     """
     m = mock.create_autospec(pynvml)
     for name in dir(pynvml):
@@ -107,7 +110,9 @@ def make_pynvml_mock(
 
     def read_temperature(handle: str, sensor: int) -> int:
         temperature_readers.append(threading.current_thread().name)
-        return TEMPERATURE_C
+        if temperature_c is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return temperature_c
 
     m.nvmlDeviceGetTemperature.side_effect = read_temperature
     m.nvmlDeviceGetPowerUsage.return_value = 85_000

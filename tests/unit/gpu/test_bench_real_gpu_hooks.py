@@ -55,7 +55,7 @@ def test_the_sampler_reads_are_counted_by_thread() -> None:
     from tests.unit.gpu.nvml_mock import make_pynvml_mock
 
     bench = load_script("bench_real_gpu_hooks")
-    nvml = make_pynvml_mock()
+    nvml = make_pynvml_mock(temperature_c=45)
     reads = bench.count_sampler_reads(nvml)
     nvml.nvmlDeviceGetTotalEnergyConsumption("handle-0")
     assert nvml.nvmlDeviceGetTemperature("handle-0", 0) == 45

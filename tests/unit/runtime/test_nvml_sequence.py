@@ -63,7 +63,7 @@ def test_plan_over_two_iterations_exact_nvml_calls(
 ) -> None:
     plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
     order = one_f_one_b(2, stage, 3)
-    nvml = make_pynvml_mock()
+    nvml = make_pynvml_mock(temperature_c=45)  # the sampler reads it too, at times of its own
     with patched_pynvml(nvml):
         opt = _plan_optimizer(plan, stage, tmp_path, synchronous)
         guard = opt.guard
@@ -100,7 +100,7 @@ def test_the_controller_thread_follows_the_timeline_without_a_wake_per_change(
     plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
     order = one_f_one_b(2, stage, 3)
     freqs = plan.frequencies(stage)
-    nvml = make_pynvml_mock()
+    nvml = make_pynvml_mock(temperature_c=45)
     landed: List[Any] = []  # (clock, the instruction the hooks had marked) per lock
     cond = threading.Condition()
     with patched_pynvml(nvml):
