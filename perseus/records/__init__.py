@@ -19,6 +19,7 @@ from perseus.records.energy import (
     ThermalVerdict,
     ThermalWatch,
     UpdatePeriod,
+    stages_settled,
     thermal_verdict,
 )
 from perseus.records.ranks import RankInfo
@@ -37,5 +38,6 @@ __all__ = [
     "ThermalVerdict",
     "ThermalWatch",
     "UpdatePeriod",
+    "stages_settled",
     "thermal_verdict",
 ]

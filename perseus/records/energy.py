@@ -29,7 +29,18 @@ import bisect
 import statistics
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Generic, List, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import (
+    Any,
+    Dict,
+    Generic,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 
 @dataclass(frozen=True)
@@ -433,3 +444,14 @@ class ThermalWatch:
         since = state.get("since_s")
         watch.since_s = None if since is None else float(since)
         return watch
+
+
+def stages_settled(watches: Mapping[int, ThermalWatch]) -> Tuple[bool, Dict[int, ThermalVerdict]]:
+    """Whether every stage's GPU may start measuring, and each stage's verdict.
+
+    The one call a phase that measures makes (the server's baseline; profiling, to hold a
+    window after a pause let the cards cool): ``watches`` maps each stage to the
+    :class:`ThermalWatch` its leader's reports feed; a stage without one holds nothing up.
+    """
+    verdicts = {stage: watch.verdict() for stage, watch in sorted(watches.items())}
+    return all(v.ready for v in verdicts.values()), verdicts

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from perseus.records import ThermalVerdict, ThermalWatch
+from perseus.records import ThermalWatch, stages_settled
 from perseus.server.jobs.record import JobRecord, fill_energy
 from perseus.server.jobs.steps import JobStep, job_step_from_json, job_step_to_json, typical_step
 from perseus.server.phases.profiling import (
@@ -108,10 +108,8 @@ class Baseline(JobPhase):
         """Whether every stage's GPU has settled (see the module docstring); once true, stays."""
         if self.settled:
             return True
-        verdicts: Dict[int, ThermalVerdict] = {
-            stage: watch.verdict() for stage, watch in sorted(self.thermal.items())
-        }
-        if not all(v.ready for v in verdicts.values()):
+        ready, verdicts = stages_settled(self.thermal)
+        if not ready:
             return False
         self.settled = True
         if verdicts:

@@ -158,3 +158,16 @@ def test_a_watch_keeps_the_last_window_and_comes_back_from_its_state() -> None:
     assert verdict.ready and verdict.reason == "settled"
     again = ThermalWatch.from_state(watch.to_state())
     assert again.readings == kept and again.since_s == 0.0 and again.verdict() == verdict
+
+
+def test_the_stages_start_together_once_each_has_settled() -> None:
+    from perseus.records.energy import ThermalWatch, stages_settled
+
+    settled, warming = ThermalWatch(), ThermalWatch()
+    for t in range(90):
+        settled.add(float(t), 70.0)
+        warming.add(float(t), 40.0 + t / 10.0)
+    ready, verdicts = stages_settled({1: warming, 0: settled})
+    assert not ready and list(verdicts) == [0, 1]
+    assert verdicts[0].reason == "settled" and verdicts[1].reason == "warming"
+    assert stages_settled({0: settled})[0] and stages_settled({})[0]
