@@ -8,12 +8,14 @@ each instruction's start is then only marked (:meth:`ClockController.at_instruct
 
 * a clock that does not change costs one comparison;
 * a change the timeline foresaw costs one attribute store: the controller's thread, which knows
-  from the timeline that a change is ahead, looks for that mark every :data:`POLL_S` (asleep,
-  the interpreter lock free, in between) and makes the change as soon as it sees it; where the
-  same timeline ran before, it first sleeps until shortly before the mark is due
-  (:data:`EARLY_SHARE` of the shortest time it took from the hand-over so far, in sleeps of
-  at most :data:`MAX_SLEEP_S`), so a long instruction costs it a look a millisecond, not ten;
-  with no change ahead it sleeps until the next hand-over;
+  from the timeline that a change is ahead, looks for that mark (asleep, the interpreter lock
+  free, in between) and makes the change as soon as it sees it. It looks every :data:`POLL_S`,
+  or every :data:`LATE_SHARE` of the time since its last change where that is longer (at most
+  :data:`MAX_SLEEP_S`): a change comes at most 1 % of its instruction's time late, and a long
+  instruction, or a stalled one, costs it a look a millisecond. Where the same timeline ran
+  before, it first sleeps until shortly before the mark is due (:data:`EARLY_SHARE` of the
+  soonest it came after the hand-over, in sleeps of at most :data:`MAX_SLEEP_S`). With no
+  change ahead it sleeps until the next hand-over;
 * a change the timeline did not foresee (a source without a timeline, a schedule that departs
   from its plan, an explicit :meth:`ClockController.request`) also wakes the thread.
 
@@ -50,9 +52,11 @@ POLL_S = 100e-6
 # Where the same timeline ran before, the thread sleeps until this share of the shortest time
 # the mark took to come (from the hand-over), then looks every POLL_S.
 EARLY_SHARE = 0.8
-# ... in sleeps of at most this (s): an iteration faster than any before finds it late by no
-# more (a long instruction then costs a look a millisecond, a few microseconds each).
+# Between looks it sleeps at most this (s): an iteration faster than any before finds it late
+# by no more, and a long or stalled instruction costs a look a millisecond (a few us each).
 MAX_SLEEP_S = 1e-3
+# ... and at least this share of the time since its last change (at least POLL_S).
+LATE_SHARE = 0.01
 # Timelines whose next-change tables the thread keeps (one per distinct clock sequence).
 MAX_TIMELINES = 8
 
@@ -114,6 +118,7 @@ class ClockController:
         # for the last timeline it followed.
         self._seen_s: Dict[int, float] = {}
         self._seen_of: Timeline = ()
+        self._changed_s = 0.0  # the thread's: when it made its last change
         self._last_clocks: Timeline = ()
         self._last_changes = False
         self._n = 0  # changes handed to the thread
@@ -297,6 +302,7 @@ class ClockController:
             n, ticket, position, frequency_mhz = self._due
             if n > self._done_n:
                 self._saw(ticket, position)
+                self._changed_s = time.perf_counter()
                 try:
                     self._apply(frequency_mhz)
                 except BaseException:
@@ -339,11 +345,13 @@ class ClockController:
             change = self._next_change_of(timeline)[start]
             if change >= len(timeline):
                 return None
+        now_s = time.perf_counter()
+        look_s = min(MAX_SLEEP_S, max(self.poll_s, LATE_SHARE * (now_s - self._changed_s)))
         took_s = self._seen_s.get(change) if timeline is self._seen_of else None
         if took_s is None:
-            return self.poll_s
-        early_s = handed_s + EARLY_SHARE * took_s - time.perf_counter()
-        return min(MAX_SLEEP_S, max(self.poll_s, early_s))
+            return look_s
+        early_s = handed_s + EARLY_SHARE * took_s - now_s
+        return min(MAX_SLEEP_S, max(look_s, early_s))
 
     def _next_change_of(self, timeline: Timeline) -> List[int]:
         """``[i]``: the first position after ``i`` whose clock differs from position ``i``'s."""

@@ -223,9 +223,10 @@ def test_synchronous_follows_the_marks_in_the_calling_thread() -> None:
     assert ctrl._thread is None and ctrl.num_wakes == 0
 
 
-def test_the_thread_sleeps_until_shortly_before_a_mark_it_saw_come_before(monkeypatch) -> None:
+def test_the_thread_looks_often_near_a_mark_and_lazily_far_from_one(monkeypatch) -> None:
     """Following a timeline it ran before, the thread sleeps until EARLY_SHARE of the soonest
-    time the next change's mark came, then looks every POLL_S (a long instruction: few looks)."""
+    time the next change's mark came, then looks every POLL_S, or every 1 % of the time since
+    its last change where that is longer, never sleeping more than a millisecond at a time."""
     from types import SimpleNamespace
 
     from perseus.runtime import controller as module
@@ -236,7 +237,7 @@ def test_the_thread_sleeps_until_shortly_before_a_mark_it_saw_come_before(monkey
     try:
         timeline = (1410, 1410, 1005, 1005)
         ctrl._timeline = (7, timeline, 100.0)  # handed over at 100 s
-        ctrl._applied = 1410
+        ctrl._applied, ctrl._changed_s = 1410, 100.0  # its last change then
         assert ctrl._next_look_s(7, 0) == 1e-4  # never seen: look every poll interval
         now[0] = 100.060
         ctrl._saw(7, 2)  # position 2's mark came 60 ms after the hand-over
@@ -248,7 +249,11 @@ def test_the_thread_sleeps_until_shortly_before_a_mark_it_saw_come_before(monkey
         now[0] = 100.0395
         assert ctrl._next_look_s(7, 0) == pytest.approx(0.8 * 0.050 - 0.0395)
         now[0] = 100.045
-        assert ctrl._next_look_s(7, 0) == 1e-4  # past the early share: look often
+        assert ctrl._next_look_s(7, 0) == pytest.approx(0.01 * 0.045)  # 1 % of the wait so far
+        now[0] = 100.300  # a stalled instruction: a look a millisecond
+        assert ctrl._next_look_s(7, 0) == pytest.approx(1e-3)
+        ctrl._changed_s = 100.2999
+        assert ctrl._next_look_s(7, 0) == 1e-4  # just changed: look often
         ctrl._applied = 1005
         assert ctrl._next_look_s(7, 2) is None  # no change after position 2
         assert ctrl._next_look_s(6, 3) == pytest.approx(1e-4)  # a new iteration: from its start
