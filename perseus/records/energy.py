@@ -447,11 +447,12 @@ class ThermalWatch:
 
 
 def stages_settled(watches: Mapping[int, ThermalWatch]) -> Tuple[bool, Dict[int, ThermalVerdict]]:
-    """Whether every stage's GPU may start measuring, and each stage's verdict.
+    """Whether every stage's GPU may start measuring, and each one's verdict.
 
     The one call a phase that measures makes (the server's baseline; profiling, to hold a
-    window after a pause let the cards cool): ``watches`` maps each stage to the
-    :class:`ThermalWatch` its leader's reports feed; a stage without one holds nothing up.
+    window after a pause let the cards cool): ``watches`` maps each reporting rank (a stage
+    leader, whose GPU stands for its stage) to the :class:`ThermalWatch` its reports feed; a
+    stage without one holds nothing up.
     """
     verdicts = {stage: watch.verdict() for stage, watch in sorted(watches.items())}
     return all(v.ready for v in verdicts.values()), verdicts

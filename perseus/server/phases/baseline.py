@@ -49,7 +49,8 @@ class Baseline(JobPhase):
         record: Empty (nothing came before).
         steps: The clean iterations measured so far.
         kind_times_s: ``(stage, instruction) -> durations`` measured so far.
-        thermal: Each stage's temperature readings so far.
+        thermal: Each reporting rank's temperature readings so far (a stage leader's GPU
+            stands for its stage; each on its own clock).
         settled: Whether every stage was found thermally settled (measuring started).
     """
 
@@ -73,8 +74,9 @@ class Baseline(JobPhase):
 
     def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
         """Durations of a settled, scheduled iteration; its records and updates to the estimates."""
-        if report.temperature_c is not None and report.end_s is not None:
-            self.thermal.setdefault(stage, ThermalWatch()).add(report.end_s, report.temperature_c)
+        if report.temperature_c is not None and report.end_s is not None:  # on its own clock
+            watch = self.thermal.setdefault(report.rank, ThermalWatch())
+            watch.add(report.end_s, report.temperature_c)
         prof = self.ctx.spec.profiler
         if (
             not report.scheduled
@@ -115,13 +117,13 @@ class Baseline(JobPhase):
         if verdicts:
             self.ctx.events.write(
                 "thermally_settled",
-                stages={
-                    str(stage): {
+                ranks={
+                    str(rank): {
                         "reason": v.reason,
                         "temperature_c": v.temperature_c,
                         "slope_c_per_min": v.slope_c_per_min,
                     }
-                    for stage, v in verdicts.items()
+                    for rank, v in verdicts.items()
                 },
             )
         return True

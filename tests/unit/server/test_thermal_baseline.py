@@ -61,9 +61,9 @@ def test_a_warming_card_holds_the_baseline_until_it_settles(
     # The card settles (0.5 °C/min over the last minute) some four to five time constants in.
     assert 200 <= first * ITERATION_S <= 400
     (settled,) = [e for e in _events(tmp_path, "warming") if e["event"] == "thermally_settled"]
-    stages = settled["stages"]
-    assert set(stages) == {"0", "1"}
-    for verdict in stages.values():
+    ranks = settled["ranks"]
+    assert set(ranks) == {"0", "1"}  # each stage's leader
+    for verdict in ranks.values():
         assert verdict["reason"] == "settled" and verdict["temperature_c"] >= 70.0
         assert abs(verdict["slope_c_per_min"]) <= 0.5
 
@@ -81,7 +81,7 @@ def test_a_card_that_never_settles_is_taken_after_ten_minutes(
     first = _baseline_first_step(ranks, 200)
     assert 560 <= first * ITERATION_S <= 640  # ten minutes (the instructions add a little)
     (settled,) = [e for e in _events(tmp_path, "climbing") if e["event"] == "thermally_settled"]
-    assert {v["reason"] for v in settled["stages"].values()} == {"timeout"}
+    assert {v["reason"] for v in settled["ranks"].values()} == {"timeout"}
 
 
 def test_without_temperatures_the_baseline_starts_at_once(
