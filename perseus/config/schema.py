@@ -180,6 +180,9 @@ class EmulatedGPUConfig:
     # Queue work like CUDA: instruction hooks return at once, the work runs on a virtual device
     # timeline at the clocks in force while it runs, synchronize() waits for it.
     asynchronous: bool = False
+    # Model the die's temperature (warming toward a power-dependent steady temperature over about
+    # a minute) and the leakage power rising with it (docs/design.md, "Thermal drift").
+    thermal: bool = False
 
 
 @dataclass

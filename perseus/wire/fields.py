@@ -34,4 +34,6 @@ Seconds = Annotated[float, Bound(ge=0.0, le=1e7, allow_inf_nan=False)]
 Joules = Annotated[float, Bound(ge=0.0, le=1e15, allow_inf_nan=False)]
 RankId = Annotated[int, Bound(ge=0, lt=MAX_RANKS)]
 StepId = Annotated[int, Bound(ge=0, le=MAX_STEP)]
+# A GPU's temperature (NVML reports whole °C; a sensor reads -40 to 150 at most).
+Celsius = Annotated[float, Bound(ge=-50.0, le=200.0, allow_inf_nan=False)]
 FORBID_EXTRA = {"extra": "forbid"}  # read by pydantic: unknown keys are a 422

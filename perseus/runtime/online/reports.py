@@ -130,4 +130,12 @@ def combined_report(
             for member, row in zip(members[1:], rows[1:])
             if row.mismatch is not None
         ],
+        temperature_c=_temperature_c(record.temperature_c),
     )
+
+
+def _temperature_c(value: Optional[float]) -> Optional[float]:
+    """A reading the wire accepts (a sensor's nonsense is left out, never sent as one)."""
+    if value is None or not math.isfinite(value) or not -50.0 <= value <= 200.0:
+        return None
+    return float(value)

@@ -158,20 +158,27 @@ def _payback(
 
 
 def _arm(means: Dict[str, Optional[float]], steps: List[JobStep]) -> Dict[str, Any]:
-    """One arm of the measurement: its mean iteration over the paired blocks."""
-    return {
+    """One arm of the measurement: its mean iteration over the paired blocks.
+
+    With its GPUs' mean temperature where the ranks report one.
+    """
+    out: Dict[str, Any] = {
         "iteration_time_s": means["iteration_time_s"],
         "energy_j": means["energy_j"],
         "num_steps": int(means["num_steps"] or 0),
         "first_step": steps[0].step if steps else None,
     }
+    if means["temperature_c"] is not None:
+        out["temperature_c"] = means["temperature_c"]
+    return out
 
 
 def _savings(comparison: Comparison, block_steps: int) -> Dict[str, Any]:
     """The plan against max speed: the saving (a value only when measurable), the slowdown."""
     saving, slowdown = comparison.energy_saving, comparison.slowdown
+    warmth = comparison.temperature_difference_c
     measurable = comparison.energy_saving_measurable
-    return {
+    out: Dict[str, Any] = {
         "energy_fraction": saving.value if saving is not None and measurable else None,
         "energy_saving_ci95": None if saving is None else saving.to_list(),
         "energy_saving_measurable": measurable,
@@ -180,6 +187,10 @@ def _savings(comparison: Comparison, block_steps: int) -> Dict[str, Any]:
         "num_block_pairs": comparison.num_pairs,
         "block_steps": block_steps,
     }
+    if warmth is not None:  # the plan's blocks' temperature minus max speed's, where reported
+        out["temperature_difference_c"] = warmth.value
+        out["temperature_difference_ci95"] = warmth.to_list()
+    return out
 
 
 def job_status(view: JobView) -> Dict[str, Any]:
