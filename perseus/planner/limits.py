@@ -55,6 +55,16 @@ WRITE_S_PER_NODE = 6.0e-6
 PLAN_FILE_BYTES_PER_NODE = 90.0
 #: planner.scope=auto computes the full frontier only while its plan files stay below this.
 MAX_AUTO_OUTPUT_BYTES = 1e9
+#: perseus-plan's outputs (measured at 8 x 12 to 8 x 96): plans a frontier of the published
+#: cases has (50-107) and a policy's (the chosen one and its neighbours), seconds per plan
+#: file and per instruction of it, and the plots: frontier.png, and timeline.png per
+#: instruction (0.6 s at 1,536 instructions).
+EXPECTED_FRONTIER_PLANS = 80
+EXPECTED_POLICY_PLANS = 3
+WRITE_S_PER_PLAN = 1.5e-3
+FRONTIER_PLOT_S = 0.25
+TIMELINE_S = 0.12
+TIMELINE_S_PER_NODE = 3.2e-4
 
 
 @dataclass
@@ -215,3 +225,16 @@ def choose_scope(
         f"one core of this machine ({os.cpu_count()} cores), more than {' and '.join(over)}; "
         f"{', or '.join(hints)}"
     )
+
+
+def writing_seconds(num_nodes: int, num_plans: int) -> float:
+    """Expected seconds to write ``num_plans`` plan files (and frontier.csv, plan.json)."""
+    return (num_plans + 1) * (WRITE_S_PER_PLAN + WRITE_S_PER_NODE * num_nodes)
+
+
+def plotting_seconds(num_nodes: int, timeline: bool = True) -> float:
+    """Expected seconds to draw frontier.png and (``timeline``) timeline.png."""
+    seconds = FRONTIER_PLOT_S
+    if timeline:
+        seconds += TIMELINE_S + TIMELINE_S_PER_NODE * num_nodes
+    return seconds

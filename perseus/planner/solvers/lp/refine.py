@@ -21,11 +21,12 @@ shared along paths, cheaper instructions sped up), which single-instruction roun
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.progress import Progress
 from perseus.planner.solvers.lp.hull import GroupHull, lower_hull
 from perseus.planner.solvers.lp.model import HullLP, LPSolution
 
@@ -105,7 +106,9 @@ class JumpRefiner:
         cols = cols[order]
         return model.seg_class[cols], cols, fill[cols]
 
-    def refine(self, model: HullLP, solution: LPSolution) -> List[Tuple[LPSolution, np.ndarray]]:
+    def refine(
+        self, model: HullLP, solution: LPSolution, progress: Optional[Progress] = None
+    ) -> List[Tuple[LPSolution, np.ndarray]]:
         """LP solutions with long segments decided; empty when there is none to decide.
 
         Each round re-models the classes the last solution left inside a long segment of
@@ -114,6 +117,7 @@ class JumpRefiner:
         Args:
             model: The group-hull LP ``solution`` came from (its hulls are ``self.hulls``).
             solution: Its optimum for some deadline.
+            progress: Told the trials (the fraction: rounds and trials of this round done).
 
         Returns:
             Per round, ``(solution, node_hull)`` for the re-modelled LP's optimum before
@@ -128,7 +132,7 @@ class JumpRefiner:
         pinned_s: List[float] = []
         out: List[Tuple[LPSolution, np.ndarray]] = []
         current = solution
-        for _ in range(self.rounds):
+        for round_no in range(self.rounds):
             classes, cols, _ = self.long_segments(model, current)
             fresh = class_hull[classes] == groups[classes]
             classes, cols = classes[fresh], cols[fresh]
@@ -145,7 +149,8 @@ class JumpRefiner:
             current = model.solve(solution.deadline_s)
             node_hull = class_hull[layout.node_class]
             out.append((current, node_hull))
-            kept, current = self._greedy(model, current, classes, slow_end, began)
+            tell = self._teller(progress, round_no, len(classes), solution.deadline_s)
+            kept, current = self._greedy(model, current, classes, slow_end, began, tell)
             if kept:
                 pinned += [int(classes[i]) for i in kept]
                 pinned_s += [float(slow_end[i]) for i in kept]
@@ -159,6 +164,7 @@ class JumpRefiner:
         classes: np.ndarray,
         slow_end: np.ndarray,
         began: float,
+        tell: Callable[[int], None],
     ) -> Tuple[List[int], LPSolution]:
         """Pin ``classes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
 
@@ -170,6 +176,7 @@ class JumpRefiner:
             if i >= self.max_trials or time.perf_counter() - began > self.time_budget_s:
                 break
             self.trials += 1
+            tell(i)
             one = classes[i : i + 1]
             model.pin(one, slow_end[i : i + 1])
             trial = model.try_solve()
@@ -179,6 +186,22 @@ class JumpRefiner:
             else:
                 model.unpin(one)
         return kept, current
+
+    def _teller(
+        self, progress: Optional[Progress], round_no: int, num_classes: int, deadline_s: float
+    ) -> Callable[[int], None]:
+        """``tell(trial)``: reports a round's trials to ``progress`` (every 16th)."""
+        trials = max(1, min(num_classes, self.max_trials))
+
+        def tell(trial: int) -> None:
+            if progress is not None and trial % 16 == 0:
+                progress(
+                    f"refining T <= {deadline_s:.4f} s: round {round_no + 1}, trial "
+                    f"{trial + 1}/{trials}",
+                    (round_no + trial / trials) / self.rounds,
+                )
+
+        return tell
 
     def _hull_index(self, group: int, slow_end_s: float) -> int:
         """Index in ``self.hulls`` of the group's hull below ``slow_end_s`` (cached)."""

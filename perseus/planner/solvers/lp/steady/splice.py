@@ -180,6 +180,7 @@ def splice(
     deadline_s: float,
     max_nodes: int = SPLICE_NODES,
     relaxed: bool = False,
+    progress: Optional[Progress] = None,
 ) -> List[np.ndarray]:
     """``base`` with ``pattern`` in its interior, once per phase, ends re-chosen by MILP.
 
@@ -192,6 +193,7 @@ def splice(
         relaxed: Solve each MILP's LP relaxation instead and round its schedule
             (:meth:`.rounding.Rounder.from_schedule`): a fraction of a second per phase where
             the MILP takes half a minute, for about 0.05 pp less (GPT-3/A40 8 x 96).
+        progress: Told each phase (with the fraction of the phases done).
 
     Returns:
         The plans found (each meets the deadline).
@@ -205,6 +207,12 @@ def splice(
     groups = problem.node_group
     out = []
     for phase in range(pattern.num_pairs):
+        report(
+            progress,
+            f"splicing the pattern ({pattern.saved_per_pair_j:.1f} J per pair): phase "
+            f"{phase + 1}/{pattern.num_pairs}",
+            phase / pattern.num_pairs,
+        )
         plan = base.copy()
         plan[interior] = pattern.choices[
             groups[interior], (pair[interior] - first + phase) % pattern.num_pairs
@@ -236,13 +244,15 @@ def improve(
     deadline_s: float,
     progress: Optional[Progress] = None,
     light: bool = False,
+    splice_progress: Optional[Progress] = None,
 ) -> List[np.ndarray]:
     """Plans with a steady-state pattern spliced into the best of ``plans`` at ``deadline_s``.
 
     The pattern keeps the all-max period, stretched by ``deadline_s`` over the all-max
     plan's iteration time when the deadline is longer. ``light``: the band search of
     :data:`LIGHT_BANDS` once, and the splice's relaxations rounded (seconds instead of
-    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40).
+    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40). ``progress`` is told when the
+    pattern search starts, ``splice_progress`` (default: ``progress``) each phase of the splice.
 
     Returns:
         The spliced plans (empty when ``problem`` has too few pairs or nothing was found).
@@ -250,7 +260,7 @@ def improve(
     best = best_within(problem, plans, deadline_s)
     if best is None or not applies(problem):
         return []
-    report(progress, f"steady-state pattern at T <= {deadline_s:.4f} s", 1.0)
+    report(progress, f"steady-state pattern at T <= {deadline_s:.4f} s", 0.0)
     allmax_s = iteration_time(
         problem, problem.opt_time[problem.node_group, problem.allmax_choices()]
     )
@@ -262,5 +272,5 @@ def improve(
         pattern = find_pattern(problem, period_s)
     if pattern is None:
         return []
-    report(progress, f"splicing the pattern ({pattern.saved_per_pair_j:.1f} J per pair)", 1.0)
-    return splice(problem, best, pattern, deadline_s, relaxed=light)
+    splicing = splice_progress or progress
+    return splice(problem, best, pattern, deadline_s, relaxed=light, progress=splicing)
