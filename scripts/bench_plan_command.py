@@ -261,7 +261,7 @@ def run_in_process(case: Case, out_dir: Path, effort: Optional[str]) -> Run:
     logger.addHandler(recorder)
     logger.setLevel(logging.INFO)
     try:
-        run_plan(cfg, out_dir)
+        run_plan(cfg, out_dir, subset_by_pp=False)  # as the command: the profile is the job
     finally:
         logger.removeHandler(recorder)
         logger.setLevel(level)

@@ -33,6 +33,8 @@ PROGRESS_PERIOD_S = 2.0
 STAGES = ("setup", "solve", "outputs")
 #: Expected seconds of a solve whose solver announces nothing (only its fraction counts).
 UNANNOUNCED_SOLVE_S = 1.0
+#: The time left is shown from this many seconds on (before, the pace says little).
+MIN_PACE_S = 1.0
 
 
 def phase(message: str) -> str:
@@ -132,11 +134,11 @@ class ProgressLog:
             return
         self._last_s, self._last_phase = now_s, current
         elapsed_s = now_s - self.start_s
-        left = time_left_s(elapsed_s, fraction)
+        left = time_left_s(elapsed_s, fraction) if elapsed_s >= MIN_PACE_S else None
         logger.info(
             "%s (%d %%, %.1f s%s)",
             message,
-            math.floor(100 * fraction),
+            math.floor(100 * fraction + 1e-9),
             elapsed_s,
             "" if left is None else f", about {left:.0f} s left",
         )

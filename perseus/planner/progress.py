@@ -27,6 +27,9 @@ from perseus.errors import SolverError
 
 #: ``progress(message, fraction_done)``; fraction in [0, 1].
 Progress = Callable[[str, float], None]
+#: How far below 1 the fraction stays while a stage has not ended (a stage expected to take
+#: no time, or one whose work was underestimated, is still work left).
+UNFINISHED = 1e-4
 
 __all__ = ["Progress", "StageWork", "WorkMeter", "announce", "time_left_s"]
 
@@ -86,11 +89,13 @@ class WorkMeter:
         return sum(s.expected_s * (1.0 - s.done) for s in self._stages if not s.dropped)
 
     def fraction(self) -> float:
-        """Expected work done over expected work (1 when nothing is left)."""
+        """Expected work done over expected work: below 1 while a stage has not ended."""
+        unfinished = any(s.done < 1.0 for s in self._stages if not s.dropped)
         total = self.expected_s()
-        if self.left_s() <= 0.0:
-            return 1.0
-        return min(1.0, max(0.0, 1.0 - self.left_s() / total))
+        done = 1.0 - self.left_s() / total if total > 0 else 0.0
+        if unfinished:
+            return min(done, 1.0 - UNFINISHED)
+        return 1.0
 
     def stage(self, name: str) -> StageWork:
         """The stage called ``name``."""

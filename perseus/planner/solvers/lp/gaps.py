@@ -171,18 +171,18 @@ def fill_gaps(
         if not gaps:
             break
         tried.update((a.iteration_time_s, b.iteration_time_s) for a, b in gaps)
+        # Done: the MILPs solved out of those still called for, plus one for what follows.
         solved = max_milps - milps_left
         for k, (a, b) in enumerate(gaps):
             message = f"gap filling round {round_no + 1}: walk {k + 1}/{len(gaps)}"
-            report(progress, message, solved / max(1, max_milps))
+            report(progress, message, solved / (solved + milps_left + 1))
             added += _walks(problem, current, a, b, lp_at, round_at, max_gap_rel)
         current = build_frontier(problem, base + added)
         base = [current.choices(p) for p in current.points]
         added_before = len(added)
         open_gaps = density_gaps(current, max_gap_rel)
-        # The MILPs these gaps call for, after those already solved: the fraction done.
         wanted = sum(len(gap_deadlines(*times(a, b), max_gap_rel)) for a, b in open_gaps)
-        planned = max(1, solved + min(milps_left, wanted))
+        planned = solved + min(milps_left, wanted) + 1
         for k, (a, b) in enumerate(open_gaps):
             if milps_left <= 0:
                 break

@@ -192,9 +192,7 @@ class LPSolver(ChoiceSolver):
         meter.finish("LP model")
         plans, at_refine = self._sweep(problem, model, rounder, deadlines, refine_at, meter)
         if self._fills_gaps():
-            # The gaps the sweep left show how many MILPs the gap filling will take.
-            milps = self._gap_milps(problem, plans, layout.is_identity)
-            meter.resize("gap filling", meter.stage("gap filling").expected_s + milps)
+            self._resize_gaps(problem, plans, layout.is_identity, meter)
         search = DeadlineSearch(
             problem,
             hulls,
@@ -307,14 +305,24 @@ class LPSolver(ChoiceSolver):
         meter.finish("LP sweep")
         return plans, at_refine
 
-    def _gap_milps(self, problem: PlanningProblem, plans: List[np.ndarray], exact: bool) -> float:
-        """Expected seconds of the gap filling's MILPs for the gaps between ``plans``."""
-        if not exact or self.settings.gap_milps <= 0:
-            return 0.0
+    def _resize_gaps(
+        self, problem: PlanningProblem, plans: List[np.ndarray], exact: bool, meter: WorkMeter
+    ) -> None:
+        """The gap filling's and the proofs' expected seconds for the gaps the sweep left.
+
+        The gap MILPs (exact LP only) fill the gaps' deadlines up to the effort's count; the
+        proofs try the gaps that stay open (as many as there are now, at most
+        :data:`MAX_PROOFS`).
+        """
         frontier = build_frontier(problem, plans)
         gaps = density_gaps(frontier, self.max_gap_rel)
-        count = sum(len(gap_deadlines(*times(a, b), self.max_gap_rel)) for a, b in gaps)
-        return cost.gap_milps_s(problem.num_nodes, min(count, self.settings.gap_milps))
+        if exact and self.settings.gap_milps > 0:
+            count = sum(len(gap_deadlines(*times(a, b), self.max_gap_rel)) for a, b in gaps)
+            milps_s = cost.gap_milps_s(problem.num_nodes, min(count, self.settings.gap_milps))
+            meter.resize("gap filling", meter.stage("gap filling").expected_s + milps_s)
+        if exact and self.prove_gaps:
+            proofs = min(len(gaps), MAX_PROOFS)
+            meter.resize("gap proofs", cost.proofs_s(problem.num_nodes, proofs))
 
     def _prove_gaps(
         self, problem: PlanningProblem, plans: List[np.ndarray], meter: WorkMeter
