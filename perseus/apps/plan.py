@@ -79,7 +79,11 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
         )
     else:
         work = frontier if scope == "frontier" else policy
-        logger.info("by its size the %s needs %s (the estimate follows)", scope, work.describe())
+        logger.info(
+            "planning the %s (up to %.1f GB of memory)",
+            "full frontier" if scope == "frontier" else "energy policy's plan",
+            work.memory_bytes / 1e9,
+        )
     return scope
 
 

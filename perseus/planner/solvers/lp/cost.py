@@ -49,7 +49,7 @@ STAGES = (
     "gap proofs",
 )
 #: Seconds per instruction: hulls, the LP model, the rounding tables, the probe.
-MODEL_S_PER_NODE = 1.2e-4
+MODEL_S_PER_NODE = 1.0e-4
 #: One LP solve of a deadline (solve and dive, warm-started): ``LP_S * (size / 1000) ** 1.5``
 #: with ``size`` the LP's duration classes (instructions for the exact LP).
 LP_S = 0.028
@@ -62,15 +62,15 @@ SWEEP_SHARE = 0.5
 #: One refinement trial (pin, warm re-solve): ``TRIAL_S + TRIAL_S_PER_1000 * size / 1000``.
 TRIAL_S = 2.5e-4
 TRIAL_S_PER_1000 = 1.9e-3
-#: The refinement's own LP solves and roundings, in LP solves of its size.
-REFINE_SOLVES = 8
+#: The refinement's own models, cold LP solves and roundings, per instruction.
+REFINE_S_PER_NODE = 5e-4
 #: The second refinement round tries about this share of the first's classes.
 REFINE_SECOND = 0.6
-#: One polish window's MILP (48 instructions).
-WINDOW_S = 0.25
-#: The light pattern search (about 75 small cyclic MILPs; 0.6-2.1 s on the published
+#: One polish window's MILP (48 instructions; 0.19-0.36 s on the published cases).
+WINDOW_S = 0.22
+#: The light pattern search (about 75 small cyclic MILPs; 0.8-2.2 s on the published
 #: profiles) and the full one.
-PATTERN_LIGHT_S = 1.4
+PATTERN_LIGHT_S = 1.5
 PATTERN_S = 11.0
 #: One phase of the splice: the relaxation of the whole problem, per instruction (light), or
 #: its MILP (full).
@@ -186,7 +186,7 @@ def solve_stages(
     trials = min(refine_trials, probe.long_classes)
     trials += min(refine_trials, math.ceil(REFINE_SECOND * probe.long_classes))
     trial_s = TRIAL_S + TRIAL_S_PER_1000 * size / 1000.0
-    refine_s = trials * trial_s + REFINE_SOLVES * lp_s + ROUND_S_PER_NODE * n * REFINE_SOLVES
+    refine_s = trials * trial_s + REFINE_S_PER_NODE * n
     search = probe.rounding_loss > SEARCH_LOSS * polish_gap or not settings.steady_gap_test
     seams = probe.rounding_loss > SEAM_LOSS * polish_gap
     window_s = WINDOW_S * settings.polish_passes
