@@ -119,11 +119,13 @@ def find_pattern(
     num_pairs: int = PATTERN_PAIRS,
     bands: Sequence[int] = BANDS,
     band_sweeps: int = BAND_SWEEPS,
+    progress: Optional[Progress] = None,
 ) -> Optional[CyclePattern]:
     """A good ``num_pairs``-pair pattern keeping ``period_s`` per pair (see the module).
 
     ``bands`` and ``band_sweeps``: the band search (``(2,)`` and one sweep find the same
     pattern as the default on the published 8 x 96 cases in a third of the time).
+    ``progress``: told each band's cyclic MILP (the fraction: of the band search's most).
 
     Returns:
         The pattern, or None when no staggered start could be completed.
@@ -152,10 +154,18 @@ def find_pattern(
             break
     if pattern is None:
         return None
+    most = band_sweeps * sum(num_stages - band + 1 for band in bands)
+    solved = 0
     for band in bands:
         for _ in range(band_sweeps):
             before = pattern.energy_j
             for first in range(num_stages - band + 1):
+                report(
+                    progress,
+                    f"steady-state pattern: band of {band} from stage {first}",
+                    solved / most,
+                )
+                solved += 1
                 free = np.zeros(start.shape, dtype=bool)
                 free[2 * first : 2 * (first + band)] = True
                 better = solve_cycle(problem, period_s, pattern.choices, free)
@@ -251,8 +261,8 @@ def improve(
     The pattern keeps the all-max period, stretched by ``deadline_s`` over the all-max
     plan's iteration time when the deadline is longer. ``light``: the band search of
     :data:`LIGHT_BANDS` once, and the splice's relaxations rounded (seconds instead of
-    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40). ``progress`` is told when the
-    pattern search starts, ``splice_progress`` (default: ``progress``) each phase of the splice.
+    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40). ``progress`` is told the pattern
+    search's steps, ``splice_progress`` (default: ``progress``) each phase of the splice.
 
     Returns:
         The spliced plans (empty when ``problem`` has too few pairs or nothing was found).
@@ -267,9 +277,11 @@ def improve(
     stretch = max(1.0, deadline_s / allmax_s)
     period_s = allmax_period_s(problem) * stretch
     if light:
-        pattern = find_pattern(problem, period_s, bands=LIGHT_BANDS, band_sweeps=1)
+        pattern = find_pattern(
+            problem, period_s, bands=LIGHT_BANDS, band_sweeps=1, progress=progress
+        )
     else:
-        pattern = find_pattern(problem, period_s)
+        pattern = find_pattern(problem, period_s, progress=progress)
     if pattern is None:
         return []
     splicing = splice_progress or progress
