@@ -141,7 +141,9 @@ def run_plan(
     log = ProgressLog(
         setup_s=BUILD_S_PER_NODE * num_nodes,
         write_s=writing_seconds(num_nodes, num_plans),
-        plots_s=plotting_seconds(num_nodes, timeline) if cfg.planner.plots else 0.0,
+        plots_s=plotting_seconds(num_nodes, planned.profile.num_stages, timeline)
+        if cfg.planner.plots
+        else 0.0,
     )
     log.stage("setup", "building the problem")
     if cfg.planner.plots:

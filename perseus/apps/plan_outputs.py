@@ -142,7 +142,7 @@ def write_plots(
         )
         return files
     if log is not None:
-        share = FRONTIER_PLOT_S / plotting_seconds(problem.num_nodes)
+        share = FRONTIER_PLOT_S / plotting_seconds(problem.num_nodes, problem.num_stages)
         log.outputs("plots", share, "writing the plans and plots: timeline.png")
     plot_timeline(problem, chosen.freqs, out_dir / "timeline.png")
     files["timeline_plot"] = "timeline.png"
