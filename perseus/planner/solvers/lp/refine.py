@@ -20,7 +20,6 @@ shared along paths, cheaper instructions sped up), which single-instruction roun
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -68,8 +67,8 @@ class JumpRefiner:
         hulls: The groups' hulls (index = group).
         min_jump_rel: A segment is long when longer than this fraction of the node's
             fastest time.
-        max_trials: At most this many pin-and-re-solve trials per round.
-        time_budget_s: Stop trying after this much time per call.
+        max_trials: At most this many pin-and-re-solve trials per round (a count, never
+            seconds: the refinement is the same on a busy machine).
         rounds: Re-modelling rounds (see :meth:`refine`).
     """
 
@@ -79,7 +78,6 @@ class JumpRefiner:
         hulls: List[GroupHull],
         min_jump_rel: float = 0.02,
         max_trials: int = 2000,
-        time_budget_s: float = 20.0,
         rounds: int = 2,
     ) -> None:
         """Store the settings; hulls below a jump are built on demand and cached."""
@@ -87,7 +85,6 @@ class JumpRefiner:
         self.hulls = list(hulls)
         self.min_jump_rel = min_jump_rel
         self.max_trials = max_trials
-        self.time_budget_s = time_budget_s
         self.rounds = rounds
         self._cache: Dict[Tuple[int, int], int] = {}
         self.trials = 0
@@ -124,7 +121,6 @@ class JumpRefiner:
             and (if a pin was kept) after the greedy pinning; ``node_hull`` maps every node
             to its hull in :attr:`hulls`.
         """
-        began = time.perf_counter()
         layout = model.layout
         groups = layout.class_group
         class_hull = groups.copy()
@@ -150,7 +146,7 @@ class JumpRefiner:
             node_hull = class_hull[layout.node_class]
             out.append((current, node_hull))
             tell = self._teller(progress, round_no, len(classes), solution.deadline_s)
-            kept, current = self._greedy(model, current, classes, slow_end, began, tell)
+            kept, current = self._greedy(model, current, classes, slow_end, tell)
             if kept:
                 pinned += [int(classes[i]) for i in kept]
                 pinned_s += [float(slow_end[i]) for i in kept]
@@ -163,7 +159,6 @@ class JumpRefiner:
         current: LPSolution,
         classes: np.ndarray,
         slow_end: np.ndarray,
-        began: float,
         tell: Callable[[int], None],
     ) -> Tuple[List[int], LPSolution]:
         """Pin ``classes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
@@ -173,7 +168,7 @@ class JumpRefiner:
         """
         kept: List[int] = []
         for i in range(len(classes)):
-            if i >= self.max_trials or time.perf_counter() - began > self.time_budget_s:
+            if i >= self.max_trials:
                 break
             self.trials += 1
             tell(i)
