@@ -10,7 +10,7 @@ from typing import List
 import pytest
 
 from perseus.apps.plan import run_plan
-from perseus.apps.plan_progress import ProgressLog, phase
+from perseus.apps.plan.progress import ProgressLog, phase
 from perseus.config.schema import EnergyConfig, PerseusConfig
 from perseus.planner.cases import blocking_power_w, profile_path
 

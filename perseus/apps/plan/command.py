@@ -1,4 +1,4 @@
-r"""``perseus-plan``: profile CSV -> every Pareto-optimal frequency plan, and the one to run.
+r"""The ``perseus-plan`` command: profile CSV -> every Pareto-optimal plan, and the one to run.
 
 Usage::
 
@@ -13,15 +13,16 @@ Writes into Hydra's run directory (``hydra.run.dir=...`` moves it), through
 * ``plans/<plan_id>.json``: every frontier plan (``perseus-plan/1``, plan 0 is the fastest);
 * ``plan.json``: the plan the energy policy chose;
 * ``summary.json``: ``allmax``, ``chosen``, ``least_energy``, ``solver``, ``solve_time_s``,
-  savings and the inputs, and a ``note`` when no plan saves energy without slowdown (why,
-  e.g. lowtime's time quantization, and which setting would pick the next plan);
+  savings and the inputs, the estimate (``estimate_s``) and each phase's seconds
+  (``timings_s``), and a ``note`` when no plan saves energy without slowdown (why, e.g.
+  lowtime's time quantization, and which setting would pick the next plan);
 * ``frontier.png``, ``timeline.png`` (``planner.plots=false`` skips them);
 * with ``planner.export_reference=true``, ``reference/freqs_pipeline_%05d.py`` per plan (the
   reference system's format; the number is the plan_id).
 
 :func:`run_plan` is the same pipeline as a function. Offline the profile is the job: every
 stage of it is planned unless ``parallelism.pp`` on the command line (or ``planner.stages``)
-asks for a subset (:mod:`perseus.apps.plan_stages`), and the result line says so.
+asks for a subset (:mod:`perseus.apps.plan.stages`), and the result line says so.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from perseus.apps.common import hydra_app
-from perseus.apps.plan_outputs import MAX_TIMELINE_NODES, warm_up, write_outputs
-from perseus.apps.plan_progress import ProgressLog
-from perseus.apps.plan_stages import (
+from perseus.apps.plan.outputs import MAX_TIMELINE_NODES, warm_up, write_outputs
+from perseus.apps.plan.progress import ProgressLog
+from perseus.apps.plan.stages import (
     build_problem,
     planned_profile,
     pp_on_command_line,
@@ -107,7 +108,7 @@ def run_plan(
         cfg: The whole configuration (planner, parallelism, energy are read).
         out_dir: Output directory (created if needed).
         progress: Solver progress callback; default: the command's progress line
-            (:class:`perseus.apps.plan_progress.ProgressLog`).
+            (:class:`perseus.apps.plan.progress.ProgressLog`).
         subset_by_pp: See :func:`planned_profile` (perseus-plan passes whether
             ``parallelism.pp`` is on its command line).
 
@@ -302,7 +303,3 @@ def main(cfg: PerseusConfig, out_dir: Path) -> None:
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     run_plan(cfg, out_dir, subset_by_pp=pp_on_command_line(overrides))
-
-
-if __name__ == "__main__":
-    main()

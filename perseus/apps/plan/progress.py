@@ -2,7 +2,7 @@
 
 The command's stages are ``setup`` (the profile read, the problem built), ``solve`` (the
 solver's own fraction done), and ``outputs`` (the plan files written while the plots are drawn,
-:mod:`perseus.apps.plan_outputs`). The ``lp`` solver announces its stages with their expected
+:mod:`perseus.apps.plan.outputs`). The ``lp`` solver announces its stages with their expected
 seconds before its first LP deadline (:func:`perseus.planner.progress.announce`): that is the
 estimate the command logs, and it weighs ``solve`` against the outputs. Every line says what
 runs, the percentage (rounded down, so it reads 100 % only when nothing is left), the elapsed

@@ -20,7 +20,7 @@ from perseus.config.schema import PerseusConfig
 from perseus.formats.plan import outputs as plan_outputs
 
 if TYPE_CHECKING:
-    from perseus.apps.plan_progress import ProgressLog
+    from perseus.apps.plan.progress import ProgressLog
     from perseus.planner.frontier import Frontier, FrontierPoint
     from perseus.planner.problem import PlanningProblem
 
