@@ -69,10 +69,14 @@ def write_outputs(
         The first error of writing the plans, else of drawing the plots.
     """
     timings: Timings = {}
+
+    def draw() -> Tuple[Dict[str, str], float]:
+        began = time.perf_counter()
+        files = write_plots(problem, frontier, chosen, out_dir, log)
+        return files, time.perf_counter() - began
+
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="perseus-plan-plots") as pool:
-        plotted = None
-        if cfg.planner.plots:
-            plotted = pool.submit(_timed_plots, problem, frontier, chosen, out_dir, log)
+        plotted = pool.submit(draw) if cfg.planner.plots else None
         began = time.perf_counter()
         try:
             files = write_plans(frontier, chosen, cfg, out_dir, log)
@@ -105,18 +109,6 @@ def write_plans(
         export_reference=cfg.planner.export_reference,
         on_plan=written,
     )
-
-
-def _timed_plots(
-    problem: PlanningProblem,
-    frontier: Frontier,
-    chosen: FrontierPoint,
-    out_dir: Path,
-    log: Optional[ProgressLog],
-) -> Tuple[Dict[str, str], float]:
-    began = time.perf_counter()
-    files = write_plots(problem, frontier, chosen, out_dir, log)
-    return files, time.perf_counter() - began
 
 
 def write_plots(

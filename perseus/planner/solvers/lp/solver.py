@@ -190,7 +190,7 @@ class LPSolver(ChoiceSolver):
         meter = WorkMeter(self._forecast(problem, model, rounder, deadlines, refine_at), progress)
         announce(progress, meter.stages)
         meter.finish("LP model")
-        plans, at_refine = self._sweep(problem, model, rounder, deadlines, refine_at, meter)
+        plans, at_refine = self._sweep(model, rounder, deadlines, refine_at, meter)
         if self._fills_gaps():
             self._resize_gaps(problem, plans, layout.is_identity, meter)
         search = DeadlineSearch(
@@ -263,7 +263,6 @@ class LPSolver(ChoiceSolver):
 
     def _sweep(
         self,
-        problem: PlanningProblem,
         model: HullLP,
         rounder: Rounder,
         deadlines: List[float],
