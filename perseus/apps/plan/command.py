@@ -119,13 +119,7 @@ def run_plan(
         ConfigError, ProfileError, SolverError: with what to fix.
     """
     from perseus.planner import plan_frontier, plan_policy
-    from perseus.planner.limits import (
-        BUILD_S_PER_NODE,
-        EXPECTED_FRONTIER_PLANS,
-        EXPECTED_POLICY_PLANS,
-        plotting_seconds,
-        writing_seconds,
-    )
+    from perseus.planner.limits import writing_seconds
     from perseus.planner.policies import choose
 
     began = time.perf_counter()
@@ -135,17 +129,7 @@ def run_plan(
     scope = plan_scope(cfg, planned.profile.num_stages)
     name = cfg.planner.solver
     options = solver_options(name, cfg)
-    par = cfg.parallelism
-    num_nodes = 2 * planned.profile.num_stages * par.num_microbatches * par.num_model_chunks
-    num_plans = EXPECTED_FRONTIER_PLANS if scope == "frontier" else EXPECTED_POLICY_PLANS
-    timeline = num_nodes <= MAX_TIMELINE_NODES
-    log = ProgressLog(
-        setup_s=BUILD_S_PER_NODE * num_nodes,
-        write_s=writing_seconds(num_nodes, num_plans),
-        plots_s=plotting_seconds(num_nodes, planned.profile.num_stages, timeline)
-        if cfg.planner.plots
-        else 0.0,
-    )
+    log = progress_log(cfg, planned.profile.num_stages, scope)
     log.stage("setup", "building the problem")
     if cfg.planner.plots:
         warm_up()
@@ -215,6 +199,29 @@ def run_plan(
         out_dir,
     )
     return summary
+
+
+def progress_log(cfg: PerseusConfig, num_stages: int, scope: str) -> ProgressLog:
+    """The command's progress line, with the setup and the outputs' expected seconds."""
+    from perseus.planner.limits import (
+        BUILD_S_PER_NODE,
+        EXPECTED_FRONTIER_PLANS,
+        EXPECTED_POLICY_PLANS,
+        plotting_seconds,
+        writing_seconds,
+    )
+
+    par = cfg.parallelism
+    num_nodes = 2 * num_stages * par.num_microbatches * par.num_model_chunks
+    num_plans = EXPECTED_FRONTIER_PLANS if scope == "frontier" else EXPECTED_POLICY_PLANS
+    plots_s = 0.0
+    if cfg.planner.plots:
+        plots_s = plotting_seconds(num_nodes, num_stages, num_nodes <= MAX_TIMELINE_NODES)
+    return ProgressLog(
+        setup_s=BUILD_S_PER_NODE * num_nodes,
+        write_s=writing_seconds(num_nodes, num_plans),
+        plots_s=plots_s,
+    )
 
 
 def _hint_nearest_saving(
