@@ -20,7 +20,8 @@ per case:
   ``scripts/data/planner_bounds.json`` when tighter, as ``scripts/bench_planner.py``) and the gap;
 * ``prog``: the progress line's largest difference (percentage points) from the share of the
   command's work elapsed (from its first progress line to its result line), and ``at100``: how
-  long before the result line the progress line first read 100 %.
+  long before the result line the progress line first read 100 %; ``load``: the 1-minute load
+  average when each run started (``--wait-load`` waits for a quieter moment first).
 
 Then the progress lines of the slowest case (elapsed seconds, the percentage shown, the share of
 the work elapsed, the message). Wall times are only comparable on an otherwise idle machine: the
@@ -28,6 +29,7 @@ load average is printed before and after every round.
 
     python scripts/bench_plan_command.py                  # the 16 cases, once (about 2 min)
     python scripts/bench_plan_command.py --repeat 3       # medians and ranges of 3 rounds
+    python scripts/bench_plan_command.py --repeat 3 --wait-load 1  # each run at load < 1
     python scripts/bench_plan_command.py --profiles gpt3-175b+a100_sxm_bf16 --microbatches 96
 
 Targets (issue 43): wall <= 20 s on every case at the default effort, saving >= paper and gap <=
@@ -92,6 +94,7 @@ class Run:
         allmax_energy_j: Its energy.
         progress: ``(seconds since the first progress line, percent shown, message)``.
         work_span_s: From the first progress line to the result line.
+        load: The 1-minute load average when the run started.
     """
 
     wall_s: float
@@ -107,6 +110,7 @@ class Run:
     allmax_energy_j: float
     progress: List[Tuple[float, float, str]] = field(default_factory=list)
     work_span_s: float = 0.0
+    load: float = 0.0
 
     def progress_error_pp(self) -> float:
         """Largest ``|percent shown - percent of the work span elapsed|`` (pp)."""
@@ -294,6 +298,19 @@ def median(values: Sequence[Optional[float]]) -> Optional[float]:
     return statistics.median(known) if known else None
 
 
+def wait_for_quiet(max_load: Optional[float], max_wait_s: float) -> float:
+    """Wait (at most ``max_wait_s``) until the 1-minute load average is below ``max_load``.
+
+    Returns:
+        The load average when the wait ended (a shared machine may never get quiet).
+    """
+    waited_s = 0.0
+    while max_load is not None and os.getloadavg()[0] >= max_load and waited_s < max_wait_s:
+        time.sleep(5.0)
+        waited_s += 5.0
+    return os.getloadavg()[0]
+
+
 def load_line(label: str) -> str:
     one, five, fifteen = os.getloadavg()
     return f"{label}: load average {one:.2f} / {five:.2f} / {fifteen:.2f}"
@@ -326,14 +343,15 @@ def case_row(case: Case, runs: List[Run], bound: Optional[float], misses: List[s
         f"{median([r.startup_s for r in runs]):5.1f} {median([r.solve_s for r in runs]):5.1f} "
         f"{fmt(median([r.write_s for r in runs]), 5)} {fmt(median([r.plots_s for r in runs]), 5)} "
         f"{fmt(est, 5)} {fmt(work, 5)} {fmt(ratio, 7, 2)} {fmt(saving, 7, 2, 100)} "
-        f"{paper:6.1f} {fmt(bound, 6, 2, 100)} {fmt(gap, 6, 2, 100)} {prog:5.0f} {at100:6.1f}"
+        f"{paper:6.1f} {fmt(bound, 6, 2, 100)} {fmt(gap, 6, 2, 100)} {prog:5.0f} {at100:6.1f} "
+        f"{spread([r.load for r in runs]):>14s}"
     )
 
 
 HEADER = (
     f"{'case':30s} {'wall s':>17s} {'cpu s':>5s} {'start':>5s} {'solve':>5s} {'write':>5s} "
     f"{'plots':>5s} {'est s':>5s} {'work':>5s} {'est/wrk':>7s} {'saving%':>7s} {'paper%':>6s} "
-    f"{'bound%':>6s} {'gap pp':>6s} {'prog':>5s} {'at100':>6s}"
+    f"{'bound%':>6s} {'gap pp':>6s} {'prog':>5s} {'at100':>6s} {'load':>14s}"
 )
 
 
@@ -357,6 +375,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--effort", default=None, help="planner.effort (default: the command's)")
     parser.add_argument("--no-bound", action="store_true", help="skip the proven bounds")
     parser.add_argument("--keep", type=Path, default=None, help="keep the outputs here")
+    parser.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        help="before each run, wait until the 1-minute load average is below this",
+    )
+    parser.add_argument(
+        "--wait-max-s", type=float, default=300.0, help="the longest such wait (default 300)"
+    )
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for num_mb in args.microbatches:
@@ -372,7 +399,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(load_line(f"round {round_no + 1} start"), flush=True)
             for case in cases:
                 out_dir = root / f"{case[0]}-{case[1]}-{round_no}"
+                load = wait_for_quiet(args.wait_load, args.wait_max_s)
                 runs[case].append(runner(case, out_dir, args.effort))
+                runs[case][-1].load = load
             print(load_line(f"round {round_no + 1} end"), flush=True)
     finally:
         if args.keep is None:
