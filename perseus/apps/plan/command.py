@@ -131,9 +131,9 @@ def run_plan(
     options = solver_options(name, cfg)
     log = progress_log(cfg, planned.profile.num_stages, scope)
     log.stage("setup", "building the problem")
-    if cfg.planner.plots:
-        warm_up()
     problem = build_problem(cfg, planned)
+    if cfg.planner.plots:
+        warm_up()  # while the solver runs
     logger.info(
         "planning %d stages x %d microbatches (%s, %d instructions) with solver %r%s: %s",
         problem.num_stages,
