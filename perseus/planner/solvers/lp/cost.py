@@ -195,7 +195,9 @@ def solve_stages(
     trials += min(refine_trials, math.ceil(REFINE_SECOND * probe.long_classes))
     trial_s = TRIAL_S + TRIAL_S_PER_1000 * size / 1000.0
     refine_s = trials * trial_s + REFINE_S_PER_NODE * n
-    search = probe.rounding_loss > SEARCH_LOSS * polish_gap or not settings.steady_gap_test
+    # The polish and the re-optimisation run when the plan is far enough above the bound,
+    # the pattern then too, or whatever the distance (steady_gap_test off: thorough).
+    search = probe.rounding_loss > SEARCH_LOSS * polish_gap
     seams = probe.rounding_loss > SEAM_LOSS * polish_gap
     window_s = (WINDOW_S + WINDOW_S_PER_LOSS * probe.rounding_loss) * settings.polish_passes
     windows = shape.polish_windows
@@ -210,7 +212,7 @@ def solve_stages(
         "seam polish": 0.0,
         "re-optimisation": 0.0,
     }
-    if shape.steady and settings.steady_pattern and search:
+    if shape.steady and settings.steady_pattern and (search or not settings.steady_gap_test):
         per_refine["steady pattern"] = PATTERN_LIGHT_S if settings.steady_light else PATTERN_S
         phase_s = SPLICE_S_PER_NODE if settings.steady_light else SPLICE_MILP_S_PER_NODE
         per_refine["splice"] = 4 * phase_s * n
