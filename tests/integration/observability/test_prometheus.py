@@ -119,7 +119,8 @@ def test_the_gpu_energy_counter_grows(stack: Stack) -> None:
     assert len(series) == 2, series.keys()  # each stage leader's GPU
     for values in series.values():
         assert all(b >= a for a, b in zip(values, values[1:]))
-        assert values[-1] > values[0] > 0
+        # counted from the first update the server saw: a scrape right after it reads 0
+        assert values[-1] > values[0] >= 0
     stages = {r["metric"]["stage"] for r in found}
     assert stages == {"0", "1"}
     assert all(re.fullmatch(r".+:\d+", r["metric"]["gpu"]) for r in found)
