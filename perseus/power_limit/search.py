@@ -18,7 +18,11 @@ time only grows further down.)
 
 **Confirmation.** The highest limit (the reference) and the ``max_candidates`` best limits that
 are not clearly worse than the best (with ``max_slowdown``, those whose mean keeps within the
-bound first) are measured again in ``repeats`` rounds, each in an order drawn at random (the
+bound first) are measured again in ``repeats`` rounds. Where the descent found every lower limit
+clearly worse than the highest, the best of them is the candidate: keeping the highest limit is
+then weighed against it in paired rounds like every other outcome, not on the descent alone (a
+host that slows down while the descent goes on makes every limit below look worse). So the
+rounds always run once a second limit was measured, each in an order drawn at random (the
 same on every rank: a fixed seed). A power limiter's steady swing depends on the limit it came
 from (on the emulated GPU the same limit settles in cycles up to ~3 % apart in energy after a
 large or a small step down), so a fixed order would measure each candidate in one way only and
@@ -221,9 +225,12 @@ class LimitSearch:
         self.pruned = list(range(self._next_down, self.num_limits))
         self._next_down = self.num_limits
         scores = self._scores()
-        near = [i for i in scores if i != 0 and not worse[i]]
         over = self._over_bound()
-        self.candidates = sorted(near, key=lambda i: (over[i], scores[i], i))[: self.max_candidates]
+        others = sorted((i for i in scores if i != 0), key=lambda i: (over[i], scores[i], i))
+        # None near the best (the highest limit best by far): the best of the others still goes
+        # to the rounds, so that keeping the highest limit rests on paired windows too.
+        near = [i for i in others if not worse[i]] or others[:1]
+        self.candidates = near[: self.max_candidates]
         arms = [0, *self.candidates]
         if not self.candidates:
             return

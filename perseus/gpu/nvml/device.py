@@ -53,7 +53,9 @@ class NVMLGPU(GPU):
         uuid: Open the GPU with this UUID instead (``index`` is then only reported).
         power_sample_period_s: Background power sampling period where energy has to be
             integrated from power (no counter); 0 samples only when energy is read.
-        clock: Monotonic clock of that integration (tests inject a fake one).
+        clock: The host clock (s) of this GPU: what its work is stamped with (:meth:`now_s`)
+            and what sampled power is integrated over, one time base for both (tests inject
+            a fake one).
 
     Attributes:
         mapping: How the NVML device was found (e.g. "CUDA device 0 by UUID").
@@ -281,6 +283,15 @@ class NVMLGPU(GPU):
         """Wait for the CUDA work this process queued on the device (no-op without CUDA)."""
         if self._sync is not None:
             self._sync()
+
+    def now_s(self) -> float:
+        """Host time (s) on the GPU's clock (``time.perf_counter`` unless one was given).
+
+        The hooks stamp iterations with it and the energy sampler times the counter's updates
+        with it; without a counter, sampled power is integrated over the same clock, so an
+        iteration's energy covers exactly its own time.
+        """
+        return self._clock()
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:

@@ -131,14 +131,20 @@ def test_keeping_the_highest_limit_shows_what_it_was_weighed_against() -> None:
     assert opt.decision.reason == "the highest limit (300 W) scored best; of the others 200 W did"
 
 
-def test_the_highest_limit_clearly_best_needs_no_confirmation() -> None:
+def test_the_highest_limit_clearly_best_is_kept_on_paired_rounds_against_the_next_best() -> None:
     opt, _ = _searched("time", step_w=50)
     assert opt.chosen_limit_mw == 300_000
-    search = opt.report()["search"]
+    report = opt.report()
+    search, saving = report["search"], report["saving"]
     # 250 W is 7.6 % slower, 200 W 18 %: both clearly (beyond 5.5 %), known once 150 W closed;
-    # 100 W pruned, and no rounds
-    assert search["candidates_w"] == [] and search["pruned_w"] == [100.0]
-    assert _windows(opt) == 4 and opt.report()["saving"]["energy_saving_ci95"] is None
+    # 100 W pruned. The descent alone does not decide: 250 W, the best of the rest, goes to the
+    # rounds against 300 W, and keeping 300 W rests on their paired windows.
+    assert search["candidates_w"] == [250.0] and search["pruned_w"] == [100.0]
+    assert _windows(opt) == 4 + 2 * opt.cfg.repeats
+    assert report["decision"] == "the highest limit (300 W) scored best; of the others 250 W did"
+    assert saving["power_limit_w"] == 250.0 and saving["num_pairs"] == opt.cfg.repeats
+    low, high = saving["slowdown_ci95"]
+    assert 0.0 < low <= saving["slowdown"] <= high  # measurably slower
 
 
 def test_one_round_says_it_has_no_interval() -> None:
