@@ -9,9 +9,14 @@ is already tight when the expensive side is tried. A direction ends at its first
 that fails — misses the target metric, or was stopped for costing too much — once a batch size
 has reached the target (the start, one before it in that direction, or one on the other side);
 until then (the start failed) failures do not end a direction, and the walk alternates between
-both until a batch size works. The batch sizes
-that reached the target form the next round's candidates; those of the last round become the
-bandit's arms, and every cost measured on the way is an observation.
+both until a batch size works. When the walk's
+next batch size is already ruled out (``ruled_out``, from
+:mod:`perseus.batch_size.elimination`: what its neighbours' epochs and epoch costs predict for
+it makes it too unlikely to be cheaper than the best batch size so far), the state says so
+(``skip``): the optimizer records it as a failed step that never ran, which ends that direction
+like any failure, so the walk does not pay a run to learn what the others already say. The
+batch sizes that reached the target form the next round's candidates; those of the last round
+become the bandit's arms, and every cost measured on the way is an observation.
 
 A round in which every batch size tried failed leaves the job *exhausted*: the state says which
 batch sizes failed and why, so the optimizer can tell the user and be reset or retried.
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
 
@@ -43,6 +48,8 @@ class PruningState:
         candidates: The batch sizes still in the running (this round's, or the arms).
         failed: When the round ended with no survivor (the job is exhausted): the failed runs
             of that round, ``{batch_size: (run_id, reason)}``; empty otherwise.
+        skip: ``next_batch_size`` is ruled out by the runs so far: record it as a failed step
+            (it ends its direction) instead of running it.
     """
 
     next_batch_size: Optional[int]
@@ -50,6 +57,7 @@ class PruningState:
     done: bool
     candidates: List[int]
     failed: Dict[int, Tuple[int, Optional[str]]] = field(default_factory=dict)
+    skip: bool = False
 
     @property
     def exhausted(self) -> bool:
@@ -60,6 +68,10 @@ class PruningState:
 def start_batch_size(candidates: Sequence[int], default_batch_size: int) -> int:
     """The candidate a round starts from: ``default_batch_size`` or the nearest one."""
     return min(sorted(candidates), key=lambda b: (abs(b - default_batch_size), b))
+
+
+def _never(batch_size: int) -> bool:
+    return False
 
 
 def _next_in_walk(
@@ -104,8 +116,13 @@ def pruning_state(
     default_batch_size: int,
     num_rounds: int,
     runs: Sequence[RunRow],
+    ruled_out: Callable[[int], bool] = _never,
 ) -> PruningState:
-    """Derive the pruning stage's state from the job's runs (never raises on bad luck)."""
+    """Derive the pruning stage's state from the job's runs (never raises on bad luck).
+
+    ``ruled_out(batch_size)`` says whether a batch size not yet tried in the round is ruled out
+    by the others' runs: when the walk's next step is one, the state has ``skip`` set.
+    """
     candidates = sorted(batch_sizes)
     start = start_batch_size(candidates, default_batch_size)
     for pruning_round in range(num_rounds):
@@ -127,6 +144,7 @@ def pruning_state(
                 pruning_round=pruning_round,
                 done=False,
                 candidates=candidates,
+                skip=ruled_out(next_batch_size),
             )
         if any(r.status == RUNNING for r in results.values()):
             return PruningState(

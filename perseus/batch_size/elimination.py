@@ -1,0 +1,192 @@
+"""Ruling batch sizes out with confidence, and stopping a run that explores one already ruled out.
+
+A batch size is *ruled out* when the posterior probability that its runs cost less on average
+than those of the best batch size (the one with the lowest expected cost) falls below
+``threshold`` (:data:`RULE_OUT_PROBABILITY`). The probability comes from
+:class:`~perseus.batch_size.posterior.CostPosterior`: a batch size's own runs, what its
+neighbours' epochs say about it, how fast epochs change between batch sizes in this job, and its
+measured epoch cost (predicted from its neighbours' before it ran: a batch size whose one epoch
+would cost more than a run of the best is out before it is tried). Nothing is ruled out after a
+fixed number of runs: a batch size stays in play until the evidence says it is worse, and comes
+back if the best one's estimate gets worse.
+
+A run in progress at a batch size that is ruled out (from its first epoch on, its epoch cost is
+known) stops when finishing it is expected to cost more than a fresh run of the best batch size:
+the expected rest of the run (its remaining epochs given it has not reached the target yet, up to
+the epoch budget or the early-stop bound, and a fresh run on top when it would not converge)
+against the best one's expected run cost. A run close to its end goes on; a run that has only
+begun stops. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from perseus.batch_size.posterior import CostPosterior, normal_cdf
+
+RULED_OUT = "ruled_out"
+# Below this posterior probability of being cheaper than the best, a batch size is ruled out.
+RULE_OUT_PROBABILITY = 0.025
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One batch size against the best.
+
+    Attributes:
+        batch_size: The batch size.
+        expected_cost: Posterior mean of a run's cost.
+        prob_cheaper: Posterior probability that its runs cost less on average than the best
+            batch size's (None for the best itself).
+        ruled_out: ``prob_cheaper`` is below the threshold.
+    """
+
+    batch_size: int
+    expected_cost: float
+    prob_cheaper: Optional[float]
+    ruled_out: bool
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """Whether a run in progress at a ruled-out batch size should stop, and why.
+
+    Attributes:
+        batch_size: The run's batch size.
+        best: The best batch size it was measured against.
+        prob_cheaper: Probability that the run's batch size is cheaper than ``best``.
+        remaining_cost: Expected cost of finishing the run (a fresh run of ``best`` included
+            when it would not converge).
+        fresh_cost: Expected cost of a fresh run of ``best``.
+        stop: Whether to stop the run now.
+    """
+
+    batch_size: int
+    best: int
+    prob_cheaper: float
+    remaining_cost: float
+    fresh_cost: float
+    stop: bool
+
+    def describe(self) -> str:
+        """One sentence for the user."""
+        verb = "stopped" if self.stop else "went on"
+        return (
+            f"batch size {self.batch_size} ruled out: P(cheaper than {self.best}) = "
+            f"{self.prob_cheaper:.1%}; finishing it was expected to cost {self.remaining_cost:.4g}"
+            f" against {self.fresh_cost:.4g} for a fresh run of {self.best}, so the run {verb}"
+        )
+
+
+def standings(
+    posterior: CostPosterior,
+    candidates: Sequence[int],
+    threshold: float = RULE_OUT_PROBABILITY,
+) -> Tuple[Optional[int], Dict[int, Standing]]:
+    """The best of ``candidates`` (those with runs) and every candidate's standing against it.
+
+    Candidates never run are predicted from the others (when anything can be said of them).
+
+    Args:
+        posterior: The job's posterior.
+        candidates: The batch sizes to compare.
+        threshold: Rule-out probability.
+    """
+    known = [b for b in candidates if _has_runs(posterior, b)]
+    if not known:
+        return None, {}
+    best = min(known, key=lambda b: (posterior.expected_log_cost(b), b))
+    out: Dict[int, Standing] = {best: Standing(best, posterior.expected_cost(best), None, False)}
+    for b in candidates:
+        if b == best or not _can_predict(posterior, b):
+            continue
+        p = posterior.prob_cheaper(b, best)
+        out[b] = Standing(b, posterior.expected_cost(b), p, p < threshold)
+    return best, out
+
+
+def run_verdict(
+    posterior: CostPosterior,
+    batch_size: int,
+    unit: float,
+    epochs_done: int,
+    max_epochs: int,
+    best: int,
+    threshold: float = RULE_OUT_PROBABILITY,
+) -> Optional[RunVerdict]:
+    """Judge a run of ``batch_size`` that has run ``epochs_done`` epochs without converging.
+
+    Returns None when the batch size is not ruled out (the run goes on to learn it).
+
+    Args:
+        posterior: The job's posterior from the finished runs.
+        batch_size: The run's batch size.
+        unit: Its epoch cost, measured in this run.
+        epochs_done: Epochs it ran so far.
+        max_epochs: Epochs it may run at most (epoch budget or early-stop bound).
+        best: The best batch size.
+        threshold: Rule-out probability.
+    """
+    if batch_size == best or not posterior.arms[batch_size].on_chain:
+        return None
+    p = posterior.prob_cheaper(batch_size, best, unit_a=unit)
+    if p >= threshold:
+        return None
+    fresh = posterior.expected_cost(best)
+    remaining = unit * _remaining_epochs(
+        posterior, batch_size, epochs_done, max_epochs, fresh / unit
+    )
+    return RunVerdict(batch_size, best, p, remaining, fresh, remaining > fresh)
+
+
+def _has_runs(posterior: CostPosterior, batch_size: int) -> bool:
+    arm = posterior.arms[batch_size]
+    return bool(arm.log_units) and (batch_size in posterior.units or not arm.on_chain)
+
+
+def _can_predict(posterior: CostPosterior, batch_size: int) -> bool:
+    arm = posterior.arms[batch_size]
+    if not arm.on_chain:
+        return bool(arm.log_units)
+    return posterior.epochs.measured and (
+        batch_size in posterior.units or posterior.epoch_costs.measured
+    )
+
+
+def _remaining_epochs(
+    posterior: CostPosterior,
+    batch_size: int,
+    epochs_done: int,
+    max_epochs: int,
+    fresh_epochs: float,
+) -> float:
+    """Expected epochs still to pay for, given the target not reached after ``epochs_done``.
+
+    A run that would need more than ``max_epochs`` pays them all and then a fresh run
+    (``fresh_epochs``, in this batch size's epochs).
+    """
+    if epochs_done >= max_epochs:
+        return fresh_epochs
+    total = 0.0
+    mass = 0.0
+    for g in posterior.predictive_epochs(batch_size):
+        sd = math.sqrt(g.var)
+        below = normal_cdf((math.log(epochs_done + 0.5) - g.mean) / sd)
+        alive = 1.0 - below
+        if alive <= 0.0:
+            continue
+        cumulative = below
+        part = 0.0
+        for epoch in range(epochs_done + 1, max_epochs + 1):
+            upper = normal_cdf((math.log(epoch + 0.5) - g.mean) / sd)
+            part += (upper - cumulative) * (epoch - epochs_done)
+            cumulative = upper
+        tail = 1.0 - cumulative
+        part += tail * (max_epochs - epochs_done + fresh_epochs)
+        total += g.weight * part
+        mass += g.weight * alive
+    if mass <= 0.0:
+        return float(max_epochs - epochs_done) + fresh_epochs
+    return total / mass

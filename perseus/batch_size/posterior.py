@@ -1,0 +1,204 @@
+"""What the runs of a recurring job say about the cost of a run at each batch size.
+
+A run's cost is ``epochs to the target x cost of one epoch``, modelled for each batch size
+``b`` as
+
+    log(epochs of a run at b) ~ Normal(mu_b, noise_b),    log(epoch cost at b) = u_b
+
+* ``noise_b`` (run-to-run spread) is one variance pooled over every batch size's repeated runs,
+  with a weak prior (:data:`NOISE_PRIOR`: about 10 % in epochs, worth one run) so that a job
+  without repeats, or with a few identical counts, is not taken to have none. (Epochs are whole
+  numbers, and so is what a run is charged for: identical counts are no reason for more spread.)
+* ``mu_b`` over batch sizes is a :class:`~perseus.batch_size.curve.SmoothCurve`: neighbouring
+  batch sizes converge in correlated numbers of epochs, a batch size never run is predicted from
+  its neighbours and the trend they show, and one seen once borrows strength from them.
+* ``u_b`` is measured in the first epoch of a batch size's first run (and hardly varies); for a
+  batch size never run it is predicted the same way from the measured ones
+  (:data:`EPOCH_COST_NOISE` of spread per measurement), so that a batch size whose epochs alone
+  would cost more than the best batch size's runs is recognised before it runs.
+
+Batch sizes reported as totals only (no epoch cost) are off the curves: each is judged on its
+own runs. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from perseus.batch_size.curve import Gaussian, SmoothCurve
+
+# Prior of the run-to-run variance: (prior runs, std of log epochs).
+NOISE_PRIOR: Tuple[float, float] = (1.0, 0.1)
+# Std of one measurement of an epoch's log cost.
+EPOCH_COST_NOISE = 0.03
+_MIN_VAR = 1e-12
+
+
+@dataclass(frozen=True)
+class ArmRuns:
+    """The runs counted for one batch size.
+
+    Attributes:
+        batch_size: The batch size.
+        log_units: ``log(cost / unit)`` of each counted run: log epochs, or log total cost for
+            runs reported as totals only.
+        on_chain: Whether its runs count epochs (or it has none yet): it takes part in the
+            neighbour model. False for batch sizes reported as totals only.
+    """
+
+    batch_size: int
+    log_units: Tuple[float, ...] = ()
+    on_chain: bool = True
+
+
+class CostPosterior:
+    """Posterior of every batch size's run cost, given the counted runs and epoch costs.
+
+    Args:
+        arms: Every batch size of the job with its counted runs (none for those never run).
+        units: Measured epoch cost of the batch sizes that ran at least one epoch.
+    """
+
+    def __init__(self, arms: Sequence[ArmRuns], units: Mapping[int, float]) -> None:
+        self.arms = {a.batch_size: a for a in arms}
+        if len(self.arms) != len(arms):
+            raise ValueError("each batch size may appear once")
+        self.units = {b: u for b, u in units.items() if b in self.arms and u > 0}
+        self.noise_var = _pooled_noise([a.log_units for a in arms])
+        chain = [a.batch_size for a in arms if a.on_chain]
+        epochs = {
+            a.batch_size: (statistics.fmean(a.log_units), self._own_var(a))
+            for a in arms
+            if a.on_chain and a.log_units
+        }
+        self.epochs = SmoothCurve(chain, epochs)
+        costs = {b: (math.log(u), EPOCH_COST_NOISE**2) for b, u in self.units.items() if b in chain}
+        self.epoch_costs = SmoothCurve(chain, costs)
+
+    # -- one batch size --------------------------------------------------------------------------
+    def noise(self, batch_size: int) -> float:
+        """Run-to-run variance of log epochs at ``batch_size`` (the same at every one)."""
+        return self.noise_var
+
+    def mean_log_epochs(self, batch_size: int) -> List[Gaussian]:
+        """``mu_b``'s posterior as a mixture (one component off the curve)."""
+        arm = self.arms[batch_size]
+        if arm.on_chain:
+            if not self.epochs.measured:
+                raise ValueError("no batch size has converged yet: nothing to say about epochs")
+            return self.epochs.components(batch_size)
+        if not arm.log_units:
+            raise ValueError(f"batch size {batch_size}: reported as totals only, and no runs")
+        return [Gaussian(1.0, statistics.fmean(arm.log_units), self._own_var(arm))]
+
+    def log_unit(self, batch_size: int) -> List[Gaussian]:
+        """``u_b``: measured (exactly), or predicted from the measured batch sizes."""
+        if batch_size in self.units:
+            return [Gaussian(1.0, math.log(self.units[batch_size]), 0.0)]
+        if not self.arms[batch_size].on_chain:
+            return [Gaussian(1.0, 0.0, 0.0)]  # totals only: costs are in their own unit
+        if not self.epoch_costs.measured:
+            raise ValueError("no epoch cost measured yet: nothing to say about epoch costs")
+        return self.epoch_costs.components(batch_size)
+
+    def expected_cost(self, batch_size: int) -> float:
+        """Posterior mean of a run's cost at ``batch_size``."""
+        noise = self.noise(batch_size)
+        epochs = sum(
+            g.weight * _exp(g.mean + g.var / 2.0 + noise / 2.0)
+            for g in self.mean_log_epochs(batch_size)
+        )
+        unit = sum(g.weight * _exp(g.mean + g.var / 2.0) for g in self.log_unit(batch_size))
+        return epochs * unit
+
+    def expected_log_cost(self, batch_size: int) -> float:
+        """Posterior mean of ``u_b + mu_b + noise_b / 2``: the log of a run's expected cost."""
+        mu = sum(g.weight * g.mean for g in self.mean_log_epochs(batch_size))
+        unit = sum(g.weight * g.mean for g in self.log_unit(batch_size))
+        return unit + mu + self.noise(batch_size) / 2.0
+
+    def predictive_epochs(self, batch_size: int) -> List[Gaussian]:
+        """The log epochs of the next run at ``batch_size``: ``mu_b``'s posterior plus noise."""
+        noise = self.noise(batch_size)
+        return [Gaussian(g.weight, g.mean, g.var + noise) for g in self.mean_log_epochs(batch_size)]
+
+    # -- two batch sizes -------------------------------------------------------------------------
+    def prob_cheaper(self, a: int, b: int, unit_a: Optional[float] = None) -> float:
+        """Posterior probability that a run of ``a`` costs less than one of ``b`` on average.
+
+        ``unit_a`` is ``a``'s epoch cost when measured outside the counted runs (a run in
+        progress). Every run takes at least one epoch, so ``a`` cannot be cheaper when one epoch
+        of it costs more than a run of ``b``: the probability is never above that of the epoch
+        costs alone.
+        """
+        offset = self.noise(b) / 2.0 - self.noise(a) / 2.0
+        mus = self._mu_difference(a, b)
+        units_a = [Gaussian(1.0, math.log(unit_a), 0.0)] if unit_a is not None else self.log_unit(a)
+        units_b = self.log_unit(b)
+        total = 0.0
+        epoch_only = 0.0
+        mu_b = self.mean_log_epochs(b)
+        for ua in units_a:
+            for ub in units_b:
+                unit_mean = ua.mean - ub.mean
+                unit_var = ua.var + ub.var
+                weight = ua.weight * ub.weight
+                for mu in mus:
+                    sd = math.sqrt(max(mu.var + unit_var, _MIN_VAR))
+                    total += weight * mu.weight * normal_cdf((offset - mu.mean - unit_mean) / sd)
+                for g in mu_b:
+                    # log(one epoch of a) < log(a run of b) = u_b + mu_b + noise_b / 2
+                    sd = math.sqrt(max(g.var + unit_var, _MIN_VAR))
+                    limit = g.mean + self.noise(b) / 2.0
+                    epoch_only += weight * g.weight * normal_cdf((limit - unit_mean) / sd)
+        return min(total, epoch_only)
+
+    def sample(self, rng: random.Random) -> Dict[int, float]:
+        """One joint posterior draw of ``mu_b`` for every batch size with runs."""
+        out: Dict[int, float] = {}
+        if self.epochs.measured:
+            out.update(self.epochs.sample(rng))
+        for b, arm in sorted(self.arms.items()):
+            if not arm.on_chain and arm.log_units:
+                out[b] = rng.gauss(statistics.fmean(arm.log_units), math.sqrt(self._own_var(arm)))
+        return out
+
+    # -- internals -------------------------------------------------------------------------------
+    def _own_var(self, arm: ArmRuns) -> float:
+        return self.noise_var / len(arm.log_units)
+
+    def _mu_difference(self, a: int, b: int) -> List[Gaussian]:
+        if self.arms[a].on_chain and self.arms[b].on_chain:
+            return self.epochs.difference(a, b)
+        return [
+            Gaussian(ga.weight * gb.weight, ga.mean - gb.mean, ga.var + gb.var)
+            for ga in self.mean_log_epochs(a)
+            for gb in self.mean_log_epochs(b)
+        ]
+
+
+def _pooled_noise(samples: Sequence[Sequence[float]]) -> float:
+    """Run-to-run variance of log epochs pooled over arms, with :data:`NOISE_PRIOR`."""
+    prior_runs, prior_sd = NOISE_PRIOR
+    sum_sq = 0.0
+    dof = 0
+    for values in samples:
+        if len(values) > 1:
+            mean = statistics.fmean(values)
+            sum_sq += sum((v - mean) ** 2 for v in values)
+            dof += len(values) - 1
+    return max((prior_runs * prior_sd * prior_sd + sum_sq) / (prior_runs + dof), _MIN_VAR)
+
+
+def _exp(x: float) -> float:
+    """``exp(x)``, infinite where it overflows (a prediction with nothing to go on)."""
+    return math.exp(x) if x < 700.0 else math.inf
+
+
+def normal_cdf(z: float) -> float:
+    """The standard normal distribution function."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
