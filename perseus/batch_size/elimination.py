@@ -94,10 +94,9 @@ def standings(
         candidates: The batch sizes to compare.
         threshold: Rule-out probability.
     """
-    known = [b for b in candidates if _has_runs(posterior, b)]
-    if not known:
+    best = best_of(posterior, candidates)
+    if best is None:
         return None, {}
-    best = min(known, key=lambda b: (posterior.expected_log_cost(b), b))
     out: Dict[int, Standing] = {best: Standing(best, posterior.expected_cost(best), None, False)}
     for b in candidates:
         if b == best or not _can_predict(posterior, b):
@@ -105,6 +104,14 @@ def standings(
         p = posterior.prob_cheaper(b, best)
         out[b] = Standing(b, posterior.expected_cost(b), p, p < threshold)
     return best, out
+
+
+def best_of(posterior: CostPosterior, candidates: Sequence[int]) -> Optional[int]:
+    """The candidate with runs and the lowest expected cost (None when none has runs)."""
+    known = [b for b in candidates if _has_runs(posterior, b)]
+    if not known:
+        return None
+    return min(known, key=lambda b: (posterior.expected_log_cost(b), b))
 
 
 def run_verdict(

@@ -53,6 +53,7 @@ from perseus.batch_size.elimination import (
     RULED_OUT,
     RunVerdict,
     Standing,
+    best_of,
     run_verdict,
     standings,
 )
@@ -147,6 +148,9 @@ class BatchSizeOptimizer(RunReporting):
         self.run_id: Optional[int] = None
         # The posterior of the finished runs it was fitted on (refitted when they change).
         self._fitted: Optional[Tuple[Tuple[Any, ...], CostPosterior]] = None
+        self._standing: Optional[
+            Tuple[CostPosterior, Tuple[Optional[int], Dict[int, Standing]]]
+        ] = None
 
     @classmethod
     def from_db(cls, db_path: Union[str, Path], job_id: str, **kwargs: Any) -> BatchSizeOptimizer:
@@ -234,8 +238,7 @@ class BatchSizeOptimizer(RunReporting):
         posterior probability that it is cheaper than the best, and whether it is ruled out
         (batch sizes never run are predicted from the others).
         """
-        posterior = self._posterior(self.store.runs(None, self.job_id))
-        return standings(posterior, self.batch_sizes, self.rule_out_probability)[1]
+        return self._standings(self.store.runs(None, self.job_id))[1]
 
     def explain(self) -> List[str]:
         """Why each run got its batch size and how it ended, then where every batch size stands.
@@ -323,7 +326,14 @@ class BatchSizeOptimizer(RunReporting):
         return lambda batch_size: batch_size in standing and standing[batch_size].ruled_out
 
     def _standings(self, runs: List[RunRow]) -> Tuple[Optional[int], Dict[int, Standing]]:
-        return standings(self._posterior(runs), self.batch_sizes, self.rule_out_probability)
+        """Every batch size against the best (computed once per fitted posterior)."""
+        posterior = self._posterior(runs)
+        if self._standing is None or self._standing[0] is not posterior:
+            self._standing = (
+                posterior,
+                standings(posterior, self.batch_sizes, self.rule_out_probability),
+            )
+        return self._standing[1]
 
     def _record_skip(self, conn: Any, state: PruningState, runs: List[RunRow]) -> None:
         """Record the walk's next step as failed without running it: it is ruled out."""
@@ -400,7 +410,7 @@ class BatchSizeOptimizer(RunReporting):
         if self.rule_out_probability <= 0 or run.num_epochs < 1 or not run.cost:
             return None
         posterior = self._posterior(self.store.runs(None, self.job_id))
-        best, _ = standings(posterior, self.batch_sizes)
+        best = best_of(posterior, self.batch_sizes)
         if best is None or best == run.batch_size:
             return None
         unit = run.cost / run.num_epochs

@@ -6,8 +6,9 @@ A run's cost is ``epochs to the target x cost of one epoch``, modelled for each 
     log(epochs of a run at b) ~ Normal(mu_b, noise_b),    log(epoch cost at b) = u_b
 
 * ``noise_b`` (run-to-run spread) is one variance pooled over every batch size's repeated runs,
-  with a weak prior (:data:`NOISE_PRIOR`: about 10 % in epochs, worth one run) so that a job
-  without repeats, or with a few identical counts, is not taken to have none. (Epochs are whole
+  with a weak prior (:data:`NOISE_PRIOR`: about 10 % in epochs, worth four runs) so that a job
+  without repeats, or with a few identical counts, is not taken to have none; the variance is
+  itself uncertain, so probabilities use Student's t with the pooled degrees of freedom. (Epochs are whole
   numbers, and so is what a run is charged for: identical counts are no reason for more spread.)
 * ``mu_b`` over batch sizes is a :class:`~perseus.batch_size.curve.SmoothCurve`: neighbouring
   batch sizes converge in correlated numbers of epochs, a batch size never run is predicted from
@@ -32,10 +33,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from perseus.batch_size.curve import Gaussian, SmoothCurve
 
 # Prior of the run-to-run variance: (prior runs, std of log epochs).
-NOISE_PRIOR: Tuple[float, float] = (1.0, 0.1)
+NOISE_PRIOR: Tuple[float, float] = (4.0, 0.1)
 # Std of one measurement of an epoch's log cost.
 EPOCH_COST_NOISE = 0.03
 _MIN_VAR = 1e-12
+# Above this many degrees of freedom Student's t is computed from a normal approximation.
+_NORMAL_DOF = 30.0
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class CostPosterior:
         if len(self.arms) != len(arms):
             raise ValueError("each batch size may appear once")
         self.units = {b: u for b, u in units.items() if b in self.arms and u > 0}
-        self.noise_var = _pooled_noise([a.log_units for a in arms])
+        self.noise_var, self.noise_dof = _pooled_noise([a.log_units for a in arms])
         chain = [a.batch_size for a in arms if a.on_chain]
         epochs = {
             a.batch_size: (statistics.fmean(a.log_units), self._own_var(a))
@@ -149,12 +152,13 @@ class CostPosterior:
                 weight = ua.weight * ub.weight
                 for mu in mus:
                     sd = math.sqrt(max(mu.var + unit_var, _MIN_VAR))
-                    total += weight * mu.weight * normal_cdf((offset - mu.mean - unit_mean) / sd)
+                    z = (offset - mu.mean - unit_mean) / sd
+                    total += weight * mu.weight * student_cdf(z, self.noise_dof)
                 for g in mu_b:
                     # log(one epoch of a) < log(a run of b) = u_b + mu_b + noise_b / 2
                     sd = math.sqrt(max(g.var + unit_var, _MIN_VAR))
-                    limit = g.mean + self.noise(b) / 2.0
-                    epoch_only += weight * g.weight * normal_cdf((limit - unit_mean) / sd)
+                    z = (g.mean + self.noise(b) / 2.0 - unit_mean) / sd
+                    epoch_only += weight * g.weight * student_cdf(z, self.noise_dof)
         return min(total, epoch_only)
 
     def sample(self, rng: random.Random) -> Dict[int, float]:
@@ -181,8 +185,11 @@ class CostPosterior:
         ]
 
 
-def _pooled_noise(samples: Sequence[Sequence[float]]) -> float:
-    """Run-to-run variance of log epochs pooled over arms, with :data:`NOISE_PRIOR`."""
+def _pooled_noise(samples: Sequence[Sequence[float]]) -> Tuple[float, float]:
+    """Run-to-run variance of log epochs pooled over arms, with :data:`NOISE_PRIOR`.
+
+    Returns the variance and its degrees of freedom (prior runs included).
+    """
     prior_runs, prior_sd = NOISE_PRIOR
     sum_sq = 0.0
     dof = 0
@@ -191,7 +198,8 @@ def _pooled_noise(samples: Sequence[Sequence[float]]) -> float:
             mean = statistics.fmean(values)
             sum_sq += sum((v - mean) ** 2 for v in values)
             dof += len(values) - 1
-    return max((prior_runs * prior_sd * prior_sd + sum_sq) / (prior_runs + dof), _MIN_VAR)
+    total = prior_runs + dof
+    return max((prior_runs * prior_sd * prior_sd + sum_sq) / total, _MIN_VAR), total
 
 
 def _exp(x: float) -> float:
@@ -202,3 +210,44 @@ def _exp(x: float) -> float:
 def normal_cdf(z: float) -> float:
     """The standard normal distribution function."""
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def student_cdf(t: float, dof: float) -> float:
+    """The distribution function of Student's t with ``dof`` (> 0) degrees of freedom."""
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    if dof > _NORMAL_DOF:  # a normal approximation: within 5 % of any tail above 0.1 %
+        return normal_cdf(t * (1.0 - 1.0 / (4.0 * dof)) / math.sqrt(1.0 + t * t / (2.0 * dof)))
+    tail = 0.5 * _incomplete_beta(dof / (dof + t * t), dof / 2.0, 0.5)
+    return 1.0 - tail if t > 0 else tail
+
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)`` (a continued fraction)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _incomplete_beta(1.0 - x, b, a)
+    # Lentz's method for the continued fraction of I_x(a, b) (Abramowitz & Stegun 26.5.8).
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-12:
+            break
+    return math.exp(log_front) * result / a
