@@ -132,7 +132,7 @@ class SmoothCurve:
             if w / total < _MIN_WEIGHT:
                 continue
             smooth, gain = _smooth(xs, filt, pred)
-            fits.append(_Fit(w, filt, pred, smooth, gain))
+            fits.append(_Fit(weight=w, filt=filt, pred=pred, smooth=smooth, gain=gain))
             sigmas.append(s)
         kept = sum(f.weight for f in fits)
         for f in fits:

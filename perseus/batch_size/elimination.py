@@ -145,7 +145,14 @@ def run_verdict(
     remaining = unit * _remaining_epochs(
         posterior, batch_size, epochs_done, max_epochs, fresh / unit
     )
-    return RunVerdict(batch_size, best, p, remaining, fresh, remaining > fresh)
+    return RunVerdict(
+        batch_size=batch_size,
+        best=best,
+        prob_cheaper=p,
+        remaining_cost=remaining,
+        fresh_cost=fresh,
+        stop=remaining > fresh,
+    )
 
 
 def _has_runs(posterior: CostPosterior, batch_size: int) -> bool:

@@ -8,8 +8,9 @@ A run's cost is ``epochs to the target x cost of one epoch``, modelled for each 
 * ``noise_b`` (run-to-run spread) is one variance pooled over every batch size's repeated runs,
   with a weak prior (:data:`NOISE_PRIOR`: about 10 % in epochs, worth four runs) so that a job
   without repeats, or with a few identical counts, is not taken to have none; the variance is
-  itself uncertain, so probabilities use Student's t with the pooled degrees of freedom. (Epochs are whole
-  numbers, and so is what a run is charged for: identical counts are no reason for more spread.)
+  itself uncertain, so probabilities use Student's t with the pooled degrees of freedom.
+  (Epochs are whole numbers, and so is what a run is charged for: identical counts are no reason
+  for more spread.)
 * ``mu_b`` over batch sizes is a :class:`~perseus.batch_size.curve.SmoothCurve`: neighbouring
   batch sizes converge in correlated numbers of epochs, a batch size never run is predicted from
   its neighbours and the trend they show, and one seen once borrows strength from them.

@@ -60,22 +60,16 @@ def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) 
     runs = _runs(tmp_path)
     # pruning: 64 (400), 32 (500) is dearer so up: 128 (300), 256 (never), then down: 16
     assert [r[0] for r in runs[:5]] == [64, 32, 128, 256, 16]
+    assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 2
     assert {r[0] for r in runs[5:]} <= {16, 32, 64, 128}
     # cost per epoch 0.5 * 100 J + 0.5 * 100 W * 1 s = 100; 128 converges in 3 epochs
     assert runs[2][3] == pytest.approx(300.0)
-    if report == "epochs":  # the job applied the sweeper's max_epochs=5 to 256
+    if report == "epochs":  # the job applied the sweeper's max_epochs=5 to 256 and to 16
         assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed"] * 2
         assert runs[3][3:] == (pytest.approx(500.0), "target_missed")
-        # 128, 64, 32 took 3, 4, 5 epochs of one cost: 16 is predicted at about 6, twice 128's
-        # run, and ruled out before it runs: a step recorded without a run (no cost), and the
-        # 7 runs go on in the bandit
-        assert runs[4][3:] == (None, "ruled_out")
-        assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 3
-    else:  # returned totals (no epoch cost to predict from): 256 took 10 s and 1000 J; 16
-        # converged at 600 (= 2 x 300)
+    else:  # returned totals: 256 took 10 s and 1000 J; 16 converged at 600 (= 2 x 300)
         assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed", "reached"]
         assert runs[3][3] == pytest.approx(1000.0)
-        assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 2
     # the job saw its batch size as an override
     assert (tmp_path / "multirun" / "0" / ".hydra" / "overrides.yaml").read_text().count(
         "batch_size=64"
@@ -83,7 +77,7 @@ def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) 
     # a second multirun continues the same search from the database
     again = _multirun(tmp_path, "hydra.sweeper.num_runs=2", f"report={report}")
     assert again.returncode == 0, again.stderr
-    assert sum(r[3] is not None for r in _runs(tmp_path)) == 9
+    assert len(_runs(tmp_path)) == 9
 
 
 def test_an_exhausted_search_stops_the_sweep_and_can_go_on(tmp_path: Path) -> None:

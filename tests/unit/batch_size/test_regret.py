@@ -22,8 +22,25 @@ DATA = Path(__file__).parent / "data" / "zeus_nsdi23"
 
 
 def _result(seed: int, cost: float, n: int = 4, broken: bool = False) -> ReplayResult:
-    attempt = Attempt(0, 8, 100, False, 3, True, True, 1.0, 1.0, cost)
-    return ReplayResult("p", seed, [attempt], n, "stopped" if broken else None)
+    attempt = Attempt(
+        recurrence=0,
+        batch_size=8,
+        power_limit_w=100,
+        profiled=False,
+        epochs=3,
+        reached=True,
+        converged=True,
+        time_s=1.0,
+        energy_j=1.0,
+        cost=cost,
+    )
+    return ReplayResult(
+        policy="p",
+        seed=seed,
+        attempts=[attempt],
+        num_recurrences=n,
+        broken="stopped" if broken else None,
+    )
 
 
 def test_regret_is_cumulative_cost_over_n_best_fixed_recurrences() -> None:
