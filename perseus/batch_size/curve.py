@@ -3,14 +3,14 @@
 It is the prior that carries what one batch size teaches to its neighbours.
 
 The curve ``f(x)`` (``x = log2(batch size)``) is an integrated random walk: its slope wanders,
-``slope(x + d) - slope(x) ~ Normal(0, sigma^2 d)``, and ``f`` follows the slope. Level and slope
-start from flat priors. Between two measured batch sizes the curve is pulled towards both (a
-cubic smoothing spline, in Bayesian form); beyond the last one it goes on along the measured
-trend, its spread growing with the distance (as ``d^3``), and with only one point measured the
-trend is unknown and any value is possible. How fast the slope may change, ``sigma``, is learnt
-from the points themselves: its posterior on a log-uniform grid (:data:`SIGMA_GRID`, 0.5 % to
-300 % per doubling) weighs every answer, so a curve with a sharp bend makes every prediction
-wide, and a smooth one makes them narrow.
+``slope(x + d) - slope(x) ~ Normal(0, sigma^2 d)``, and ``f`` follows the slope. The level has a
+flat prior, the slope a prior centred on 0 (``slope_sd``: with one point measured, its
+neighbours are expected near it, as far as that prior allows). Between two measured batch sizes
+the curve is pulled towards both (a cubic smoothing spline, in Bayesian form); beyond the last
+one it goes on along the measured trend, its spread growing with the distance (as ``d^3``).
+How fast the slope may change, ``sigma``, is learnt from the points themselves: its posterior on
+a log-uniform grid (:data:`SIGMA_GRID`, 1 % to 150 % per doubling) weighs every answer, so a
+curve with a sharp bend makes every prediction wide, and a smooth one makes them narrow.
 
 Given ``sigma`` the model is linear-Gaussian along the sorted batch sizes: a Kalman filter gives
 the likelihood of the points (the weight of ``sigma``), a Rauch-Tung-Striebel smoother the
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # Std of the slope's change over one doubling of the batch size (log-uniform grid).
-SIGMA_GRID: Tuple[float, ...] = tuple(0.005 * 600.0 ** (i / 11) for i in range(12))
-# Variances of the flat priors on the level and on the slope (per doubling).
+SIGMA_GRID: Tuple[float, ...] = tuple(0.01 * 150.0 ** (i / 11) for i in range(12))
+# Variance of the flat prior on the level.
 _LEVEL_VAR = 1e4
-_SLOPE_VAR = 1e2
 _MIN_VAR = 1e-12
 # Grid points whose posterior weight is below this (relative to the total) are dropped.
 _MIN_WEIGHT = 1e-6
@@ -65,15 +64,23 @@ class SmoothCurve:
     Args:
         batch_sizes: Where the curve is wanted (any order, each once).
         points: ``{batch_size: (value, variance of its noise)}`` measured.
+        slope_sd: Prior std of the slope (change of the value per doubling of the batch size),
+            centred on 0: how far a single point's neighbours may lie from it.
     """
 
-    def __init__(self, batch_sizes: Sequence[int], points: Dict[int, Tuple[float, float]]) -> None:
+    def __init__(
+        self,
+        batch_sizes: Sequence[int],
+        points: Dict[int, Tuple[float, float]],
+        slope_sd: float,
+    ) -> None:
         self.batch_sizes = sorted(set(batch_sizes))
         missing = sorted(set(points) - set(self.batch_sizes))
         if missing:
             raise ValueError(f"points at batch sizes {missing} outside the curve's batch sizes")
         self.index = {b: i for i, b in enumerate(self.batch_sizes)}
         self.points = dict(points)
+        self.slope_var = slope_sd * slope_sd
         self._fits = self._fit_all() if points else []
 
     @property
@@ -123,7 +130,7 @@ class SmoothCurve:
     def _fit_all(self) -> List[_Fit]:
         xs = [math.log2(b) for b in self.batch_sizes]
         obs = [self.points.get(b) for b in self.batch_sizes]
-        filtered = [(s, *_filter(xs, obs, s * s)) for s in SIGMA_GRID]
+        filtered = [(s, *_filter(xs, obs, s * s, self.slope_var)) for s in SIGMA_GRID]
         peak = max(ll for _, _, _, ll in filtered)
         weights = [math.exp(ll - peak) for _, _, _, ll in filtered]
         total = sum(weights)
@@ -142,14 +149,17 @@ class SmoothCurve:
 
 
 def _filter(
-    xs: Sequence[float], obs: Sequence[Optional[Tuple[float, float]]], sigma2: float
+    xs: Sequence[float],
+    obs: Sequence[Optional[Tuple[float, float]]],
+    sigma2: float,
+    slope_var: float,
 ) -> Tuple[List[Tuple[Vec, Mat]], List[Tuple[Vec, Mat]], float]:
     """Kalman filter of the integrated random walk; returns filtered, predicted, log-likelihood."""
     filt: List[Tuple[Vec, Mat]] = []
     pred: List[Tuple[Vec, Mat]] = []
     log_lik = 0.0
     mean: Vec = (0.0, 0.0)
-    cov: Mat = (_LEVEL_VAR, 0.0, 0.0, _SLOPE_VAR)
+    cov: Mat = (_LEVEL_VAR, 0.0, 0.0, slope_var)
     for i, x in enumerate(xs):
         if i > 0:
             d = x - xs[i - 1]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 from perseus.batch_size.posterior import CostPosterior, normal_cdf
+from perseus.batch_size.pruning import DEFERRED
 
 RULED_OUT = "ruled_out"
 # Below this posterior probability of being cheaper than the best, a batch size is ruled out.
@@ -51,32 +52,45 @@ class Standing:
 
 @dataclass(frozen=True)
 class RunVerdict:
-    """Whether a run in progress at a ruled-out batch size should stop, and why.
+    """Whether a run in progress should stop early, and why.
 
     Attributes:
         batch_size: The run's batch size.
         best: The best batch size it was measured against.
         prob_cheaper: Probability that the run's batch size is cheaper than ``best``.
+        action: ``ruled_out`` (the batch size is out) or ``deferred`` (the walk explores the
+            other direction first and may come back).
         remaining_cost: Expected cost of finishing the run (a fresh run of ``best`` included
             when it would not converge).
-        fresh_cost: Expected cost of a fresh run of ``best``.
+        other_cost: What stopping is expected to cost instead: a fresh run of ``best``
+            (ruled out), or a full run of this batch size later times the chance that it is
+            still needed (deferred).
         stop: Whether to stop the run now.
     """
 
     batch_size: int
     best: int
     prob_cheaper: float
+    action: str
     remaining_cost: float
-    fresh_cost: float
+    other_cost: float
     stop: bool
 
     def describe(self) -> str:
         """One sentence for the user."""
         verb = "stopped" if self.stop else "went on"
+        if self.action == DEFERRED:
+            return (
+                f"batch size {self.batch_size} deferred: P(cheaper than {self.best}) = "
+                f"{self.prob_cheaper:.1%}; finishing it was expected to cost "
+                f"{self.remaining_cost:.4g}, coming back to it later {self.other_cost:.4g} "
+                f"(a full run x that chance), so the run {verb} and the walk tries the other "
+                "side first"
+            )
         return (
             f"batch size {self.batch_size} ruled out: P(cheaper than {self.best}) = "
             f"{self.prob_cheaper:.1%}; finishing it was expected to cost {self.remaining_cost:.4g}"
-            f" against {self.fresh_cost:.4g} for a fresh run of {self.best}, so the run {verb}"
+            f" against {self.other_cost:.4g} for a fresh run of {self.best}, so the run {verb}"
         )
 
 
@@ -142,16 +156,53 @@ def run_verdict(
     if p >= threshold:
         return None
     fresh = posterior.expected_cost(best)
-    remaining = unit * _remaining_epochs(
-        posterior, batch_size, epochs_done, max_epochs, fresh / unit
-    )
+    epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
+    remaining = unit * epochs
     return RunVerdict(
         batch_size=batch_size,
         best=best,
         prob_cheaper=p,
+        action=RULED_OUT,
         remaining_cost=remaining,
-        fresh_cost=fresh,
+        other_cost=fresh,
         stop=remaining > fresh,
+    )
+
+
+def defer_verdict(
+    posterior: CostPosterior,
+    batch_size: int,
+    unit: float,
+    epochs_done: int,
+    max_epochs: int,
+    best: int,
+) -> Optional[RunVerdict]:
+    """Judge a pruning run that the walk could leave for its other direction.
+
+    Coming back later costs a full run of the batch size, and only if it is still in play by
+    then, which is at most about as likely as it being cheaper than the best now. When that
+    expected cost is below the cost of finishing the run, the run stops and the walk explores
+    the other side first. Only batch sizes more likely dearer than the best are deferred.
+    Returns None when the run should go on.
+    """
+    if batch_size == best or not posterior.arms[batch_size].on_chain:
+        return None
+    p = posterior.prob_cheaper(batch_size, best, unit_a=unit)
+    if p >= 0.5:
+        return None
+    fresh = posterior.expected_cost(best)
+    epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
+    remaining = unit * epochs
+    full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
+    comeback = p * full
+    return RunVerdict(
+        batch_size=batch_size,
+        best=best,
+        prob_cheaper=p,
+        action=DEFERRED,
+        remaining_cost=remaining,
+        other_cost=comeback,
+        stop=comeback < remaining,
     )
 
 

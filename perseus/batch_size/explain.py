@@ -20,6 +20,8 @@ REASONS = {
     "cost_exceeded": "stopped: it would have cost more than beta x the cheapest converged run",
     "error": "the training job raised an error",
     "not_reported": "never reported (its process died)",
+    "deferred": "stopped early: its batch size looked dearer than the best so far, and the walk "
+    "explores the other side first (it may come back)",
     "ruled_out": "stopped: its batch size was ruled out (too unlikely to be cheaper than the best)"
     " and finishing the run would have cost more than a fresh run of the best",
 }

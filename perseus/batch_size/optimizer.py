@@ -54,12 +54,19 @@ from perseus.batch_size.elimination import (
     RunVerdict,
     Standing,
     best_of,
+    defer_verdict,
     run_verdict,
     standings,
 )
 from perseus.batch_size.explain import check_settings, exhausted_message, explain_lines
 from perseus.batch_size.posterior import CostPosterior
-from perseus.batch_size.pruning import PRUNING, PruningState, pruning_state, start_batch_size
+from perseus.batch_size.pruning import (
+    PRUNING,
+    PruningState,
+    can_defer,
+    pruning_state,
+    start_batch_size,
+)
 from perseus.batch_size.reporting import RunReporting
 from perseus.batch_size.store import REACHED, RUNNING, RunRow, Store, batch_sizes_key
 from perseus.errors import BatchSizeError
@@ -409,7 +416,8 @@ class BatchSizeOptimizer(RunReporting):
     def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:
         if self.rule_out_probability <= 0 or run.num_epochs < 1 or not run.cost:
             return None
-        posterior = self._posterior(self.store.runs(None, self.job_id))
+        runs = self.store.runs(None, self.job_id)
+        posterior = self._posterior(runs)
         best = best_of(posterior, self.batch_sizes)
         if best is None or best == run.batch_size:
             return None
@@ -418,7 +426,7 @@ class BatchSizeOptimizer(RunReporting):
         bound = self._cost_bound(run.run_id)
         if bound is not None:
             budget = min(budget, int(bound * (1.0 + 1e-9) // unit))
-        return run_verdict(
+        verdict = run_verdict(
             posterior,
             run.batch_size,
             unit,
@@ -427,6 +435,13 @@ class BatchSizeOptimizer(RunReporting):
             best,
             self.rule_out_probability,
         )
+        if verdict is not None:
+            return verdict
+        if not can_defer(
+            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs, run
+        ):
+            return None
+        return defer_verdict(posterior, run.batch_size, unit, run.num_epochs, budget, best)
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:

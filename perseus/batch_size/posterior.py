@@ -37,6 +37,11 @@ from perseus.batch_size.curve import Gaussian, SmoothCurve
 NOISE_PRIOR: Tuple[float, float] = (4.0, 0.1)
 # Std of one measurement of an epoch's log cost.
 EPOCH_COST_NOISE = 0.03
+# Prior std of the slopes per doubling of the batch size: of log epochs (epochs to the target
+# rarely halve or double from one batch size to the next), and of log epoch cost (one epoch
+# costs at most about twice as much at half the batch size).
+EPOCHS_SLOPE_SD = 0.5
+EPOCH_COST_SLOPE_SD = 1.0
 _MIN_VAR = 1e-12
 # Above this many degrees of freedom Student's t is computed from a normal approximation.
 _NORMAL_DOF = 30.0
@@ -79,9 +84,9 @@ class CostPosterior:
             for a in arms
             if a.on_chain and a.log_units
         }
-        self.epochs = SmoothCurve(chain, epochs)
+        self.epochs = SmoothCurve(chain, epochs, EPOCHS_SLOPE_SD)
         costs = {b: (math.log(u), EPOCH_COST_NOISE**2) for b, u in self.units.items() if b in chain}
-        self.epoch_costs = SmoothCurve(chain, costs)
+        self.epoch_costs = SmoothCurve(chain, costs, EPOCH_COST_SLOPE_SD)
 
     # -- one batch size --------------------------------------------------------------------------
     def noise(self, batch_size: int) -> float:

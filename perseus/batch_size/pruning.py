@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
 
 PRUNING = "pruning"
+# A pruning run stopped early to explore the other direction first (not a failure of its
+# batch size: the walk comes back to it).
+DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,26 @@ def _never(batch_size: int) -> bool:
     return False
 
 
-def _next_in_walk(
-    candidates: Sequence[int], start: int, results: Dict[int, RunRow]
-) -> Optional[int]:
-    """The next batch size of the walk; None when the walk is over or waits."""
+@dataclass(frozen=True)
+class _Walk:
+    """Where one round's walk stands in each direction (0: smaller, 1: larger)."""
+
+    directions: Tuple[List[int], List[int]]
+    position: Tuple[int, int]
+    is_open: Tuple[bool, bool]
+    last_cost: Tuple[Optional[float], Optional[float]]
+
+    def next_step(self, d: int) -> Optional[int]:
+        """The next batch size of direction ``d`` (None when it ended)."""
+        if not self.is_open[d] or self.position[d] >= len(self.directions[d]):
+            return None
+        return self.directions[d][self.position[d]]
+
+
+def _walk(candidates: Sequence[int], start: int, results: Dict[int, RunRow]) -> _Walk:
+    """The walk's state from the round's results (the start's included)."""
     ordered = sorted(candidates)
-    directions = [[b for b in reversed(ordered) if b < start], [b for b in ordered if b > start]]
+    directions = ([b for b in reversed(ordered) if b < start], [b for b in ordered if b > start])
     # A failure ends a direction only once some batch size reached the target: the start,
     # one before it in this direction, or one in the other direction. Before that it says
     # nothing about the batch sizes beyond it, and the walk goes on.
@@ -99,16 +116,113 @@ def _next_in_walk(
                 seen_ok = True
                 last_cost[d] = run.cost
             position[d] += 1
-    choices = [d for d in (0, 1) if is_open[d] and position[d] < len(directions[d])]
+    return _Walk(
+        directions=directions,
+        position=(position[0], position[1]),
+        is_open=(is_open[0], is_open[1]),
+        last_cost=(last_cost[0], last_cost[1]),
+    )
+
+
+def _next_in_walk(
+    candidates: Sequence[int],
+    start: int,
+    results: Dict[int, RunRow],
+    deferred: Sequence[int] = (),
+) -> Optional[int]:
+    """The next batch size of the walk; None when the walk is over or waits.
+
+    A direction whose next step was deferred goes after the other one.
+    """
+    walk = _walk(candidates, start, results)
+    choices = [d for d in (0, 1) if walk.next_step(d) is not None]
     if not choices:
         return None
 
-    def key(d: int) -> Tuple[float, int, int]:
-        cost = last_cost[d]
-        return (math.inf if cost is None else cost, position[d], d)
+    def key(d: int) -> Tuple[bool, float, int, int]:
+        cost = walk.last_cost[d]
+        later = walk.next_step(d) in deferred
+        return (later, math.inf if cost is None else cost, walk.position[d], d)
 
-    d = min(choices, key=key)
-    return directions[d][position[d]]
+    return walk.next_step(min(choices, key=key))
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One pruning round as the runs show it."""
+
+    pruning_round: int
+    candidates: List[int]
+    start: int
+    results: Dict[int, RunRow]
+    deferred: List[int]
+
+
+def _rounds(
+    batch_sizes: Sequence[int], default_batch_size: int, num_rounds: int, runs: Sequence[RunRow]
+) -> Iterator[_Round]:
+    """The rounds, in order, each with its results.
+
+    A round is followed by the next one whatever its outcome; the caller stops where the state
+    is decided (a step to take, a wait, no survivor).
+    """
+    candidates = sorted(batch_sizes)
+    start = start_batch_size(candidates, default_batch_size)
+    for pruning_round in range(num_rounds):
+        results: Dict[int, RunRow] = {}
+        deferred: List[int] = []
+        for run in runs:
+            if run.phase != PRUNING or run.pruning_round != pruning_round:
+                continue
+            if run.reason == DEFERRED:
+                deferred.append(run.batch_size)
+            else:
+                results.setdefault(run.batch_size, run)
+        yield _Round(
+            pruning_round=pruning_round,
+            candidates=candidates,
+            start=start,
+            results=results,
+            deferred=[b for b in deferred if b not in results],
+        )
+        survivors = [b for b in candidates if b in results and results[b].status == REACHED]
+        candidates = survivors
+        start = min(survivors, key=lambda b: (results[b].cost or 0.0, b)) if survivors else start
+
+
+def can_defer(
+    batch_sizes: Sequence[int],
+    default_batch_size: int,
+    num_rounds: int,
+    runs: Sequence[RunRow],
+    run: RunRow,
+) -> bool:
+    """Whether pruning run ``run`` (in progress) may be deferred.
+
+    That is: it is not its round's start, its batch size was not deferred in this round before,
+    and the walk's other direction is open with a step nobody took yet, so the walk has
+    somewhere else to go.
+    """
+    if run.phase != PRUNING or run.pruning_round is None:
+        return False
+    for rnd in _rounds(batch_sizes, default_batch_size, num_rounds, runs):
+        if rnd.pruning_round != run.pruning_round:
+            continue
+        if run.batch_size == rnd.start:
+            return False
+        if any(
+            r.batch_size == run.batch_size and r.reason == DEFERRED
+            for r in runs
+            if r.phase == PRUNING and r.pruning_round == rnd.pruning_round
+        ):
+            return False
+        if rnd.start not in rnd.results:
+            return False
+        walk = _walk(rnd.candidates, rnd.start, rnd.results)
+        other = 1 if run.batch_size < rnd.start else 0
+        step = walk.next_step(other)
+        return step is not None and step not in rnd.results
+    return False
 
 
 def pruning_state(
@@ -124,12 +238,11 @@ def pruning_state(
     by the others' runs: when the walk's next step is one, the state has ``skip`` set.
     """
     candidates = sorted(batch_sizes)
-    start = start_batch_size(candidates, default_batch_size)
-    for pruning_round in range(num_rounds):
-        results: Dict[int, RunRow] = {}
-        for run in runs:
-            if run.phase == PRUNING and run.pruning_round == pruning_round:
-                results.setdefault(run.batch_size, run)
+    for rnd in _rounds(batch_sizes, default_batch_size, num_rounds, runs):
+        candidates, start, results = rnd.candidates, rnd.start, rnd.results
+        pruning_round = rnd.pruning_round
+        if not candidates or start not in candidates:
+            break
         if start not in results:
             return PruningState(
                 next_batch_size=start,
@@ -137,7 +250,7 @@ def pruning_state(
                 done=False,
                 candidates=candidates,
             )
-        next_batch_size = _next_in_walk(candidates, start, results)
+        next_batch_size = _next_in_walk(candidates, start, results, rnd.deferred)
         if next_batch_size is not None:
             return PruningState(
                 next_batch_size=next_batch_size,
@@ -161,7 +274,6 @@ def pruning_state(
                 failed=failed,
             )
         candidates = survivors
-        start = min(survivors, key=lambda b: (results[b].cost or 0.0, b))
     return PruningState(
         next_batch_size=None, pruning_round=max(num_rounds - 1, 0), done=True, candidates=candidates
     )

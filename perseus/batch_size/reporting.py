@@ -19,6 +19,7 @@ import math
 from typing import Any, Dict, Optional
 
 from perseus.batch_size.elimination import RULED_OUT, RunVerdict
+from perseus.batch_size.pruning import DEFERRED
 from perseus.batch_size.store import FAILED, REACHED, RunRow, Store
 from perseus.errors import BatchSizeError
 
@@ -128,7 +129,7 @@ class RunReporting:
             why = reason or self._stop_reason(run) or REASON_TARGET_MISSED
             if why == REACHED:
                 why = REASON_TARGET_MISSED
-            if why == RULED_OUT:
+            if why in (RULED_OUT, DEFERRED):
                 verdict = self._run_verdict(run)
                 detail = verdict.describe() if verdict is not None else None
         self.store.finish_run(
@@ -188,7 +189,7 @@ class RunReporting:
             return REASON_TARGET_MISSED
         verdict = self._run_verdict(run)
         if verdict is not None and verdict.stop:
-            return RULED_OUT
+            return verdict.action
         return None
 
     def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:

@@ -113,16 +113,20 @@ def test_recurring_job_object_under_the_sweeper(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     runs = _runs(tmp_path)
-    # an epoch of 2048 / b steps of equal cost: 64 costs 4 x 32 steps, 32 needs 6 x 64 (more
-    # than twice that: stopped), 128 takes 3 x 16, 256 never converges within max_epochs=8
-    assert [r[0] for r in runs[:4]] == [64, 32, 128, 256]
-    assert [(r[2], r[4]) for r in runs[:4]] == [
+    # an epoch of 2048 / b steps of equal cost: 64 costs 4 x 32 steps; one epoch of 32 costs
+    # twice one of 64, so the walk defers it after that epoch and tries the larger side first:
+    # 128 takes 3 x 16, 256 never converges within max_epochs=8; back at 32, one of its epochs
+    # would cost more than a whole run of 128: ruled out without running (a step of no cost)
+    assert [r[0] for r in runs[:5]] == [64, 32, 128, 256, 32]
+    assert [(r[2], r[4]) for r in runs[:5]] == [
         ("reached", None),
-        ("failed", "cost_exceeded"),
+        ("failed", "deferred"),
         ("reached", None),
         ("failed", "target_missed"),
+        ("failed", "ruled_out"),
     ]
-    assert [r[0] for r in runs[4:]] == [128, 128]
+    assert runs[4][3] is None
+    assert [r[0] for r in runs[5:]] == [128, 128]
     con = sqlite3.connect(tmp_path / "bso.db")
     epochs = con.execute("SELECT COUNT(*), SUM(energy_j), SUM(steady_energy_j) FROM epochs")
     count, energy_j, steady_j = epochs.fetchone()
