@@ -47,6 +47,18 @@ class Gaussian:
     var: float
 
 
+@dataclass(frozen=True)
+class Pair:
+    """One mixture component of the curve at two batch sizes ``a`` and ``b`` jointly."""
+
+    weight: float
+    mean_a: float
+    var_a: float
+    mean_b: float
+    var_b: float
+    cov: float
+
+
 @dataclass
 class _Fit:
     """The filtered and smoothed chain for one ``sigma``."""
@@ -95,6 +107,13 @@ class SmoothCurve:
 
     def difference(self, a: int, b: int) -> List[Gaussian]:
         """``f(a) - f(b)`` as a mixture over ``sigma`` (their covariance included)."""
+        return [
+            Gaussian(p.weight, p.mean_a - p.mean_b, max(p.var_a + p.var_b - 2.0 * p.cov, _MIN_VAR))
+            for p in self.pair(a, b)
+        ]
+
+    def pair(self, a: int, b: int) -> List[Pair]:
+        """``(f(a), f(b))`` jointly, as a mixture over ``sigma``."""
         i, j = self.index[a], self.index[b]
         lo, hi = min(i, j), max(i, j)
         out = []
@@ -102,9 +121,16 @@ class SmoothCurve:
             cov = f.smooth[hi][1]
             for k in range(hi - 1, lo - 1, -1):
                 cov = _mul(f.gain[k], cov)
-            mean = f.smooth[i][0][0] - f.smooth[j][0][0]
-            var = _var(f.smooth[i][1]) + _var(f.smooth[j][1]) - 2.0 * cov[0]
-            out.append(Gaussian(f.weight, mean, max(var, _MIN_VAR)))
+            out.append(
+                Pair(
+                    weight=f.weight,
+                    mean_a=f.smooth[i][0][0],
+                    var_a=_var(f.smooth[i][1]),
+                    mean_b=f.smooth[j][0][0],
+                    var_b=_var(f.smooth[j][1]),
+                    cov=cov[0],
+                )
+            )
         return out
 
     def sample(self, rng: random.Random) -> Dict[int, float]:

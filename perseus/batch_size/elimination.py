@@ -56,22 +56,24 @@ class RunVerdict:
 
     Attributes:
         batch_size: The run's batch size.
-        best: The best batch size it was measured against.
-        prob_cheaper: Probability that the run's batch size is cheaper than ``best``.
         action: ``ruled_out`` (the batch size is out) or ``deferred`` (the walk explores the
             other direction first and may come back).
-        remaining_cost: Expected cost of finishing the run (a fresh run of ``best`` included
+        against: The batch size it was judged against: the best (ruled out), or the next one
+            on the walk's other side (deferred).
+        probability: P(cheaper than the best) (ruled out), or P(that next run rules this batch
+            size out) (deferred).
+        remaining_cost: Expected cost of finishing the run (a fresh run of the best included
             when it would not converge).
-        other_cost: What stopping is expected to cost instead: a fresh run of ``best``
-            (ruled out), or a full run of this batch size later times the chance that it is
-            still needed (deferred).
+        other_cost: What stopping is expected to cost instead: a fresh run of the best (ruled
+            out), or a full run of this batch size later times the chance that it is still in
+            play then (deferred).
         stop: Whether to stop the run now.
     """
 
     batch_size: int
-    best: int
-    prob_cheaper: float
     action: str
+    against: int
+    probability: float
     remaining_cost: float
     other_cost: float
     stop: bool
@@ -81,16 +83,16 @@ class RunVerdict:
         verb = "stopped" if self.stop else "went on"
         if self.action == DEFERRED:
             return (
-                f"batch size {self.batch_size} deferred: P(cheaper than {self.best}) = "
-                f"{self.prob_cheaper:.1%}; finishing it was expected to cost "
-                f"{self.remaining_cost:.4g}, coming back to it later {self.other_cost:.4g} "
-                f"(a full run x that chance), so the run {verb} and the walk tries the other "
-                "side first"
+                f"batch size {self.batch_size} deferred: a run of {self.against} (the other "
+                f"side's next) would rule it out with P = {self.probability:.1%}; finishing it "
+                f"was expected to cost {self.remaining_cost:.4g}, coming back to it later "
+                f"{self.other_cost:.4g} (a full run x the chance it is still in play), so the "
+                f"run {verb}"
             )
         return (
-            f"batch size {self.batch_size} ruled out: P(cheaper than {self.best}) = "
-            f"{self.prob_cheaper:.1%}; finishing it was expected to cost {self.remaining_cost:.4g}"
-            f" against {self.other_cost:.4g} for a fresh run of {self.best}, so the run {verb}"
+            f"batch size {self.batch_size} ruled out: P(cheaper than {self.against}) = "
+            f"{self.probability:.1%}; finishing it was expected to cost {self.remaining_cost:.4g}"
+            f" against {self.other_cost:.4g} for a fresh run of {self.against}, so the run {verb}"
         )
 
 
@@ -113,7 +115,7 @@ def standings(
         return None, {}
     out: Dict[int, Standing] = {best: Standing(best, posterior.expected_cost(best), None, False)}
     for b in candidates:
-        if b == best or not _can_predict(posterior, b):
+        if b == best or not posterior.can_predict(b):
             continue
         p = posterior.prob_cheaper(b, best)
         out[b] = Standing(b, posterior.expected_cost(b), p, p < threshold)
@@ -152,7 +154,7 @@ def run_verdict(
     """
     if batch_size == best or not posterior.arms[batch_size].on_chain:
         return None
-    p = posterior.prob_cheaper(batch_size, best, unit_a=unit)
+    p = posterior.prob_cheaper_running(batch_size, best, unit, epochs_done)
     if p >= threshold:
         return None
     fresh = posterior.expected_cost(best)
@@ -160,9 +162,9 @@ def run_verdict(
     remaining = unit * epochs
     return RunVerdict(
         batch_size=batch_size,
-        best=best,
-        prob_cheaper=p,
         action=RULED_OUT,
+        against=best,
+        probability=p,
         remaining_cost=remaining,
         other_cost=fresh,
         stop=remaining > fresh,
@@ -176,30 +178,34 @@ def defer_verdict(
     epochs_done: int,
     max_epochs: int,
     best: int,
+    other: int,
+    threshold: float = RULE_OUT_PROBABILITY,
 ) -> Optional[RunVerdict]:
-    """Judge a pruning run that the walk could leave for its other direction.
+    """Judge a pruning run that the walk could leave for ``other``, its other side's next step.
 
-    Coming back later costs a full run of the batch size, and only if it is still in play by
-    then, which is at most about as likely as it being cheaper than the best now. When that
-    expected cost is below the cost of finishing the run, the run stops and the walk explores
-    the other side first. Only batch sizes more likely dearer than the best are deferred.
-    Returns None when the run should go on.
+    Stopping now and coming back later costs a full run of the batch size, but only if it is
+    still in play by then. It is out then if the other side's next run costs less than the
+    ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
+    with a probability below ``threshold``); the posterior predicts that run. When a full run
+    times the chance of coming back is expected to cost less than finishing this run, the run
+    stops and the walk explores the other side first. Returns None when nothing can be said.
     """
     if batch_size == best or not posterior.arms[batch_size].on_chain:
         return None
-    p = posterior.prob_cheaper(batch_size, best, unit_a=unit)
-    if p >= 0.5:
+    if not posterior.can_predict(other):
         return None
+    quantile = posterior.cost_quantile(batch_size, threshold, unit)
+    ruled_out_later = posterior.prob_cost_below(other, quantile)
     fresh = posterior.expected_cost(best)
     epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
     remaining = unit * epochs
     full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
-    comeback = p * full
+    comeback = (1.0 - ruled_out_later) * full
     return RunVerdict(
         batch_size=batch_size,
-        best=best,
-        prob_cheaper=p,
         action=DEFERRED,
+        against=other,
+        probability=ruled_out_later,
         remaining_cost=remaining,
         other_cost=comeback,
         stop=comeback < remaining,
@@ -209,15 +215,6 @@ def defer_verdict(
 def _has_runs(posterior: CostPosterior, batch_size: int) -> bool:
     arm = posterior.arms[batch_size]
     return bool(arm.log_units) and (batch_size in posterior.units or not arm.on_chain)
-
-
-def _can_predict(posterior: CostPosterior, batch_size: int) -> bool:
-    arm = posterior.arms[batch_size]
-    if not arm.on_chain:
-        return bool(arm.log_units)
-    return posterior.epochs.measured and (
-        batch_size in posterior.units or posterior.epoch_costs.measured
-    )
 
 
 def _remaining_epochs(

@@ -63,7 +63,7 @@ from perseus.batch_size.posterior import CostPosterior
 from perseus.batch_size.pruning import (
     PRUNING,
     PruningState,
-    can_defer,
+    defer_target,
     pruning_state,
     start_batch_size,
 )
@@ -102,8 +102,10 @@ class BatchSizeOptimizer(RunReporting):
         stale_run_s: A run still unreported this long after it started is counted as failed
             (its process died); None keeps such runs pending forever.
         rule_out_probability: A batch size whose posterior probability of being cheaper than
-            the best falls below this is ruled out: the bandit no longer runs it, and a run of
-            it stops when finishing would cost more than a fresh run of the best (0: never).
+            the best falls below this is ruled out: the pruning walk does not run it, the bandit
+            no longer samples it, and a run of it stops when finishing would cost more than a
+            fresh run of the best. 0 turns every posterior-driven stop off (no rule-out, no
+            deferral): runs stop only at the target, ``max_epochs`` or ``beta``.
     """
 
     def __init__(
@@ -239,13 +241,18 @@ class BatchSizeOptimizer(RunReporting):
         return out
 
     def standings(self) -> Dict[int, Standing]:
-        """Every batch size that can be judged against the best one so far.
+        """Every batch size still in the search, judged against the best one so far.
 
         Each :class:`~perseus.batch_size.elimination.Standing` holds its expected run cost, the
         posterior probability that it is cheaper than the best, and whether it is ruled out
-        (batch sizes never run are predicted from the others).
+        (batch sizes never run are predicted from the others). Batch sizes the pruning walk
+        dropped (a failed run) are left out: their failures are not in these figures.
         """
-        return self._standings(self.store.runs(None, self.job_id))[1]
+        runs = self.store.runs(None, self.job_id)
+        state = self._pruning(runs)
+        never_run = {b for b in self.batch_sizes if not any(r.batch_size == b for r in runs)}
+        playing = set(state.candidates) | never_run
+        return {b: st for b, st in self._standings(runs)[1].items() if b in playing}
 
     def explain(self) -> List[str]:
         """Why each run got its batch size and how it ended, then where every batch size stands.
@@ -437,11 +444,21 @@ class BatchSizeOptimizer(RunReporting):
         )
         if verdict is not None:
             return verdict
-        if not can_defer(
+        other = defer_target(
             self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs, run
-        ):
+        )
+        if other is None:
             return None
-        return defer_verdict(posterior, run.batch_size, unit, run.num_epochs, budget, best)
+        return defer_verdict(
+            posterior,
+            run.batch_size,
+            unit,
+            run.num_epochs,
+            budget,
+            best,
+            other,
+            self.rule_out_probability,
+        )
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:

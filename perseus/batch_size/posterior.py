@@ -43,6 +43,8 @@ EPOCH_COST_NOISE = 0.03
 EPOCHS_SLOPE_SD = 0.5
 EPOCH_COST_SLOPE_SD = 1.0
 _MIN_VAR = 1e-12
+# Grid (in standard deviations) over which a running batch size's mean log epochs is weighed.
+_GRID_SD: Tuple[float, ...] = tuple(-5.0 + 0.25 * i for i in range(41))
 # Above this many degrees of freedom Student's t is computed from a normal approximation.
 _NORMAL_DOF = 30.0
 
@@ -130,6 +132,36 @@ class CostPosterior:
         unit = sum(g.weight * g.mean for g in self.log_unit(batch_size))
         return unit + mu + self.noise(batch_size) / 2.0
 
+    def can_predict(self, batch_size: int) -> bool:
+        """Whether anything can be said of a run's cost at ``batch_size`` yet."""
+        arm = self.arms[batch_size]
+        if not arm.on_chain:
+            return bool(arm.log_units)
+        return self.epochs.measured and (batch_size in self.units or self.epoch_costs.measured)
+
+    def cost_quantile(self, batch_size: int, prob: float, unit: Optional[float] = None) -> float:
+        """The ``prob`` quantile of the log of a run's expected cost at ``batch_size``."""
+        parts = self._log_cost_parts(batch_size, unit)
+        low = min(m - 40.0 * math.sqrt(v) - 1.0 for _, m, v in parts)
+        high = max(m + 40.0 * math.sqrt(v) + 1.0 for _, m, v in parts)
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            below = sum(
+                w * student_cdf((mid - m) / math.sqrt(v), self.noise_dof) for w, m, v in parts
+            )
+            if below < prob:
+                low = mid
+            else:
+                high = mid
+        return 0.5 * (low + high)
+
+    def prob_cost_below(self, batch_size: int, log_cost: float) -> float:
+        """P(the log of a run's expected cost at ``batch_size`` is below ``log_cost``)."""
+        return sum(
+            w * student_cdf((log_cost - m) / math.sqrt(v), self.noise_dof)
+            for w, m, v in self._log_cost_parts(batch_size, None)
+        )
+
     def predictive_epochs(self, batch_size: int) -> List[Gaussian]:
         """The log epochs of the next run at ``batch_size``: ``mu_b``'s posterior plus noise."""
         noise = self.noise(batch_size)
@@ -146,26 +178,57 @@ class CostPosterior:
         """
         offset = self.noise(b) / 2.0 - self.noise(a) / 2.0
         mus = self._mu_difference(a, b)
-        units_a = [Gaussian(1.0, math.log(unit_a), 0.0)] if unit_a is not None else self.log_unit(a)
-        units_b = self.log_unit(b)
+        units_a = self._units(a, unit_a)
         total = 0.0
-        epoch_only = 0.0
-        mu_b = self.mean_log_epochs(b)
         for ua in units_a:
-            for ub in units_b:
+            for ub in self.log_unit(b):
                 unit_mean = ua.mean - ub.mean
                 unit_var = ua.var + ub.var
-                weight = ua.weight * ub.weight
                 for mu in mus:
                     sd = math.sqrt(max(mu.var + unit_var, _MIN_VAR))
                     z = (offset - mu.mean - unit_mean) / sd
-                    total += weight * mu.weight * student_cdf(z, self.noise_dof)
-                for g in mu_b:
-                    # log(one epoch of a) < log(a run of b) = u_b + mu_b + noise_b / 2
-                    sd = math.sqrt(max(g.var + unit_var, _MIN_VAR))
-                    z = (g.mean + self.noise(b) / 2.0 - unit_mean) / sd
-                    epoch_only += weight * g.weight * student_cdf(z, self.noise_dof)
-        return min(total, epoch_only)
+                    total += ua.weight * ub.weight * mu.weight * student_cdf(z, self.noise_dof)
+        return min(total, self._prob_epoch_below_run(units_a, b))
+
+    def prob_cheaper_running(self, a: int, b: int, unit_a: float, epochs_done: int) -> float:
+        """:meth:`prob_cheaper` for ``a`` while a run of it has not converged in ``epochs_done``.
+
+        That run says ``a`` needs more epochs than that (a censored observation): ``mu_a``'s
+        posterior is weighed by the chance of needing more, on a grid (:data:`_GRID_SD`), jointly
+        with ``mu_b`` (their covariance on the curve kept).
+        """
+        units_a = self._units(a, unit_a)
+        if epochs_done < 1 or not (self.arms[a].on_chain and self.arms[b].on_chain):
+            return self.prob_cheaper(a, b, unit_a)
+        limit = math.log(epochs_done + 0.5)
+        noise_sd = math.sqrt(self.noise_var)
+        alive = sum(
+            g.weight * (1.0 - normal_cdf((limit - g.mean) / math.sqrt(g.var)))
+            for g in self.predictive_epochs(a)
+        )
+        if alive > 0.95:  # the run's progress says nothing new yet
+            return self.prob_cheaper(a, b, unit_a)
+        offset = self.noise(b) / 2.0 - self.noise(a) / 2.0 - math.log(unit_a)
+        num = den = 0.0
+        for pair in self.epochs.pair(a, b):
+            if pair.weight < 1e-4:
+                continue
+            sd_a = math.sqrt(pair.var_a)
+            slope = pair.cov / pair.var_a
+            cond_var = max(pair.var_b - slope * pair.cov, _MIN_VAR)
+            for ub in self.log_unit(b):
+                for z in _GRID_SD:
+                    mu_a = pair.mean_a + sd_a * z
+                    prior = pair.weight * ub.weight * math.exp(-0.5 * z * z)
+                    like = 1.0 - normal_cdf((limit - mu_a) / noise_sd)
+                    # a is cheaper when mu_b > mu_a - (u_b + offset)
+                    cond_mean = pair.mean_b + slope * (mu_a - pair.mean_a)
+                    gap = (mu_a - ub.mean - offset - cond_mean) / math.sqrt(cond_var + ub.var)
+                    num += prior * like * (1.0 - student_cdf(gap, self.noise_dof))
+                    den += prior * like
+        if den <= 0.0:
+            return 0.0
+        return min(num / den, self._prob_epoch_below_run(units_a, b))
 
     def sample(self, rng: random.Random) -> Dict[int, float]:
         """One joint posterior draw of ``mu_b`` for every batch size with runs."""
@@ -178,6 +241,36 @@ class CostPosterior:
         return out
 
     # -- internals -------------------------------------------------------------------------------
+    def _log_cost_parts(
+        self, batch_size: int, unit: Optional[float]
+    ) -> List[Tuple[float, float, float]]:
+        """``(weight, mean, variance)`` of ``u_b + mu_b + noise_b / 2`` per mixture component."""
+        noise = self.noise(batch_size) / 2.0
+        return [
+            (u.weight * g.weight, u.mean + g.mean + noise, max(u.var + g.var, _MIN_VAR))
+            for u in self._units(batch_size, unit)
+            for g in self.mean_log_epochs(batch_size)
+        ]
+
+    def _units(self, batch_size: int, unit: Optional[float]) -> List[Gaussian]:
+        if unit is not None:
+            return [Gaussian(1.0, math.log(unit), 0.0)]
+        return self.log_unit(batch_size)
+
+    def _prob_epoch_below_run(self, units_a: List[Gaussian], b: int) -> float:
+        """P(one epoch of ``a`` costs less than a run of ``b``): a bound on ``a`` being cheaper."""
+        total = 0.0
+        for ua in units_a:
+            for ub in self.log_unit(b):
+                unit_mean = ua.mean - ub.mean
+                unit_var = ua.var + ub.var
+                for g in self.mean_log_epochs(b):
+                    # log(one epoch of a) < log(a run of b) = u_b + mu_b + noise_b / 2
+                    sd = math.sqrt(max(g.var + unit_var, _MIN_VAR))
+                    z = (g.mean + self.noise(b) / 2.0 - unit_mean) / sd
+                    total += ua.weight * ub.weight * g.weight * student_cdf(z, self.noise_dof)
+        return total
+
     def _own_var(self, arm: ArmRuns) -> float:
         return self.noise_var / len(arm.log_units)
 

@@ -190,39 +190,38 @@ def _rounds(
         start = min(survivors, key=lambda b: (results[b].cost or 0.0, b)) if survivors else start
 
 
-def can_defer(
+def defer_target(
     batch_sizes: Sequence[int],
     default_batch_size: int,
     num_rounds: int,
     runs: Sequence[RunRow],
     run: RunRow,
-) -> bool:
-    """Whether pruning run ``run`` (in progress) may be deferred.
+) -> Optional[int]:
+    """Where the walk would go if pruning run ``run`` (in progress) were deferred.
 
-    That is: it is not its round's start, its batch size was not deferred in this round before,
-    and the walk's other direction is open with a step nobody took yet, so the walk has
-    somewhere else to go.
+    That is the next step of the walk's other direction, when ``run`` is not its round's
+    start, its batch size was not deferred in this round before, and that direction is open
+    with a step nobody took or deferred yet. None otherwise (the run cannot be deferred).
     """
     if run.phase != PRUNING or run.pruning_round is None:
-        return False
+        return None
     for rnd in _rounds(batch_sizes, default_batch_size, num_rounds, runs):
         if rnd.pruning_round != run.pruning_round:
             continue
-        if run.batch_size == rnd.start:
-            return False
+        if run.batch_size == rnd.start or rnd.start not in rnd.results:
+            return None
         if any(
             r.batch_size == run.batch_size and r.reason == DEFERRED
             for r in runs
             if r.phase == PRUNING and r.pruning_round == rnd.pruning_round
         ):
-            return False
-        if rnd.start not in rnd.results:
-            return False
+            return None
         walk = _walk(rnd.candidates, rnd.start, rnd.results)
-        other = 1 if run.batch_size < rnd.start else 0
-        step = walk.next_step(other)
-        return step is not None and step not in rnd.results
-    return False
+        step = walk.next_step(1 if run.batch_size < rnd.start else 0)
+        if step is None or step in rnd.results or step in rnd.deferred:
+            return None  # nowhere else to go, or there too the walk already deferred
+        return step
+    return None
 
 
 def pruning_state(

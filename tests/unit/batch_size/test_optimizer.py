@@ -56,7 +56,7 @@ def test_pruning_then_bandit_over_runs(tmp_path: Path) -> None:
 
 
 def test_early_stop_predicts_the_next_epoch(tmp_path: Path) -> None:
-    bso = _bso(tmp_path)
+    bso = _bso(tmp_path, rule_out_probability=0.0)  # the beta bound alone
     for _ in range(3):
         _run_once(bso)  # best converged run: 128 at 300 -> bound 600
     result = _run_once(bso)

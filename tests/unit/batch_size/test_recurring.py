@@ -38,8 +38,7 @@ def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> 
         energy=job_energy(device, clock),
     )
     args.update(kwargs)
-    sizes = args.pop("batch_sizes", list(EPOCHS))
-    return RecurringJob("job", sizes, 64, **args)
+    return RecurringJob("job", list(EPOCHS), 64, **args)
 
 
 def _train(job: RecurringJob, epochs: Dict[int, Optional[int]] = EPOCHS) -> None:
@@ -80,8 +79,7 @@ def test_each_run_gets_its_batch_size_and_each_batch_size_its_power_limit(tmp_pa
 
 
 def test_runs_stop_early_when_they_would_cost_too_much(tmp_path: Path) -> None:
-    # Two batch sizes: from 64 the walk has only 32 to go to (no other side to defer it for).
-    results = _recur(tmp_path, 3, beta=2.05, batch_sizes=[32, 64])
+    results = _recur(tmp_path, 3, beta=2.05, rule_out_probability=0.0)  # the beta bound alone
     # 32 needs 6 epochs of 32 steps = 192 steps; 64 took 4 x 16 = 64: the bound (2.05 x 64
     # steps) is passed in the 5th epoch of 32, so the run ends after its 4th (a bound of
     # exactly 4 epochs would be a tie that a part per ten thousand of measurement decides)
