@@ -113,6 +113,7 @@ class RunDevices:
                 clock=self._clock,
                 synchronize=self._synchronize,
                 energy=self.meter,
+                reuse_shape=True,
             )
         except PerseusError as exc:
             self._drop_power_limit(exc)

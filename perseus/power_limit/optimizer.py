@@ -36,8 +36,19 @@ from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
 from perseus.gpu.energy.meter import EnergyMeter
 from perseus.power_limit import aggregate
-from perseus.power_limit.selectors import PowerLimitMeasurement, select_power_limit, table_rows
-from perseus.power_limit.store import ProfileKey, load_profile, save_profile
+from perseus.power_limit.selectors import (
+    PowerLimitMeasurement,
+    select_power_limit,
+    selector_score,
+    table_rows,
+)
+from perseus.power_limit.shape import OpenLimits, open_limits
+from perseus.power_limit.store import (
+    ProfileKey,
+    load_other_batch_sizes,
+    load_profile,
+    save_profile,
+)
 from perseus.power_limit.windows import LimitWindows, check_config, limits_to_try, saving_of
 
 log = logging.getLogger(__name__)
@@ -100,6 +111,7 @@ class PowerLimitOptimizer:
         batch_size: Optional[int] = None,
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
         energy: Optional[EnergyMeter] = None,
+        reuse_shape: bool = False,
     ) -> None:
         if not guards:
             raise ConfigError(
@@ -139,6 +151,17 @@ class PowerLimitOptimizer:
         self._warned_short = False
         self._num_cut = 0
         self._load_saved()
+        # The limits profiled: all of them, or (reuse_shape) those the job's other batch sizes
+        # leave open.
+        self.shape: Optional[OpenLimits] = None
+        if self.state != DONE and reuse_shape:
+            self.shape = self._shape_of_other_batch_sizes()
+        if self.loaded_profile:
+            self.profiled_limits_mw = [m.power_limit_mw for m in self.measurements]
+        else:
+            self.profiled_limits_mw = list(
+                self.shape.limits_mw if self.shape else self.power_limits_mw
+            )
         if self.state != DONE:
             if self._meter is None:
                 gpus = [g.gpu for g in self.guards]
@@ -147,7 +170,7 @@ class PowerLimitOptimizer:
             self._meter.ready()  # before step 1: the first window must follow an update
         repeats = 0 if self.state == DONE else cfg.repeats  # a saved profile: nothing to do
         self.windows = LimitWindows(
-            self.power_limits_mw, cfg, self._meter, self._aggregate, repeats
+            self.profiled_limits_mw, cfg, self._meter, self._aggregate, repeats
         )
 
     @property
@@ -305,6 +328,8 @@ class PowerLimitOptimizer:
             "max_slowdown": self.cfg.max_slowdown,
             "chosen_power_limit_w": None if chosen is None else chosen / 1000.0,
             "power_limits_w": [mw / 1000.0 for mw in self.power_limits_mw],
+            "profiled_power_limits_w": [mw / 1000.0 for mw in self.profiled_limits_mw],
+            "shape": None if self.shape is None else self.shape.describe(),
             "max_power_w": self.max_power_w,
             "num_gpus": self._world_size * len(self.guards),
             "num_retries": self.num_retries,
@@ -328,6 +353,16 @@ class PowerLimitOptimizer:
             batch_size=self.batch_size,
         )
 
+    def _shape_of_other_batch_sizes(self) -> Optional[OpenLimits]:
+        """The limits left open by the saved tables of the job's other batch sizes."""
+        score = selector_score(self.cfg.selector, self.eta, self.max_power_w)
+        if not self.cfg.profile_path or self.batch_size is None or score is None:
+            return None
+        tables = load_other_batch_sizes(Path(self.cfg.profile_path), self._profile_key())
+        shape = open_limits(tables, self.power_limits_mw, score)
+        log.info("power limit: %s", shape.describe())
+        return shape
+
     def _load_saved(self) -> None:
         if not self.cfg.profile_path:
             return
@@ -347,7 +382,7 @@ class PowerLimitOptimizer:
 
     def _current_limit_mw(self) -> int:
         key = self.windows.next_key
-        return self.power_limits_mw[0 if key is None else key.limit_index]
+        return self.profiled_limits_mw[0 if key is None else key.limit_index]
 
     def _apply(self, limit_mw: int) -> None:
         if self._applied_mw == limit_mw:

@@ -19,7 +19,7 @@ only; runs on Python 3.9.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.errors import ConfigError
 
@@ -106,6 +106,24 @@ def zeus_cost_j(time_s: float, energy_j: float, *, eta: float, max_power_w: floa
     return eta * energy_j + (1.0 - eta) * max_power_w * time_s
 
 
+def selector_score(
+    selector: str, eta: float, max_power_w: float
+) -> Optional[Callable[[PowerLimitMeasurement], float]]:
+    """What ``selector`` minimizes over the measured rows (lower is better).
+
+    None for ``max_slowdown``, which minimizes energy under a time bound, not one score.
+    """
+    if selector == "zeus_cost":
+        return lambda m: zeus_cost_j(
+            m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
+        )
+    if selector == "time":
+        return lambda m: m.time_per_step_s
+    if selector == "energy":
+        return lambda m: m.energy_per_step_j
+    return None
+
+
 def select_power_limit(
     measurements: Sequence[PowerLimitMeasurement],
     selector: str,
@@ -140,28 +158,12 @@ def select_power_limit(
             f"energy.power_limit.max_slowdown={max_slowdown}: must be >= 0 (0.1 = 10 % slower)"
         )
     candidates: List[PowerLimitMeasurement] = list(measurements)
-    score: Callable[[PowerLimitMeasurement], float]
-    if selector == "zeus_cost":
-
-        def score(m: PowerLimitMeasurement) -> float:
-            return zeus_cost_j(
-                m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
-            )
-
-    elif selector == "time":
-
-        def score(m: PowerLimitMeasurement) -> float:
-            return m.time_per_step_s
-
-    else:
-        if selector == "max_slowdown":
-            fastest_s = min(m.time_per_step_s for m in candidates)
-            bound_s = fastest_s * (1.0 + max_slowdown) * (1.0 + 1e-9)
-            candidates = [m for m in candidates if m.time_per_step_s <= bound_s]
-
-        def score(m: PowerLimitMeasurement) -> float:
-            return m.energy_per_step_j
-
+    if selector == "max_slowdown":
+        fastest_s = min(m.time_per_step_s for m in candidates)
+        bound_s = fastest_s * (1.0 + max_slowdown) * (1.0 + 1e-9)
+        candidates = [m for m in candidates if m.time_per_step_s <= bound_s]
+    score = selector_score("energy" if selector == "max_slowdown" else selector, eta, max_power_w)
+    assert score is not None
     best_score = min(score(m) for m in candidates)
     tied = [m for m in candidates if score(m) <= best_score + _TIE_REL * abs(best_score)]
     return max(tied, key=lambda m: m.power_limit_mw)

@@ -111,6 +111,10 @@ class FixedChoice:
         """The fixed limit, known without profiling."""
         return self.power_limit_w, False
 
+    def profiled_limits_w(self, batch_size: int) -> Tuple[int, ...]:
+        """None: it never profiles."""
+        return ()
+
     def starts(self, batch_size: int, steady: EpochCost) -> bool:
         """Every run starts."""
         return True

@@ -124,7 +124,8 @@ def test_replay_accounts_runs_and_profiling_epochs() -> None:
     assert sorted(a.batch_size for a in first_runs) == squad.batch_sizes  # one each
     for attempt in result.attempts:
         steady = squad.epochs[attempt.batch_size][attempt.power_limit_w]
-        first = profiling_epoch(squad, attempt.batch_size) if attempt.profiled else steady
+        limits = attempt.profiled_limits_w
+        first = profiling_epoch(squad, attempt.batch_size, limits) if attempt.profiled else steady
         expected = first.time_s + (attempt.epochs - 1) * steady.time_s
         assert attempt.time_s == pytest.approx(expected)
     # every run of squad reaches the target in time: a recurrence has more than one run only
