@@ -359,7 +359,7 @@ class PowerLimitOptimizer:
         if not self.cfg.profile_path or self.batch_size is None or score is None:
             return None
         tables = load_other_batch_sizes(Path(self.cfg.profile_path), self._profile_key())
-        shape = open_limits(tables, self.power_limits_mw, score)
+        shape = open_limits(tables, self.power_limits_mw, score, self.batch_size)
         log.info("power limit: %s", shape.describe())
         return shape
 

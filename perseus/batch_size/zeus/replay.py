@@ -319,7 +319,7 @@ class PerseusPolicy:
         if measurements is None:
             # Only the limits the job's other batch sizes leave open (the shape carries).
             others = load_other_batch_sizes(self.profile_path, key)
-            shape = open_limits(others, key.power_limits_mw, self._score)
+            shape = open_limits(others, key.power_limits_mw, self._score, batch_size)
             self.shapes[batch_size] = shape
             measurements = [
                 PowerLimitMeasurement(
