@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 from perseus.batch_size.zeus.replay import ReplayResult
 from perseus.batch_size.zeus.trace import EpochCost
@@ -132,13 +132,3 @@ class FixedChoice:
 
     def report_recurrence(self, cost: float) -> None:
         """Nothing to learn."""
-
-
-def overall_worst(summaries: Sequence[Tuple[str, RegretSummary]]) -> Tuple[float, str, int]:
-    """``(regret, workload, seed)`` of the worst seed over workloads."""
-    return max((s.worst[0], name, s.worst[1]) for name, s in summaries)
-
-
-def mean_of_means(summaries: Sequence[RegretSummary]) -> Optional[float]:
-    """The mean over workloads of each workload's mean regret (None without workloads)."""
-    return statistics.fmean(s.mean for s in summaries) if summaries else None

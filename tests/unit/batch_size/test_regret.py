@@ -9,9 +9,7 @@ import pytest
 
 from perseus.batch_size.zeus.regret import (
     FixedChoice,
-    RegretSummary,
     cost_ratios,
-    overall_worst,
     regret,
     summarize,
 )
@@ -57,8 +55,6 @@ def test_summary_mean_interval_and_worst_seed() -> None:
     assert (high - low) / 2 == pytest.approx(4.303 * 0.05 / math.sqrt(3), rel=1e-3)
     assert summary.worst == (pytest.approx(1.1), 3)
     assert summarize([_result(1, 400.0)], 100.0).ci95 == (1.0, 1.0)
-    rows = [("a", summary), ("b", RegretSummary("p", (7,), (1.2,), 0))]
-    assert overall_worst(rows) == (1.2, "b", 7)
 
 
 def test_cost_ratios_pair_the_seeds() -> None:
