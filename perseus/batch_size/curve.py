@@ -2,20 +2,22 @@
 
 It is the prior that carries what one batch size teaches to its neighbours.
 
-The curve ``f(x)`` (``x = log2(batch size)``) is an integrated random walk: its slope wanders,
-``slope(x + d) - slope(x) ~ Normal(0, sigma^2 d)``, and ``f`` follows the slope. The level has a
-flat prior, the slope a prior centred on 0 (``slope_sd``: with one point measured, its
-neighbours are expected near it, as far as that prior allows). Between two measured batch sizes
-the curve is pulled towards both (a cubic smoothing spline, in Bayesian form); beyond the last
-one it goes on along the measured trend, its spread growing with the distance (as ``d^3``).
-How fast the slope may change, ``sigma``, is learnt from the points themselves: its posterior on
-a log-uniform grid (:data:`SIGMA_GRID`, 1 % to 150 % per doubling) weighs every answer, so a
-curve with a sharp bend makes every prediction wide, and a smooth one makes them narrow.
+The curve ``f(x)`` (``x = log2(batch size)``) follows its slope, and the slope wanders around 0
+as an Ornstein-Uhlenbeck process: at every batch size it is ``Normal(0, s^2)`` (``s``: how much
+the value changes per doubling of the batch size, typically), and slopes ``d`` doublings apart
+are correlated by ``exp(-d / l)`` (``l``: how far a trend carries). The level has a flat prior.
+Between two measured batch sizes the curve is pulled towards both; beyond the last one it goes
+on along the measured trend as far as ``l`` carries it, its spread growing with the distance;
+next to a single measured point its neighbours lie within about ``s`` per doubling of it. Both
+``s`` and ``l`` are learnt from the points themselves: their posterior on a grid (``s`` from the
+caller's prior choices, ``l`` from :data:`CORRELATION_GRID`, log-uniform, 0.5 to 16 doublings)
+weighs every answer, so a curve with a sharp bend makes the predictions near it wide, and a
+smooth one makes them narrow.
 
-Given ``sigma`` the model is linear-Gaussian along the sorted batch sizes: a Kalman filter gives
-the likelihood of the points (the weight of ``sigma``), a Rauch-Tung-Striebel smoother the
-posterior at every batch size (with covariances between them), and forward filtering / backward
-sampling joint draws. Standard library only.
+Given ``(s, l)`` the model is linear-Gaussian along the sorted batch sizes: a Kalman filter
+gives the likelihood of the points (the weight of ``(s, l)``), a Rauch-Tung-Striebel smoother
+the posterior at every batch size (with covariances between them), and forward filtering /
+backward sampling joint draws. Standard library only.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import random
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-# Std of the slope's change over one doubling of the batch size (log-uniform grid).
-SIGMA_GRID: Tuple[float, ...] = tuple(0.01 * 150.0 ** (i / 11) for i in range(12))
+# How far (in doublings of the batch size) a slope carries: log-uniform grid, equal prior.
+CORRELATION_GRID: Tuple[float, ...] = tuple(0.5 * 32.0 ** (i / 5) for i in range(6))
 # Variance of the flat prior on the level.
 _LEVEL_VAR = 1e4
 _MIN_VAR = 1e-12
@@ -61,7 +63,7 @@ class Pair:
 
 @dataclass
 class _Fit:
-    """The filtered and smoothed chain for one ``sigma``."""
+    """The filtered and smoothed chain for one ``(s, l)``."""
 
     weight: float
     filt: List[Tuple[Vec, Mat]]
@@ -76,23 +78,26 @@ class SmoothCurve:
     Args:
         batch_sizes: Where the curve is wanted (any order, each once).
         points: ``{batch_size: (value, variance of its noise)}`` measured.
-        slope_sd: Prior std of the slope (change of the value per doubling of the batch size),
-            centred on 0: how far a single point's neighbours may lie from it.
+        slope_sds: ``(s, prior weight)`` choices for the typical slope (change of the value
+            per doubling of the batch size): how far a single point's neighbours may lie from
+            it. The weights need not sum to 1.
     """
 
     def __init__(
         self,
         batch_sizes: Sequence[int],
         points: Dict[int, Tuple[float, float]],
-        slope_sd: float,
+        slope_sds: Sequence[Tuple[float, float]],
     ) -> None:
         self.batch_sizes = sorted(set(batch_sizes))
         missing = sorted(set(points) - set(self.batch_sizes))
         if missing:
             raise ValueError(f"points at batch sizes {missing} outside the curve's batch sizes")
+        if not slope_sds or any(sd <= 0 or w <= 0 for sd, w in slope_sds):
+            raise ValueError(f"slope_sds={slope_sds}: give (s > 0, weight > 0) pairs")
         self.index = {b: i for i, b in enumerate(self.batch_sizes)}
         self.points = dict(points)
-        self.slope_var = slope_sd * slope_sd
+        self.slope_sds = list(slope_sds)
         self._fits = self._fit_all() if points else []
 
     @property
@@ -101,19 +106,19 @@ class SmoothCurve:
         return bool(self._fits)
 
     def components(self, batch_size: int) -> List[Gaussian]:
-        """The curve's value at ``batch_size`` as a mixture over ``sigma``."""
+        """The curve's value at ``batch_size`` as a mixture over ``(s, l)``."""
         i = self.index[batch_size]
         return [Gaussian(f.weight, f.smooth[i][0][0], _var(f.smooth[i][1])) for f in self._fits]
 
     def difference(self, a: int, b: int) -> List[Gaussian]:
-        """``f(a) - f(b)`` as a mixture over ``sigma`` (their covariance included)."""
+        """``f(a) - f(b)`` as a mixture over ``(s, l)`` (their covariance included)."""
         return [
             Gaussian(p.weight, p.mean_a - p.mean_b, max(p.var_a + p.var_b - 2.0 * p.cov, _MIN_VAR))
             for p in self.pair(a, b)
         ]
 
     def pair(self, a: int, b: int) -> List[Pair]:
-        """``(f(a), f(b))`` jointly, as a mixture over ``sigma``."""
+        """``(f(a), f(b))`` jointly, as a mixture over ``(s, l)``."""
         i, j = self.index[a], self.index[b]
         lo, hi = min(i, j), max(i, j)
         out = []
@@ -134,7 +139,7 @@ class SmoothCurve:
         return out
 
     def sample(self, rng: random.Random) -> Dict[int, float]:
-        """One joint draw of the curve at every batch size (``sigma`` drawn first)."""
+        """One joint draw of the curve at every batch size (``(s, l)`` drawn first)."""
         fit = rng.choices(self._fits, weights=[f.weight for f in self._fits])[0]
         n = len(self.batch_sizes)
         draws: List[Vec] = [(0.0, 0.0)] * n
@@ -148,51 +153,70 @@ class SmoothCurve:
             draws[i] = _draw(mean, cov, rng)
         return {b: draws[i][0] for b, i in self.index.items()}
 
-    def sigma_posterior(self) -> List[Tuple[float, float]]:
-        """``(sigma, weight)`` over the grid points kept."""
-        return [(s, f.weight) for s, f in zip(self._sigmas, self._fits)]
+    def grid_posterior(self) -> List[Tuple[float, float, float]]:
+        """``(s, l, weight)`` over the grid points kept."""
+        return [(sd, length, f.weight) for (sd, length), f in zip(self._grid, self._fits)]
 
     # -- internals -------------------------------------------------------------------------------
     def _fit_all(self) -> List[_Fit]:
         xs = [math.log2(b) for b in self.batch_sizes]
         obs = [self.points.get(b) for b in self.batch_sizes]
-        filtered = [(s, *_filter(xs, obs, s * s, self.slope_var)) for s in SIGMA_GRID]
-        peak = max(ll for _, _, _, ll in filtered)
-        weights = [math.exp(ll - peak) for _, _, _, ll in filtered]
+        prior_total = sum(w for _, w in self.slope_sds)
+        filtered = []
+        for sd, prior in self.slope_sds:
+            for length in CORRELATION_GRID:
+                filt, pred, log_lik = _filter(xs, obs, sd * sd, length)
+                log_weight = log_lik + math.log(prior / prior_total / len(CORRELATION_GRID))
+                filtered.append(((sd, length), filt, pred, log_weight))
+        peak = max(lw for _, _, _, lw in filtered)
+        weights = [math.exp(lw - peak) for _, _, _, lw in filtered]
         total = sum(weights)
-        fits, sigmas = [], []
-        for (s, filt, pred, _), w in zip(filtered, weights):
+        fits, grid = [], []
+        for (point, filt, pred, _), w in zip(filtered, weights):
             if w / total < _MIN_WEIGHT:
                 continue
-            smooth, gain = _smooth(xs, filt, pred)
+            smooth, gain = _smooth(xs, filt, pred, point[1])
             fits.append(_Fit(weight=w, filt=filt, pred=pred, smooth=smooth, gain=gain))
-            sigmas.append(s)
+            grid.append(point)
         kept = sum(f.weight for f in fits)
         for f in fits:
             f.weight /= kept
-        self._sigmas = sigmas
+        self._grid = grid
         return fits
+
+
+def _step(d: float, slope_var: float, length: float) -> Tuple[Mat, Mat]:
+    """Transition matrix and noise covariance of ``(f, slope)`` over ``d`` doublings."""
+    theta = 1.0 / length
+    x = theta * d
+    rho = math.exp(-x)
+    one_minus = -math.expm1(-x)  # 1 - rho, accurate for small x
+    if x < 1e-4:  # series of 2x - 3 + 4 rho - rho^2 = 2/3 x^3 - 1/2 x^4 + ...
+        level = slope_var * (2.0 / 3.0 * x**3 - 0.5 * x**4) / (theta * theta)
+    else:
+        level = slope_var * (2.0 * x - 3.0 + 4.0 * rho - rho * rho) / (theta * theta)
+    cross = slope_var * one_minus * one_minus / theta
+    slope = slope_var * one_minus * (1.0 + rho)
+    return (1.0, one_minus / theta, 0.0, rho), (level, cross, cross, slope)
 
 
 def _filter(
     xs: Sequence[float],
     obs: Sequence[Optional[Tuple[float, float]]],
-    sigma2: float,
     slope_var: float,
+    length: float,
 ) -> Tuple[List[Tuple[Vec, Mat]], List[Tuple[Vec, Mat]], float]:
-    """Kalman filter of the integrated random walk; returns filtered, predicted, log-likelihood."""
+    """Kalman filter of the curve; returns filtered and predicted states, and log-likelihood."""
     filt: List[Tuple[Vec, Mat]] = []
     pred: List[Tuple[Vec, Mat]] = []
     log_lik = 0.0
     mean: Vec = (0.0, 0.0)
-    cov: Mat = (_LEVEL_VAR, 0.0, 0.0, slope_var)
+    cov: Mat = (_LEVEL_VAR, 0.0, 0.0, slope_var)  # the slope's stationary prior
     for i, x in enumerate(xs):
         if i > 0:
-            d = x - xs[i - 1]
-            mean = (mean[0] + d * mean[1], mean[1])
-            moved = _mul(_mul((1.0, d, 0.0, 1.0), cov), (1.0, 0.0, d, 1.0))
-            q = (sigma2 * d**3 / 3.0, sigma2 * d * d / 2.0, sigma2 * d * d / 2.0, sigma2 * d)
-            cov = _add4(moved, q)
+            move, noise = _step(x - xs[i - 1], slope_var, length)
+            mean = _apply(move, mean)
+            cov = _add4(_mul(_mul(move, cov), _t(move)), noise)
         pred.append((mean, cov))
         seen = obs[i]
         if seen is not None:
@@ -214,18 +238,21 @@ def _filter(
 
 
 def _smooth(
-    xs: Sequence[float], filt: List[Tuple[Vec, Mat]], pred: List[Tuple[Vec, Mat]]
+    xs: Sequence[float],
+    filt: List[Tuple[Vec, Mat]],
+    pred: List[Tuple[Vec, Mat]],
+    length: float,
 ) -> Tuple[List[Tuple[Vec, Mat]], List[Mat]]:
     """Rauch-Tung-Striebel smoother; returns the smoothed states and the smoother gains."""
     n = len(xs)
     smooth = list(filt)
     gains: List[Mat] = [(0.0, 0.0, 0.0, 0.0)] * n
     for i in range(n - 2, -1, -1):
-        d = xs[i + 1] - xs[i]
+        move, _ = _step(xs[i + 1] - xs[i], 1.0, length)
         f_mean, f_cov = filt[i]
         p_mean, p_cov = pred[i + 1]
         s_mean, s_cov = smooth[i + 1]
-        gain = _mul(_mul(f_cov, (1.0, 0.0, d, 1.0)), _inv(p_cov))
+        gain = _mul(_mul(f_cov, _t(move)), _inv(p_cov))
         gains[i] = gain
         mean = _add(f_mean, _apply(gain, (s_mean[0] - p_mean[0], s_mean[1] - p_mean[1])))
         cov = _add4(f_cov, _mul(_mul(gain, _sub(s_cov, p_cov)), _t(gain)))

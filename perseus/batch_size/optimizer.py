@@ -408,15 +408,23 @@ class BatchSizeOptimizer(RunReporting):
         return choice, BANDIT, None, why
 
     def _posterior(self, runs: List[RunRow]) -> CostPosterior:
-        """The posterior of the finished runs (refitted only when they changed)."""
+        """The posterior of the finished runs, and of the epoch costs of running ones too.
+
+        Refitted only when either changed.
+        """
         finished = [r for r in runs if r.status != RUNNING and r.cost is not None]
-        key = tuple((r.run_id, r.status, r.cost, r.num_epochs) for r in finished)
+        running = [r for r in runs if r.status == RUNNING and r.epoch_cost is not None]
+        key = tuple((r.run_id, r.status, r.cost, r.num_epochs) for r in finished) + tuple(
+            (r.run_id, f"{r.epoch_cost:.4g}") for r in running  # not refitted for rounding
+        )
         if self._fitted is not None and self._fitted[0] == key:
             return self._fitted[1]
         arms = bandit.arms_from_runs(finished, self.batch_sizes, with_failures=True)
-        posterior = CostPosterior(
-            [a.runs() for a in arms], {a.batch_size: a.epoch_cost for a in arms if a.epoch_cost}
-        )
+        units = {a.batch_size: a.epoch_cost for a in arms if a.epoch_cost}
+        for b in {r.batch_size for r in running}:
+            measured = [r.epoch_cost for r in runs if r.batch_size == b and r.epoch_cost]
+            units[b] = statistics.fmean(measured)
+        posterior = CostPosterior([a.runs() for a in arms], units)
         self._fitted = (key, posterior)
         return posterior
 

@@ -37,11 +37,18 @@ from perseus.batch_size.curve import Gaussian, SmoothCurve
 NOISE_PRIOR: Tuple[float, float] = (4.0, 0.1)
 # Std of one measurement of an epoch's log cost.
 EPOCH_COST_NOISE = 0.03
-# Prior std of the slopes per doubling of the batch size: of log epochs (epochs to the target
-# rarely halve or double from one batch size to the next), and of log epoch cost (one epoch
-# costs at most about twice as much at half the batch size).
-EPOCHS_SLOPE_SD = 0.5
-EPOCH_COST_SLOPE_SD = 1.0
+# Prior choices (s, weight) of the typical slope per doubling of the batch size. Log epochs: a
+# tuned job's epochs to the target change by at most a factor of 2 per doubling (between the
+# regimes where epochs or steps stay constant), so s = 0.35 is typical, 0.7 the whole range, and
+# 1.4 is left for jobs whose other settings do not follow the batch size (a cliff). Log epoch
+# cost: one epoch costs about the same to twice as much at half the batch size.
+EPOCHS_SLOPE_SDS: Tuple[Tuple[float, float], ...] = (
+    (0.15, 0.2),
+    (0.35, 0.4),
+    (0.7, 0.3),
+    (1.4, 0.1),
+)
+EPOCH_COST_SLOPE_SDS: Tuple[Tuple[float, float], ...] = ((0.35, 0.3), (0.7, 0.4), (1.4, 0.3))
 _MIN_VAR = 1e-12
 # Grid (in standard deviations) over which a running batch size's mean log epochs is weighed.
 _GRID_SD: Tuple[float, ...] = tuple(-5.0 + 0.25 * i for i in range(41))
@@ -86,9 +93,9 @@ class CostPosterior:
             for a in arms
             if a.on_chain and a.log_units
         }
-        self.epochs = SmoothCurve(chain, epochs, EPOCHS_SLOPE_SD)
+        self.epochs = SmoothCurve(chain, epochs, EPOCHS_SLOPE_SDS)
         costs = {b: (math.log(u), EPOCH_COST_NOISE**2) for b, u in self.units.items() if b in chain}
-        self.epoch_costs = SmoothCurve(chain, costs, EPOCH_COST_SLOPE_SD)
+        self.epoch_costs = SmoothCurve(chain, costs, EPOCH_COST_SLOPE_SDS)
 
     # -- one batch size --------------------------------------------------------------------------
     def noise(self, batch_size: int) -> float:
