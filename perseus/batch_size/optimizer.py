@@ -415,7 +415,8 @@ class BatchSizeOptimizer(RunReporting):
         finished = [r for r in runs if r.status != RUNNING and r.cost is not None]
         running = [r for r in runs if r.status == RUNNING and r.epoch_cost is not None]
         key = tuple((r.run_id, r.status, r.cost, r.num_epochs) for r in finished) + tuple(
-            (r.run_id, f"{r.epoch_cost:.4g}") for r in running  # not refitted for rounding
+            (r.run_id, f"{r.epoch_cost:.4g}")
+            for r in running  # not refitted for rounding
         )
         if self._fitted is not None and self._fitted[0] == key:
             return self._fitted[1]
