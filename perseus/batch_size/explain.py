@@ -62,9 +62,11 @@ def explain_lines(
         standing: Every batch size with a measured epoch cost against the best.
         summary: The optimizer's ``summary()``.
     """
+    skipped = len(runs) - summary["num_runs"]
+    not_run = f" (and {skipped} step(s) ruled out before running)" if skipped else ""
     lines = [
-        f"job {job_id!r}: stage {summary['stage']}, {len(runs)} run(s), best batch size so far "
-        f"{summary['best_batch_size']}"
+        f"job {job_id!r}: stage {summary['stage']}, {summary['num_runs']} run(s){not_run}, "
+        f"best batch size so far {summary['best_batch_size']}"
     ]
     for run in runs:
         chosen, stopped = reasons.get(run.run_id, (None, None))

@@ -245,13 +245,15 @@ class BatchSizeOptimizer(RunReporting):
 
         Each :class:`~perseus.batch_size.elimination.Standing` holds its expected run cost, the
         posterior probability that it is cheaper than the best, and whether it is ruled out
-        (batch sizes never run are predicted from the others). Batch sizes the pruning walk
-        dropped (a failed run) are left out: their failures are not in these figures.
+        (batch sizes never run are predicted from the others, while the pruning walk may still
+        reach them). Batch sizes the walk dropped (a failed run, or beyond one) are left out:
+        their failures are not in these figures.
         """
         runs = self.store.runs(None, self.job_id)
         state = self._pruning(runs)
-        never_run = {b for b in self.batch_sizes if not any(r.batch_size == b for r in runs)}
-        playing = set(state.candidates) | never_run
+        playing = set(state.candidates)
+        if not state.done:  # the walk may still reach the batch sizes never run
+            playing |= {b for b in self.batch_sizes if not any(r.batch_size == b for r in runs)}
         return {b: st for b, st in self._standings(runs)[1].items() if b in playing}
 
     def explain(self) -> List[str]:
