@@ -30,7 +30,18 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, TypeVar
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
@@ -42,7 +53,6 @@ from perseus.power_limit.selectors import (
     selector_score,
     table_rows,
 )
-from perseus.power_limit.shape import OpenLimits, open_limits
 from perseus.power_limit.store import (
     ProfileKey,
     load_other_batch_sizes,
@@ -53,6 +63,12 @@ from perseus.power_limit.windows import LimitWindows, check_config, limits_to_tr
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Chooses the limits to profile from the job's other batch sizes' tables, the limits (mW,
+# highest first) and the selector's score; returns them (the highest kept) and why.
+LimitsPrior = Callable[
+    [Mapping[int, Sequence[PowerLimitMeasurement]], Sequence[int], Callable[..., float]],
+    Tuple[Sequence[int], str],
+]
 
 WARMUP = "warmup"
 PROFILING = "profiling"
@@ -90,6 +106,9 @@ class PowerLimitOptimizer:
             CUDA's, when this process uses CUDA).
         energy: The GPUs' energy samplers (the rank's device's); default: the optimizer starts
             a sampler per GPU when it profiles, and stops them in :meth:`close`.
+        limits_prior: For a recurring job's new batch size: chooses the limits worth profiling
+            from the saved tables of its other batch sizes (the highest always kept; e.g.
+            :func:`perseus.batch_size.power_shape.limits_prior`); None profiles every limit.
 
     Attributes:
         state: ``warmup``, ``profiling`` or ``done``.
@@ -111,7 +130,7 @@ class PowerLimitOptimizer:
         batch_size: Optional[int] = None,
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
         energy: Optional[EnergyMeter] = None,
-        reuse_shape: bool = False,
+        limits_prior: Optional[LimitsPrior] = None,
     ) -> None:
         if not guards:
             raise ConfigError(
@@ -151,17 +170,16 @@ class PowerLimitOptimizer:
         self._warned_short = False
         self._num_cut = 0
         self._load_saved()
-        # The limits profiled: all of them, or (reuse_shape) those the job's other batch sizes
-        # leave open.
-        self.shape: Optional[OpenLimits] = None
-        if self.state != DONE and reuse_shape:
-            self.shape = self._shape_of_other_batch_sizes()
+        # The limits profiled: all of them, or those limits_prior leaves open given the saved
+        # tables of the job's other batch sizes (and why).
+        self.prior_note: Optional[str] = None
+        chosen: Optional[Sequence[int]] = None
+        if self.state != DONE and limits_prior is not None:
+            chosen, self.prior_note = self._limits_from_other_batch_sizes(limits_prior)
         if self.loaded_profile:
             self.profiled_limits_mw = [m.power_limit_mw for m in self.measurements]
         else:
-            self.profiled_limits_mw = list(
-                self.shape.limits_mw if self.shape else self.power_limits_mw
-            )
+            self.profiled_limits_mw = list(chosen or self.power_limits_mw)
         if self.state != DONE:
             if self._meter is None:
                 gpus = [g.gpu for g in self.guards]
@@ -329,7 +347,7 @@ class PowerLimitOptimizer:
             "chosen_power_limit_w": None if chosen is None else chosen / 1000.0,
             "power_limits_w": [mw / 1000.0 for mw in self.power_limits_mw],
             "profiled_power_limits_w": [mw / 1000.0 for mw in self.profiled_limits_mw],
-            "shape": None if self.shape is None else self.shape.describe(),
+            "limits_prior": self.prior_note,
             "max_power_w": self.max_power_w,
             "num_gpus": self._world_size * len(self.guards),
             "num_retries": self.num_retries,
@@ -353,15 +371,23 @@ class PowerLimitOptimizer:
             batch_size=self.batch_size,
         )
 
-    def _shape_of_other_batch_sizes(self) -> Optional[OpenLimits]:
-        """The limits left open by the saved tables of the job's other batch sizes."""
+    def _limits_from_other_batch_sizes(
+        self, prior: LimitsPrior
+    ) -> Tuple[Optional[Sequence[int]], Optional[str]]:
+        """The limits ``prior`` leaves open given the saved tables of the other batch sizes."""
         score = selector_score(self.cfg.selector, self.eta, self.max_power_w)
         if not self.cfg.profile_path or self.batch_size is None or score is None:
-            return None
+            return None, None
         tables = load_other_batch_sizes(Path(self.cfg.profile_path), self._profile_key())
-        shape = open_limits(tables, self.power_limits_mw, score, self.batch_size)
-        log.info("power limit: %s", shape.describe())
-        return shape
+        limits, note = prior(tables, self.power_limits_mw, score)
+        unknown = sorted(set(limits) - set(self.power_limits_mw))
+        if unknown or not limits or limits[0] != self.power_limits_mw[0]:
+            raise ConfigError(
+                f"limits_prior chose {list(limits)} mW: give a non-empty subset of "
+                f"{self.power_limits_mw} that keeps the highest limit"
+            )
+        log.info("power limit: %s", note)
+        return [mw for mw in self.power_limits_mw if mw in limits], note
 
     def _load_saved(self) -> None:
         if not self.cfg.profile_path:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.power_shape import OpenLimits, open_limits
 from perseus.batch_size.store import REACHED
 from perseus.batch_size.zeus.reference import ReferenceBroken
 from perseus.batch_size.zeus.trace import EpochCost, Workload
@@ -41,7 +42,6 @@ from perseus.power_limit.selectors import (
     select_power_limit,
     selector_score,
 )
-from perseus.power_limit.shape import OpenLimits, open_limits
 from perseus.power_limit.store import (
     ProfileKey,
     load_other_batch_sizes,
