@@ -101,3 +101,14 @@ class BatchSizeError(PerseusError, RuntimeError):
 
 class RecordingError(PerseusError, ValueError):
     """A recording of a GPU's energy counter cannot be replayed (missing, malformed, too short)."""
+
+
+class ExtraMissingError(PerseusError, ImportError):
+    """An optional feature needs a package that its pip extra installs, and it is missing."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        super().__init__(
+            f"{feature} needs the package {package!r}, which is not installed: "
+            f"`pip install 'perseus-energy[{extra}]'`"
+        )
+        self.extra = extra

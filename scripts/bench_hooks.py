@@ -15,9 +15,12 @@ a lower bound of it). Modes:
 
 * ``measure`` (clocks untouched), ``max_speed`` (one locked clock), ``plan`` (a plan whose clock
   changes at almost every instruction), stage 1 of 4, ``--microbatches`` per iteration; clock
-  changes are applied on the hook thread, the emulated GPU's path (a reference run of ``plan``
-  hands them to the controller thread, the NVML path: here the emulated GPU's clock change
-  then runs in Python on that thread and competes for the interpreter lock);
+  changes are applied on the hook thread, the emulated GPU's path; ``plan (controller thread)``:
+  the same plan on the NVML path, the iteration's clocks handed to the controller's thread once
+  and each change made there (here the emulated GPU's clock change then runs in Python on that
+  thread and competes for the interpreter lock; its time is not left out of the hooks'
+  figures, only the device work on the hooks' own thread is). How often the hooks woke that
+  thread is printed;
 * ``online``: one stage talking to a real coordination server (a ``perseus-server`` process),
   per phase as far as ``--online-s`` lets the job get (baseline of
   ``--online-baseline-steps`` iterations, profiling, planning, running). The server's first job
@@ -58,6 +61,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -79,6 +83,8 @@ from perseus.runtime.types import FrequencySource
 from perseus.wire import JobSpec, ProfilerSettings
 
 CLOCKS_MHZ = (1410, 1305, 1200, 1095, 1005, 900)
+# The plan mode with the clocks applied by the controller's thread (the NVML path).
+PLAN_THREAD = "plan (controller thread)"
 # A mode or phase counts for the worst figure with at least this many iterations.
 MIN_COUNTED = 5
 NUM_STAGES = 4
@@ -280,7 +286,14 @@ class TimedGPU(EmulatedGPU):
             super()._wait_until(deadline_s)
         self.waited_s += time.perf_counter() - t0
 
+    # The hooks' thread: only its device calls are left out of the hooks' figures (a clock
+    # change the controller's thread makes costs the hooks only what it takes from them).
+    hook_thread = threading.main_thread().ident
+
     def _device(self, method: Callable[..., None], *args: Any) -> None:
+        if threading.get_ident() != self.hook_thread:
+            method(*args)
+            return
         t0 = time.perf_counter()
         method(*args)
         self.device_s += time.perf_counter() - t0
@@ -311,30 +324,32 @@ class _Timed:
     def timed(self) -> None:
         self._device(self.noop)
 
+    hook_thread = TimedGPU.hook_thread
     _device = TimedGPU._device
 
 
 def instrumentation_us(calls: int = 100_000) -> float:
     """What :class:`TimedGPU`'s wrapper adds to a device call outside its timed window (us).
 
-    The median over runs of (wrapped call - its timed window - the bare call), with warm
-    caches: a lower bound of what the wrapper charges to the hooks per device call (cold, after
-    an instruction's wait, it costs more), subtracted from the hooks' figures.
+    The wrapped call less its timed window, less the bare call, each the fastest of seven runs
+    (another process's load only adds time, to either: the fastest runs are the cleanest), with
+    warm caches: a lower bound of what the wrapper charges to the hooks per device call (cold,
+    after an instruction's wait, it costs more), subtracted from the hooks' figures.
     """
     timed = _Timed()
     perf = time.perf_counter
-    runs = []
+    wrapped, bare = [], []
     for _ in range(7):
         timed.device_s = 0.0
         t0 = perf()
         for _ in range(calls):
             timed.timed()
-        wrapped_s = perf() - t0 - timed.device_s
+        wrapped.append(perf() - t0 - timed.device_s)
         t0 = perf()
         for _ in range(calls):
             timed.noop()
-        runs.append((wrapped_s - (perf() - t0)) / calls * 1e6)
-    return max(0.0, statistics.median(runs))
+        bare.append(perf() - t0)
+    return max(0.0, (min(wrapped) - min(bare)) / calls * 1e6)
 
 
 _LIBC = ctypes.CDLL(None)
@@ -372,10 +387,15 @@ def realistic_gpu(args: argparse.Namespace, num_stages: int) -> TimedGPU:
 
 
 class Costs:
-    """Per-iteration costs (us per pair) of one run of a mode, grouped by phase."""
+    """Per-iteration costs (us per pair) of one run of a mode, grouped by phase.
+
+    ``wakes``: with a controller thread, how often the hooks woke it, the clock changes it
+    made and the iterations, as ``(wakes, changes, iterations)``.
+    """
 
     def __init__(self) -> None:
         self.rows: Dict[str, List[Tuple[float, float, float]]] = {}
+        self.wakes: Optional[Tuple[int, int, int]] = None
 
     def add(self, phase: str, costs: Tuple[float, float, float]) -> None:
         self.rows.setdefault(phase, []).append(costs)
@@ -480,6 +500,10 @@ def bench_local(
                 costs.add("-", costs_us)
         sampler = opt.device.sampler
         assert sampler is not None and sampler.running == sample_energy
+        ctrl = opt.device.controller
+        if ctrl is not None and not ctrl.synchronous and hasattr(ctrl, "num_wakes"):
+            ctrl.flush()
+            costs.wakes = (ctrl.num_wakes, ctrl.num_applied, args.iterations + 2)
     finally:
         opt.close()
     return costs
@@ -627,30 +651,39 @@ def main() -> None:
         + ("instructions take no time:" if args.hot else f"time scale {args.time_scale:g}:")
     )
     worst: List[Tuple[float, str]] = []
-    local: List[Tuple[str, Callable[[], FrequencySource]]] = [
-        ("measure", MeasureSource),
-        ("max_speed", lambda: MaxSpeedSource(max(CLOCKS_MHZ))),
-        ("plan", lambda: PlanSource(plan, stage)),
+    # (mode, source, clocks applied in the hooks' thread): the emulated GPU's path, and for
+    # the plan also the NVML path (its controller's thread follows the iteration's timeline;
+    # here the emulated GPU's clock change then runs in Python on that thread).
+    local: List[Tuple[str, Callable[[], FrequencySource], bool]] = [
+        ("measure", MeasureSource, True),
+        ("max_speed", lambda: MaxSpeedSource(max(CLOCKS_MHZ)), True),
+        ("plan", lambda: PlanSource(plan, stage), True),
+        (PLAN_THREAD, lambda: PlanSource(plan, stage), False),
     ]
     # The modes take turns, round after round: a spell of load elsewhere hits them alike.
-    runs: Dict[str, List[Costs]] = {mode: [] for mode, _ in local}
+    runs: Dict[str, List[Costs]] = {mode: [] for mode, _, _ in local}
     for _ in range(args.rounds):
-        for mode, make in local:
-            runs[mode].append(bench_local(make(), plan, stage, args))
-    for mode, _ in local:
+        for mode, make, sync in local:
+            runs[mode].append(bench_local(make(), plan, stage, args, synchronous_clocks=sync))
+    for mode, _, _ in local:
         for line, total in round_lines(mode, runs[mode]):
             print(f"  {line}")
             if total is not None:
                 worst.append((total, mode))
+    for costs in runs[PLAN_THREAD][:1]:
+        if costs.wakes is not None:
+            wakes, changes, iterations = costs.wakes
+            print(
+                f"  {PLAN_THREAD}: the hooks woke the controller's thread {wakes} times in "
+                f"{iterations} iterations ({changes} clock changes, none per change)"
+            )
     for line, _ in round_lines("measure", [bench_local(MeasureSource(), plan, stage, args, False)]):
         print(f"  {line}  [without the sampler thread: reference]")
-    threaded = bench_local(PlanSource(plan, stage), plan, stage, args, True, False)
-    for line, _ in round_lines("plan", [threaded]):
-        print(f"  {line}  [clocks applied by the controller thread, the NVML path]")
     if not args.hot:  # the same modes back to back: the hooks with warm caches
         hot = argparse.Namespace(**{**vars(args), "hot": True})
-        for mode, make in local:
-            for line, _ in round_lines(mode, [bench_local(make(), plan, stage, hot)]):
+        for mode, make, sync in local:
+            warm = bench_local(make(), plan, stage, hot, synchronous_clocks=sync)
+            for line, _ in round_lines(mode, [warm]):
                 print(f"  {line}  [instructions taking no time]")
     online: Optional[List[Costs]] = None
     try:

@@ -52,7 +52,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple  # noqa: E402
 
 from perseus.planner.cases import (  # noqa: E402
     LARGE,
@@ -60,6 +60,9 @@ from perseus.planner.cases import (  # noqa: E402
     PAPER_SAVING_PCT,
     PROFILES,
 )
+
+if TYPE_CHECKING:
+    from perseus.planner.problem import PlanningProblem
 
 BOUNDS_FILE = Path(__file__).resolve().parent / "data" / "planner_bounds.json"
 #: Above this many instructions the LP bound is not computed (the exact LP takes minutes).
@@ -88,8 +91,6 @@ def run_case(
     from perseus.planner.cases import case_problem
     from perseus.planner.frontier import max_gap_rel
     from perseus.planner.policies import choose
-    from perseus.planner.solvers.lp.milp.bounds import lp_bound
-    from perseus.planner.solvers.lp.milp.cuts import MAX_PATH_NODES
 
     policy = EnergyConfig(policy="no_slowdown")
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -103,10 +104,8 @@ def run_case(
     chosen = choose(frontier, policy)
     allmax = frontier.allmax
     bound = None
-    if with_bound and problem.num_nodes <= MAX_BOUND_NODES:
-        cuts = MAX_PATH_NODES if problem.num_nodes <= MAX_CUT_NODES else 0
-        relaxed = lp_bound(problem, allmax.iteration_time_s, cut_path_nodes=cuts)
-        bound = 1.0 - relaxed.energy_j / allmax.energy_j
+    if with_bound:
+        bound = lp_bound_saving(problem, allmax.iteration_time_s, allmax.energy_j)
     return {
         "cpu_s": cpu_s,
         "wall_s": wall_s,
@@ -119,6 +118,47 @@ def run_case(
         "plans": len(frontier),
         "nodes": problem.num_nodes,
     }
+
+
+def lp_bound_saving(
+    problem: PlanningProblem, allmax_time_s: float, allmax_energy_j: float
+) -> Optional[float]:
+    """The LP relaxation's bound at no slowdown as the largest saving any plan can reach.
+
+    With time windows, and path cuts up to :data:`MAX_CUT_NODES` instructions; None above
+    :data:`MAX_BOUND_NODES` (the exact LP takes minutes there).
+    """
+    from perseus.planner.solvers.lp.milp.bounds import lp_bound
+    from perseus.planner.solvers.lp.milp.cuts import MAX_PATH_NODES
+
+    if problem.num_nodes > MAX_BOUND_NODES:
+        return None
+    cuts = MAX_PATH_NODES if problem.num_nodes <= MAX_CUT_NODES else 0
+    relaxed = lp_bound(problem, allmax_time_s, cut_path_nodes=cuts)
+    return 1.0 - relaxed.energy_j / allmax_energy_j
+
+
+def best_bound(
+    computed: Optional[float], cuts: bool, recorded: Optional[Dict[str, Any]]
+) -> Tuple[Optional[float], str]:
+    """The tighter of the computed LP bound and the recorded one, and how it was proven.
+
+    Args:
+        computed: :func:`lp_bound_saving` (None: not computed).
+        cuts: Whether the computed bound has path cuts.
+        recorded: The case's entry of ``planner_bounds.json`` (None: none).
+
+    Returns:
+        ``(bound as a saving, method)``; ``(None, "-")`` when there is neither.
+    """
+    bound = computed
+    method = "LP relaxation (time windows" + (", path cuts)" if cuts else ")")
+    if recorded is not None and (bound is None or recorded["bound_saving"] < bound):
+        bound = recorded["bound_saving"]
+        method = f"{recorded['method']}, {recorded['time_limit_s']:.0f} s" + (
+            ", optimal" if recorded["optimal"] else ""
+        )
+    return bound, method if bound is not None else "-"
 
 
 def run_sharing(name: str, stages: int, num_mb: int) -> Dict[str, Any]:
@@ -213,14 +253,8 @@ def print_row(
 ) -> None:
     """One line of the table (and the case's proven-empty steps); adds missed targets."""
     name, stages, num_mb, scope = case
-    bound, cuts = computed
-    method = "LP relaxation (time windows" + (", path cuts)" if cuts else ")")
     rec = recorded.get(f"{name}/{num_mb}") if stages == 8 else None
-    if rec is not None and (bound is None or rec["bound_saving"] < bound):
-        bound = rec["bound_saving"]
-        method = f"{rec['method']}, {rec['time_limit_s']:.0f} s" + (
-            ", optimal" if rec["optimal"] else ""
-        )
+    bound, method = best_bound(*computed, rec)
     gap = None if bound is None else bound - r["saving"]
     paper = PAPER_SAVING_PCT.get(name, {}).get(num_mb) if stages == 8 else None
     label = f"{name} {stages}x{num_mb}" + ("" if scope == "frontier" else " (policy)")
@@ -239,7 +273,7 @@ def print_row(
     print_line(
         f"{label:30s} {effort:8s} {r['cpu_s']:7.1f} {r['wall_s']:7.1f} {r['peak_mb']:8.0f} "
         f"{fmt(r['saving'], 8)} {fmt(paper, 6, 1, 1.0)} {fmt(bound, 7)} {fmt(gap, 6)} "
-        f"{fmt(r['step'], 6, 2)}  {method if bound is not None else '-'}"
+        f"{fmt(r['step'], 6, 2)}  {method}"
     )
     for step, how in r["empty"]:
         print_line(f"{'':39s} a {step:.2f} % step is proven empty: {how}")

@@ -10,19 +10,25 @@ synchronizes): the synchronization is in both, so it is left out of the differen
 ``tiny`` (steps of a few ms, where a millisecond on the training thread would show) and ``big``
 (about the recorded 4096-wide MLP, ~30 ms instructions).
 
-* **Hooks**, per runtime mode (``measure``; ``max_speed`` and ``plan``, whose clock requests go
-  to the controller thread): with :class:`~perseus.runtime.optimizer.PerseusOptimizer` open on
-  the NVML GPU (its energy sampler polling), plain and hooked steps alternate one by one (which
-  goes first alternates too), and each pair's difference is one sample: the median per
+* **Hooks**, per runtime mode (``measure``; ``max_speed`` and ``plan``, whose clocks go to the
+  controller's thread: handed over once per iteration, each change made there without waking
+  it; in dry run a change is the guard's call and a log line): with
+  :class:`~perseus.runtime.optimizer.PerseusOptimizer` open on the NVML GPU (its energy sampler
+  polling the counter and reading the temperature), plain and hooked steps alternate one by one
+  (which goes first alternates too), and each pair's difference is one sample: the median per
   forward/backward pair with its 95 % interval (distribution-free, from the order statistics).
+  The hooks' own synchronizations (at both ends of each instruction and of the step) are in
+  the difference; the plain step's one per instruction is in both. How often the hooks woke
+  the controller's thread, per iteration, is printed.
 * **The sampler**: blocks of plain steps with and without an optimizer (and so its sampler
   thread) open, alternating; the median of the blocks' differences, per step.
-* Who read the energy counter (counted per thread; none may be the training thread), and the
-  energy the sampler attributed to the hooked steps as an average power (the card's limit
-  bounds it).
+* Who read the energy counter and the temperature (counted per thread; none may be the
+  training thread), the energy the sampler attributed to the hooked steps as an average power
+  (the card's limit bounds it), and the temperatures the sampler recorded meanwhile.
 
 Usage: python scripts/bench_real_gpu_hooks.py [--pairs-tiny N] [--pairs-big N] [--blocks B]
-Ends with ``real_gpu_hook_overhead_us tiny=<worst mode> big=<worst mode> training_thread_reads=N``.
+Ends with ``real_gpu_hook_overhead_us tiny=<worst mode> big=<worst mode> training_thread_reads=N
+temperature_readings=M``.
 """
 
 from __future__ import annotations
@@ -42,16 +48,25 @@ Hook = Optional[Callable[[str], None]]
 Step = Callable[[Hook, Hook], None]
 
 
-def count_energy_reads(nvml: Any) -> Counter:
-    """Count every ``nvmlDeviceGetTotalEnergyConsumption`` call by the thread that made it."""
+# The reads only the device's sampler thread makes.
+SAMPLER_READS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperature")
+
+
+def count_sampler_reads(nvml: Any) -> Counter:
+    """Count every energy-counter and temperature read by the thread that made it."""
     calls: Counter = Counter()
-    read = nvml.nvmlDeviceGetTotalEnergyConsumption
 
-    def counted(handle: object) -> int:
-        calls[threading.current_thread().name] += 1
-        return read(handle)
+    def counting(name: str) -> Callable[..., Any]:
+        read = getattr(nvml, name)
 
-    nvml.nvmlDeviceGetTotalEnergyConsumption = counted
+        def counted(*args: Any) -> Any:
+            calls[threading.current_thread().name] += 1
+            return read(*args)
+
+        return counted
+
+    for name in SAMPLER_READS:
+        setattr(nvml, name, counting(name))
     return calls
 
 
@@ -167,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from perseus.runtime.optimizer import PerseusOptimizer
     from perseus.runtime.sources import MaxSpeedSource, MeasureSource, PlanSource
 
-    reads = count_energy_reads(load_pynvml())
+    reads = count_sampler_reads(load_pynvml())
     threading.current_thread().name = "training"
     torch.ones(1, device="cuda").sum().item()
     gpu = NVMLGPU(0, dry_run=True)
@@ -187,6 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return PerseusOptimizer.on_gpu(rank, NVMLGPU(0, dry_run=True), source(mode))
 
     worst: Dict[str, float] = {}
+    temperatures: List[float] = []
     for size, num_pairs in (("tiny", args.pairs_tiny), ("big", args.pairs_big)):
         step = make_step(torch, size, num_mb)
         time_steps(step, None, 3)  # warm-up: kernels chosen, memory allocated
@@ -195,21 +211,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         energies: List[Tuple[float, float]] = []  # (step energy J, step time s)
         for mode in MODES:
             opt = optimizer(mode)
+            wakes = ""
             try:
                 time_steps(step, opt, 2)  # the first steps open the clocks' guard state
                 diffs = [d / num_mb for d in paired_us(step, opt, num_pairs)]
+                ctrl = opt.device.controller
+                if ctrl is not None:
+                    woken = ctrl.num_wakes
+                    wakes = f"; controller woken {woken / (num_pairs + 2):.2f} times per iteration"
                 opt.flush_clocks()
                 opt.settle_energy(timeout_s=1.0)
                 energies += [
                     (r.energy_j, r.iteration_time_s) for r in opt.steps if r.energy_j is not None
                 ]
+                if opt.temperatures is not None:
+                    temperatures += [r.temperature_c for r in opt.temperatures.snapshot()]
             finally:
                 opt.close()
             mid, low, high = median_ci95(diffs)
             worst[size] = max(worst.get(size, float("-inf")), mid)
             print(
                 f"[{size}] {mode:<9} hooks {mid:7.1f} us per pair (95 % interval {low:.1f} to "
-                f"{high:.1f}; {num_pairs} step pairs)"
+                f"{high:.1f}; {num_pairs} step pairs{wakes})"
             )
         block = max(3, num_pairs // 8)
         sampler_us: List[float] = []
@@ -236,11 +259,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"[{size}] hooked steps with an energy: {len(energies)}, {energy_j:.1f} J in "
                 f"{time_s:.2f} s: {energy_j / time_s:.0f} W on average"
             )
-    print("energy counter reads by thread: " + ", ".join(f"{k}={v}" for k, v in reads.items()))
+    print(
+        "energy counter and temperature reads by thread: "
+        + ", ".join(f"{k}={v}" for k, v in reads.items())
+    )
+    if temperatures:
+        print(
+            f"temperature recorded by the sampler: {len(temperatures)} readings, "
+            f"{min(temperatures):.0f} to {max(temperatures):.0f} °C"
+        )
+    else:
+        print("temperature recorded by the sampler: none (the GPU reports no temperature)")
     print(
         "real_gpu_hook_overhead_us "
         + " ".join(f"{size}={value:.1f}" for size, value in worst.items())
         + f" training_thread_reads={reads.get('training', 0)}"
+        + f" temperature_readings={len(temperatures)}"
     )
     gpu.close()
     return 0

@@ -52,6 +52,13 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.process_exit",
             "perseus.wire",  # the package and its modules (vocabulary, fields, bounds, jobs, ...)
             "perseus.formats",
+            # A job's live snapshot, its Prometheus rendering and its textfile (the optimizers'
+            # snapshots sit with the optimizers, below).
+            "perseus.observability",
+            "perseus.observability.snapshot",
+            "perseus.observability.prometheus",
+            "perseus.observability.textfile",
+            "perseus.observability.counter",
         ],
     ),
     ("gpu", ["perseus.gpu"]),
@@ -66,6 +73,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
             "perseus.batch_size",
             "perseus.models",
             "perseus.adapters",  # outside the stack: imports runtime and below only
+            "perseus.observability.optimizers",
         ],
     ),
     ("server", ["perseus.server", "perseus.train"]),
@@ -84,6 +92,15 @@ TRAINING_PROCESS = [
 ]
 # Import names of the core dependencies (pyproject's ``dependencies``) and what they bring.
 CORE_IMPORTS = {"omegaconf", "yaml", "antlr4", "pynvml"}
+# Optional packages a training-process module may import inside a function, on the path that
+# needs them only, each installed by the pip extra named here (its absence is one message
+# naming that extra): the metrics textfile, the experiment trackers.
+OPTIONAL_EXTRAS = {
+    "prometheus_client": "metrics",
+    "mlflow": "mlflow",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+}
 # The frameworks the adapters patch: the user's process already has them.
 PATCHED_FRAMEWORKS = {"torch", "deepspeed", "megatron", "Merak"}
 
@@ -306,12 +323,21 @@ def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def training_process_modules() -> List[str]:
-    """The training-process modules as found on disk (new ones are covered too)."""
+    """The training-process modules as found on disk (new ones are covered too).
+
+    A module under one of those prefixes whose own layer is higher (e.g. the optimizers'
+    snapshots in ``perseus.observability.optimizers``) is not one of them; the adapters are.
+    """
     prefixes = [p for p in TRAINING_PROCESS if p != "perseus"]
+    runtime = layer_named("runtime")
     return [
         m
         for m in module_files()
-        if m == "perseus" or any(m == p or m.startswith(p + ".") for p in prefixes)
+        if m == "perseus"
+        or (
+            any(m == p or m.startswith(p + ".") for p in prefixes)
+            and (m.startswith("perseus.adapters") or (layer_of(m) or 0) <= runtime)
+        )
     ]
 
 

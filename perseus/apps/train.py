@@ -19,6 +19,7 @@ from typing import Optional
 
 from perseus.apps.common import hydra_app
 from perseus.config.schema import PerseusConfig
+from perseus.profiler.payback import payback_words
 from perseus.runtime.announce import saving_words
 
 logger = logging.getLogger("perseus.train")
@@ -46,10 +47,18 @@ def summary_line(report: dict, out_dir: Path) -> str:
 
     A saving whose interval contains 0 reads "no measurable energy saving", never a number. A
     power-limit run whose limits were measured in fewer than three windows each has no
-    interval and says so (``saving_interval``).
+    interval and says so (``saving_interval``). An online run adds what profiling cost above
+    max speed and after how many plan iterations the saving repays it (or that it cannot be
+    told).
     """
     where = f"report: {out_dir / 'report.json'}"
+    power_limit = power_limit_words(report.get("power_limit"))
+    if power_limit is not None:
+        return f"perseus-train: {power_limit}; {where}"
     said = _predicted_words(report)
+    cost, repaid = report.get("profiling_cost"), report.get("payback")
+    if cost is not None and repaid is not None:
+        where = f"{payback_words(cost, repaid)}; {where}"
     if report.get("energy_saving_ci95") is not None:
         words = saving_words(
             {
@@ -70,6 +79,56 @@ def summary_line(report: dict, out_dir: Path) -> str:
         f"perseus-train: energy saving {100 * saving:.1f} %, slowdown {100 * slowdown:+.2f} % "
         f"({why}){said}; {where}"
     )
+
+
+def power_limit_words(section: Optional[dict]) -> Optional[str]:
+    """A power-limit run's outcome: the limit, its saving with the intervals, or why none.
+
+    ``None`` for a report without the power-limit search's section.
+    """
+    if not section or "state" not in section:
+        return None
+    search = section.get("search") or {}
+    if section.get("state") != "done":
+        least, most = search.get("steps_needed") or (None, None)
+        return (
+            f"the power-limit search did not finish in {search.get('steps')} steps (it needs "
+            f"{least}-{most} at this step time; raise train.max_steps): no limit was chosen and "
+            "the GPUs kept their highest limit"
+        )
+    chosen = section.get("chosen_power_limit_w")
+    top = max(section.get("power_limits_w") or [chosen or 0.0])
+    if section.get("failure"):
+        return f"power limit {top:g} W (the highest) kept: {section['failure']}"
+    saving = section.get("saving") or {}
+    pruned = len(search.get("pruned_w") or [])
+    how = (
+        f"{search.get('num_measured')} limits measured, {pruned} pruned, "
+        f"{search.get('steps')} steps of search"
+    )
+    if not saving:
+        return f"power limit {chosen:g} W ({section.get('decision')}; {how})"
+    figures = saving_words(
+        {
+            "energy_fraction": saving.get("energy_saving"),
+            "energy_saving_ci95": saving.get("energy_saving_ci95"),
+            "energy_saving_measurable": saving.get("energy_saving_measurable"),
+            "slowdown_fraction": saving.get("slowdown"),
+            "slowdown_ci95": saving.get("slowdown_ci95"),
+        }
+    )
+    if saving.get("energy_saving_ci95") is None:
+        figures = (
+            f"energy saving {100 * saving['energy_saving']:.1f} %, slowdown "
+            f"{100 * saving['slowdown']:+.2f} % ({saving.get('interval')})"
+        )
+    compared = saving.get("power_limit_w", chosen)
+    if compared != chosen:
+        return (
+            f"power limit {chosen:g} W (the highest) kept: {section.get('decision')}; "
+            f"{compared:g} W: {figures} ({how})"
+        )
+    return f"power limit {chosen:g} W (of {top:g} W): {figures} ({how})"
 
 
 def _predicted_words(report: dict) -> str:

@@ -39,12 +39,28 @@ ENERGY_SETTINGS: Dict[str, Range] = {
     "eta": Range(ge=ETA_RANGE[0], le=ETA_RANGE[1]),
 }
 
+# ``energy.power_limit.<key>``: the power-limit optimizer's numbers (perseus.power_limit checks
+# them too, for a config built in code).
+POWER_LIMIT_SETTINGS: Dict[str, Range] = {
+    "step_w": Range(gt=0.0, le=MAX_POWER_W, unit="W"),
+    "warmup_steps": _count(0, 1_000_000),
+    "profile_steps": _count(1, 1_000_000),
+    "warmup_s": Range(ge=0.0, le=3600.0, unit="s"),
+    "target_error": Range(gt=0.0, le=0.5),
+    "repeats": _count(1, 10_000),
+    "max_candidates": _count(1, 1000),
+    "max_slowdown": Range(ge=0.0, le=100.0),
+}
+
 # ``profiler.<key>``: the online profiler's numbers.
 PROFILER_SETTINGS: Dict[str, Range] = {
     "energy_rise_patience": _count(1, 1000),
     "warmup_instructions": _count(0, 1000),
     "min_window_s": Range(ge=0.0, le=3600.0, unit="s"),
     "max_iterations": _count(1, 100_000),
+    "max_iterations_fraction": Range(gt=0.0, le=1.0, optional=True),
+    "job_iterations": Range(ge=1, le=10**12, integer=True, optional=True),
+    "max_minutes": Range(gt=0.0, le=10_080.0, optional=True, unit="min"),
     "frequency_step": _count(1, 1000),
     "min_frequency_mhz": MHZ,
     "baseline_steps": _count(1, 10_000),

@@ -118,3 +118,12 @@ class PowerLimitSelector(ConfigChoice):
     energy = "energy"
     time = "time"
     max_slowdown = "max_slowdown"
+
+
+class LoggerBackend(ConfigChoice):
+    """``logger.backend``: the experiment tracker a job's figures go to (``none``: off)."""
+
+    none = "none"
+    mlflow = "mlflow"
+    tensorboard = "tensorboard"
+    wandb = "wandb"

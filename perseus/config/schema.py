@@ -24,6 +24,7 @@ from perseus.config.enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    LoggerBackend,
     PlannerEffort,
     PlannerScope,
     PowerLimitSelector,
@@ -39,6 +40,7 @@ __all__ = [
     "Framework",
     "GPUBackend",
     "GPUOnUnsupported",
+    "LoggerBackend",
     "PerseusConfig",
     "PlannerEffort",
     "PlannerScope",
@@ -97,16 +99,24 @@ class PowerLimitConfig:
 
     # Try limits from the maximum down in steps of this many watts.
     step_w: float = 25.0
-    # Steps run at each limit before its measurement window, and steps measured (at least; a
-    # window is lengthened until it spans 10 energy-counter updates).
-    warmup_steps: int = 5
-    profile_steps: int = 10
+    # Steps of warm-up after a limit change and steps per measurement window, at least: a
+    # warm-up also lasts warmup_s, and a window spans enough energy-counter updates for
+    # target_error (both sized from the measured step time).
+    warmup_steps: int = 2
+    profile_steps: int = 1
     # Warm-up lasts at least this long (s): a GPU holds its power limit on an average over ~1 s,
     # so right after a change it still runs as under the old limit.
     warmup_s: float = 2.0
-    # Windows per limit, in passes over the limits that alternate direction; 3 or more give the
-    # saving a 95 % interval (fewer: the report says it has none).
-    repeats: int = 3
+    # Relative standard error of one window's energy the windows are sized for: (spread of one
+    # counter interval's energy / target_error)^2 counter intervals (0.01 with the H100's 6 %
+    # under its power limiter: 36, 3.6 s).
+    target_error: float = 0.01
+    # Confirmation rounds: the best candidates and the highest limit measured again, interleaved,
+    # once per round; 3 or more give the saving a 95 % interval (fewer: the report says it has
+    # none).
+    repeats: int = 6
+    # Limits confirmed against the highest one (the best of those not clearly worse than the best).
+    max_candidates: int = 2
     # zeus_cost (eta * E + (1 - eta) * P_max * T, eta = energy.eta), energy, time, max_slowdown.
     selector: PowerLimitSelector = PowerLimitSelector.zeus_cost
     # max_slowdown selector: least energy within this fraction of the fastest limit's time.
@@ -170,6 +180,9 @@ class EmulatedGPUConfig:
     # Queue work like CUDA: instruction hooks return at once, the work runs on a virtual device
     # timeline at the clocks in force while it runs, synchronize() waits for it.
     asynchronous: bool = False
+    # Model the die's temperature (warming toward a power-dependent steady temperature over about
+    # a minute) and the leakage power rising with it (docs/design.md, "Thermal drift").
+    thermal: bool = False
 
 
 @dataclass
@@ -200,7 +213,18 @@ class ProfilerConfig:
     energy_rise_patience: int = 5
     warmup_instructions: int = 2
     min_window_s: float = 0.1
+    # The profiling budget: a (stage, clock) is re-measured until its rows' energy is known to
+    # 2 % or the budget is spent, then the job plans with what was measured (the rows still
+    # uncertain are listed). The budget is the smallest of max_iterations, max_iterations_fraction
+    # of job_iterations, and what ran within max_minutes.
     max_iterations: int = 40
+    # At most this fraction of the job's iterations profile; None = no such cap.
+    max_iterations_fraction: Optional[float] = None
+    # The job's length in iterations (conf/profiler/default.yaml: train.max_steps); None = not
+    # known (max_iterations_fraction then caps nothing).
+    job_iterations: Optional[int] = None
+    # Profiling stops once its iterations ran this many minutes; None = no such cap.
+    max_minutes: Optional[float] = None
     # Try every n-th supported clock (1 = all of them): a count of clocks, not MHz.
     frequency_step: int = 1
     # Lowest frequency to try (MHz); None = the device's lowest supported.
@@ -303,6 +327,13 @@ class ServerConfig:
     # Server: false keeps a plan whose measurement fails that check (the verdict is still
     # recorded in the job's summary and events).
     plan_check: bool = True
+    # Server: the live model behind /metrics and the live page keeps each GPU's power this
+    # long (s), and shows a job whose ranks all ended this long after its end (s).
+    live_history_s: float = 600.0
+    live_retired_s: float = 3600.0
+    # Server: a directory where jobs without a coordination server publish their state
+    # (metrics.textfile_dir of those jobs): /metrics and the live page show them too.
+    live_dir: Optional[str] = None
 
 
 @dataclass
@@ -340,6 +371,44 @@ class TrainConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Experiment tracker of global rank 0 (config group ``logger``).
+
+    Per iteration: its time, its energy (once the sampler covers it), the clock of every
+    stage and the phase; at the end the report's figures. Written by a thread of its own,
+    never by the training thread; a tracker that fails costs one warning, never the training.
+    """
+
+    backend: LoggerBackend = LoggerBackend.none
+    # Where the tracker writes (None: <run directory>/<backend> under perseus-train,
+    # perseus-runs/<job id>/<backend> in an own script).
+    dir: Optional[str] = None
+    # MLflow's tracking URI (None: a file store in ``dir``).
+    tracking_uri: Optional[str] = None
+    # MLflow experiment / Weights & Biases project, and the run's name (None: the job id).
+    experiment: str = "perseus"
+    run_name: Optional[str] = None
+    # Seconds between the tracker's looks at new iterations.
+    interval_s: float = 2.0
+
+
+@dataclass
+class MetricsConfig:
+    """Prometheus metrics of jobs without a coordination server (config group ``metrics``).
+
+    A job with a server is scraped at the server's ``/metrics``. Without one (runtime modes
+    ``plan``, ``measure``, ``max_speed``; ``energy=power_limit``), every process writes its
+    readings in the Prometheus text format into ``textfile_dir`` for node_exporter's textfile
+    collector, from a thread of its own.
+    """
+
+    # node_exporter's textfile-collector directory (None: no files).
+    textfile_dir: Optional[str] = None
+    # Seconds between two writes.
+    interval_s: float = 5.0
+
+
+@dataclass
 class PerseusConfig:
     """The whole configuration of ``perseus-train`` and ``perseus-plan``."""
 
@@ -353,4 +422,6 @@ class PerseusConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     output_dir: Optional[str] = None

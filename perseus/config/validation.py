@@ -28,6 +28,7 @@ from perseus.config.bounds import (
     MAX_POWER_W,
     MHZ,
     P2P_POWER_W,
+    POWER_LIMIT_SETTINGS,
     PROFILER_SETTINGS,
     SOLVER_NAME_PATTERN,
 )
@@ -37,6 +38,7 @@ from perseus.config.enums import (
     Framework,
     GPUBackend,
     GPUOnUnsupported,
+    LoggerBackend,
     PlannerEffort,
     PlannerScope,
     PowerLimitSelector,
@@ -69,7 +71,11 @@ def _count(low: int = 1, high: int = 1_000_000_000, optional: bool = False) -> R
     return Range(ge=low, le=high, integer=True, optional=optional)
 
 
-def _seconds(*, gt: float = 0.0, le: float = DAY_S, optional: bool = False) -> Range:
+def _seconds(
+    *, gt: float = 0.0, le: float = DAY_S, optional: bool = False, ge_one: bool = False
+) -> Range:
+    if ge_one:
+        return Range(ge=1.0, le=le, optional=optional, unit="s")
     return Range(gt=gt, le=le, optional=optional, unit="s")
 
 
@@ -106,12 +112,7 @@ RANGES: Dict[str, Range] = {
     "parallelism.num_model_chunks": _count(),
     # energy (the server's bounds of the same keys)
     **{f"energy.{key}": allowed for key, allowed in ENERGY_SETTINGS.items()},
-    "energy.power_limit.step_w": _watts(positive=True),
-    "energy.power_limit.warmup_steps": _count(0),
-    "energy.power_limit.profile_steps": _count(),
-    "energy.power_limit.repeats": _count(),
-    "energy.power_limit.warmup_s": Range(ge=0.0, le=3600.0, unit="s"),
-    "energy.power_limit.max_slowdown": Range(ge=0.0, le=100.0),
+    **{f"energy.power_limit.{key}": allowed for key, allowed in POWER_LIMIT_SETTINGS.items()},
     # gpu.emulated
     "gpu.emulated.time_scale": Range(gt=0.0, le=1e6),
     "gpu.emulated.blocking_power_w": _watts(optional=True),
@@ -145,6 +146,11 @@ RANGES: Dict[str, Range] = {
     "server.max_job_state_mb": Range(gt=0.0, le=1e9, unit="MB"),
     "server.max_state_mb": Range(gt=0.0, le=1e9, unit="MB"),
     "server.plan_slowdown_tolerance": Range(ge=0.0, le=1.0),
+    "server.live_history_s": _seconds(ge_one=True),
+    "server.live_retired_s": Range(ge=0.0, le=365 * DAY_S, unit="s"),
+    # logger, metrics (their threads' periods)
+    "logger.interval_s": _seconds(gt=0.05, le=3600.0),
+    "metrics.interval_s": _seconds(gt=0.05, le=3600.0),
     # train
     "train.warmup_steps": _count(0, MAX_STEPS),
     "train.measure_steps": _count(1, MAX_STEPS),
@@ -200,6 +206,9 @@ def validate(cfg: PerseusConfig) -> None:
         ConfigError: listing each bad key, its value and how to fix it (one line each).
     """
     values = _flat_values(cfg)
+    if cfg.profiler.job_iterations == cfg.train.max_steps:
+        # Its default, train.max_steps (conf/profiler/default.yaml): a problem is said once.
+        values.pop("profiler.job_iterations")
     problems = list(ranges_problems(values, RANGES))
     valid = {key: value for key, value in values.items() if RANGES[key].problem(value) is None}
     if cfg.parallelism.schedule not in ALL_SCHEDULES:
@@ -301,6 +310,15 @@ def _runtime_problems(cfg: PerseusConfig) -> List[str]:
             problems.append(f"{key} is empty: give a host name or address")
     if cfg.runtime.mode == "plan" and not cfg.runtime.plan:
         problems.append("runtime.mode=plan needs runtime.plan=<path of a plan JSON>")
+    for key, value in (
+        ("logger.dir", cfg.logger.dir),
+        ("metrics.textfile_dir", cfg.metrics.textfile_dir),
+        ("server.live_dir", server.live_dir),
+    ):
+        if value is not None and not str(value).strip():
+            problems.append(f"{key} is empty: give a directory, or leave it unset (null)")
+    if not str(cfg.logger.experiment).strip():
+        problems.append("logger.experiment is empty: name the experiment (default: perseus)")
     return problems
 
 
@@ -346,6 +364,7 @@ def _choice_problems(cfg: PerseusConfig) -> List[str]:
         ("gpu", cfg.gpu.backend, GPUBackend),
         ("gpu.on_unsupported", cfg.gpu.on_unsupported, GPUOnUnsupported),
         ("gpu.emulated.counter", cfg.gpu.emulated.counter, EmulatedCounter),
+        ("logger", cfg.logger.backend, LoggerBackend),
         ("planner.effort", cfg.planner.effort, PlannerEffort),
         ("planner.scope", cfg.planner.scope, PlannerScope),
         ("profiler.mode", cfg.profiler.mode, ProfilerMode),

@@ -116,6 +116,13 @@ class GPU(abc.ABC):
         """
         return None
 
+    def temperature_c(self) -> Optional[float]:
+        """The GPU's temperature (°C; NVIDIA: the die sensor, whole degrees); None: no sensor.
+
+        Read by the device's energy sampler from its own thread, never by a hook.
+        """
+        return None
+
     def log_dry_run(self, log: logging.Logger, where: str, description: str) -> None:
         """A change a dry run does not make: logged at INFO the first time, then at DEBUG.
 

@@ -184,6 +184,7 @@ def build_emulated(
         num_pipeline_stages=num_pipeline_stages,
         index=local_index,
         asynchronous=em.asynchronous,
+        thermal=em.thermal,
         dry_run=cfg.dry_run,
         **timing,
     )

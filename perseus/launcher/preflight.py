@@ -15,6 +15,9 @@ quick checks first):
 * ``gpu.state_dir``: a writable directory;
 * ``runtime.mode=online``: the job spec the ranks will register is within the server's bounds,
   the solver exists, and a configured ``server.url`` answers (with the token accepted);
+* ``logger`` and ``metrics.textfile_dir``: the tracker's package (``mlflow``, ``tensorboard``,
+  ``wandb``) and ``prometheus_client`` are installed (their extras named otherwise); a
+  directory that cannot be written is only warned about by the rank, never an error;
 * the framework's own checks (:mod:`perseus.train.frameworks`: parallelism limits, the
   partition, CUDA for Megatron-core, the framework importable), then those of the ranks'
   environment (``check_launch``: Merak's interpreter).
@@ -66,6 +69,7 @@ def check_job(cfg: PerseusConfig, num_local_ranks: Optional[int] = None) -> None
         check_state_dir(Path(cfg.gpu.state_dir).expanduser())
     if cfg.runtime.mode == "online":
         check_online(cfg)
+    check_observability(cfg)
     frameworks.check(cfg)  # last: it imports the framework (seconds)
 
 
@@ -218,6 +222,28 @@ def check_server(cfg: PerseusConfig) -> None:
             ) from None
     finally:
         client.close()
+
+
+# The package each experiment tracker needs, by ``logger.backend``.
+TRACKER_PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_observability(cfg: PerseusConfig) -> None:
+    """The packages ``logger`` and ``metrics.textfile_dir`` need are installed (no import)."""
+    from importlib.util import find_spec
+
+    backend = str(cfg.logger.backend)
+    package = TRACKER_PACKAGES.get(backend)
+    if package is not None and find_spec(package) is None:
+        raise ConfigError(
+            f"logger={backend} needs the package {package!r}, which is not installed: "
+            f"`pip install 'perseus-energy[{backend}]'`, or set logger=none"
+        )
+    if cfg.metrics.textfile_dir and find_spec("prometheus_client") is None:
+        raise ConfigError(
+            "metrics.textfile_dir needs the package 'prometheus_client', which is not "
+            "installed: `pip install 'perseus-energy[metrics]'`, or unset metrics.textfile_dir"
+        )
 
 
 def check_state_dir(path: Path) -> None:

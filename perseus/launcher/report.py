@@ -15,7 +15,18 @@ Schema::
      "plan": {"iteration_time_s", "energy_j", "predicted_iteration_time_s", "predicted_energy_j",
               "predicted_energy_error"},
      "energy_saving": <fraction or null>, "energy_saving_ci95": [low, high],
-     "energy_saving_measurable": <bool>, "slowdown": <fraction>, "slowdown_ci95": [low, high], ...}
+     "energy_saving_measurable": <bool>, "slowdown": <fraction>, "slowdown_ci95": [low, high],
+     "profiling_iterations": <n>, "profiling_stopped_by": <"target" | a budget key | ...>,
+     "profiling_uncertain_rows": [[stage, instruction, MHz], ...],
+     "profiling_cost": {"iterations", "time_s", "extra_time_s", "extra_time_se_s", "energy_j",
+                        "energy_se_j", "extra_energy_j", "extra_energy_se_j",
+                        "extra_energy_ci95_j", "reference", ...},
+     "payback": {"measurable", "iterations", "iterations_ci95", "saving_j", "saving_ci95_j",
+                 "reason"}, ...}
+
+``profiling_cost`` is what profiling took above max speed; ``payback`` after how many plan
+iterations the measured saving repays its energy (``iterations`` ``null`` and a ``reason`` when
+the saving's interval contains 0: not measurable).
 """
 
 from __future__ import annotations
@@ -80,6 +91,11 @@ def report_from_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
     profiling = summary.get("profiling") or {}
     if profiling:
         report["profiling_iterations"] = profiling.get("iterations")
+        report["profiling_stopped_by"] = profiling.get("stopped_by")
+        report["profiling_uncertain_rows"] = profiling.get("uncertain_rows")
+        report["profiling_cost"] = profiling.get("cost")
+    if summary.get("payback") is not None:
+        report["payback"] = summary["payback"]
     for key in ("job_id", "phase", "failure"):
         if summary.get(key) is not None:
             report[key] = summary[key]
@@ -148,9 +164,12 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
     """Fill baseline (highest power limit) and plan (chosen limit) from the power-limit table.
 
     The saving and slowdown are the optimizer's (``section["saving"]``): with their 95 %
-    intervals where the limits were measured in three or more windows each
-    (``energy_saving_ci95``, ``slowdown_ci95``, ``energy_saving_measurable``), else the point
-    values and ``saving_interval`` saying why there is no interval.
+    intervals where the limits were confirmed in three or more rounds (``energy_saving_ci95``,
+    ``slowdown_ci95``, ``energy_saving_measurable``), else the point values and
+    ``saving_interval`` saying why there is no interval. When the highest limit stayed (the
+    search's pick saved nothing measurable, or it scored best), the saving is 0 and
+    ``saving_interval`` says why (the figures of the limit it was weighed against stay in
+    ``power_limit.saving``).
     """
     rows = section.get("measurements") or []
     chosen_w = section.get("chosen_power_limit_w")
@@ -170,6 +189,14 @@ def apply_power_limit(report: Dict[str, Any], section: Dict[str, Any]) -> Dict[s
         "power_limit_w": chosen_w,
     }
     saving = section.get("saving") or {}
+    compared_w = saving.get("power_limit_w", chosen_w)
+    # the highest limit stayed: the saving is of the limit it was weighed against
+    if compared_w != chosen_w:
+        report["energy_saving"] = report["slowdown"] = 0.0
+        report["energy_saving_ci95"] = report["slowdown_ci95"] = None
+        report["energy_saving_measurable"] = False
+        report["saving_interval"] = section.get("decision") or "no measurable saving"
+        return report
     report["energy_saving"] = saving.get(
         "energy_saving", 1.0 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
     )

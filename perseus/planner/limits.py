@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from perseus.errors import ConfigError
+from perseus.planner.plots import MAX_LABELLED_BOXES
 from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, effort_settings
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE as REOPTIMIZE_MAX_SIZE
 from perseus.planner.solvers.lp.steady.splice import applies_to as steady_applies_to
@@ -51,10 +52,22 @@ FRONTIER_BYTES_PER_NODE = 3.5e4
 #: Plans of a typical full frontier (each written as plans/<id>.json).
 FRONTIER_POINTS = 150
 #: Writing one plan: seconds and bytes of JSON per instruction (0.09 s, 1.5 MB at 16,384).
-WRITE_S_PER_NODE = 6.0e-6
+WRITE_S_PER_NODE = 5.0e-6
 PLAN_FILE_BYTES_PER_NODE = 90.0
 #: planner.scope=auto computes the full frontier only while its plan files stay below this.
 MAX_AUTO_OUTPUT_BYTES = 1e9
+#: perseus-plan's outputs (measured at 8 x 12 to 8 x 96): plans a frontier of the published
+#: cases has (50-107) and a policy's (the chosen one and its neighbours), seconds per plan
+#: file (and :data:`WRITE_S_PER_NODE` per instruction of it), and the plots: frontier.png,
+#: timeline.png per instruction (0.65 s at 1,536), and the labels of its boxes when it has
+#: them (at most MAX_LABELLED_BOXES instructions per stage: 0.8 s at 384 instructions).
+EXPECTED_FRONTIER_PLANS = 80
+EXPECTED_POLICY_PLANS = 3
+WRITE_S_PER_PLAN = 3e-4
+FRONTIER_PLOT_S = 0.2
+TIMELINE_S = 0.05
+TIMELINE_S_PER_NODE = 2.6e-4
+LABEL_S_PER_NODE = 2.1e-3
 
 
 @dataclass
@@ -215,3 +228,18 @@ def choose_scope(
         f"one core of this machine ({os.cpu_count()} cores), more than {' and '.join(over)}; "
         f"{', or '.join(hints)}"
     )
+
+
+def writing_seconds(num_nodes: int, num_plans: int) -> float:
+    """Expected seconds to write ``num_plans`` plan files (and frontier.csv, plan.json)."""
+    return (num_plans + 1) * (WRITE_S_PER_PLAN + WRITE_S_PER_NODE * num_nodes)
+
+
+def plotting_seconds(num_nodes: int, num_stages: int, timeline: bool = True) -> float:
+    """Expected seconds to draw frontier.png and (``timeline``) timeline.png."""
+    seconds = FRONTIER_PLOT_S
+    if timeline:
+        seconds += TIMELINE_S + TIMELINE_S_PER_NODE * num_nodes
+        if num_nodes <= MAX_LABELLED_BOXES * num_stages:
+            seconds += LABEL_S_PER_NODE * num_nodes
+    return seconds

@@ -12,18 +12,24 @@ of the job for energy, slowest rank for time):
   than the fastest measured limit.
 
 Ties (equal scores up to floating-point noise) go to the higher power limit. A limit measured in
-several windows (:class:`MeasuredWindow`) is scored by its mean over them. Standard library
-only; runs on Python 3.9.
+several windows (:class:`MeasuredWindow`) is scored by its mean over them: over its confirmation
+windows when it has any (the search's descent window is then only a guide), else over all.
+:class:`Criterion` is one rule with its settings, as the search scores limits with it. Standard
+library only; runs on Python 3.9.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from perseus.errors import ConfigError
 
 SELECTORS = ("zeus_cost", "energy", "time", "max_slowdown")
+# Where a window was measured: going down the limits (one window each, a guide), or in a
+# confirmation round against the highest limit (paired with its window of the same round).
+SEARCH = "search"
+CONFIRM = "confirm"
 # Scores this close count as equal (floating-point noise), and the higher limit wins the tie.
 _TIE_REL = 1e-9
 
@@ -33,16 +39,20 @@ class MeasuredWindow:
     """One measurement window at one power limit, over all GPUs of the job.
 
     Attributes:
-        pass_index: The pass over the limits it belongs to (windows of one pass are paired).
+        pass_index: The confirmation round it belongs to (windows of one round are paired;
+            0 for the descent's windows).
         time_s: Its wall time (the slowest rank's).
         energy_j: Its energy, summed over all GPUs.
         num_steps: Training steps in it.
+        phase: :data:`SEARCH` (the descent) or :data:`CONFIRM` (a confirmation round; what
+            tables saved before the search had: passes over every limit).
     """
 
     pass_index: int
     time_s: float
     energy_j: float
     num_steps: int
+    phase: str = CONFIRM
 
 
 @dataclass(frozen=True)
@@ -67,15 +77,24 @@ class PowerLimitMeasurement:
     def of_windows(
         cls, power_limit_mw: int, windows: Sequence[MeasuredWindow]
     ) -> PowerLimitMeasurement:
-        """The per-step means over ``windows`` (at least one), weighted by their steps."""
-        steps = sum(w.num_steps for w in windows)
+        """The per-step means over ``windows`` (at least one), weighted by their steps.
+
+        Only the confirmation windows count when there are any.
+        """
+        used = [w for w in windows if w.phase == CONFIRM] or list(windows)
+        steps = sum(w.num_steps for w in used)
         return cls(
             power_limit_mw=power_limit_mw,
-            time_per_step_s=sum(w.time_s for w in windows) / steps,
-            energy_per_step_j=sum(w.energy_j for w in windows) / steps,
+            time_per_step_s=sum(w.time_s for w in used) / steps,
+            energy_per_step_j=sum(w.energy_j for w in used) / steps,
             num_steps=steps,
             windows=tuple(windows),
         )
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether it was measured in confirmation rounds."""
+        return any(w.phase == CONFIRM for w in self.windows)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain-JSON form."""
@@ -95,6 +114,7 @@ class PowerLimitMeasurement:
                     time_s=float(w["time_s"]),
                     energy_j=float(w["energy_j"]),
                     num_steps=int(w["num_steps"]),
+                    phase=str(w.get("phase", CONFIRM)),
                 )
                 for w in row.get("windows") or ()
             ),
@@ -106,22 +126,57 @@ def zeus_cost_j(time_s: float, energy_j: float, *, eta: float, max_power_w: floa
     return eta * energy_j + (1.0 - eta) * max_power_w * time_s
 
 
-def selector_score(
-    selector: str, eta: float, max_power_w: float
-) -> Optional[Callable[[PowerLimitMeasurement], float]]:
-    """What ``selector`` minimizes over the measured rows (lower is better).
+@dataclass(frozen=True)
+class Criterion:
+    """One selector with its settings: what a power limit is judged by.
 
-    None for ``max_slowdown``, which minimizes energy under a time bound, not one score.
+    Attributes:
+        selector: One of :data:`SELECTORS`.
+        eta: Weight of energy in the Zeus cost (``zeus_cost`` only), within [0, 1].
+        max_power_w: ``P_max`` of the Zeus cost: the maximum power limit summed over all GPUs.
+        max_slowdown: Allowed slowdown over the fastest limit (``max_slowdown`` only), >= 0.
     """
-    if selector == "zeus_cost":
-        return lambda m: zeus_cost_j(
-            m.time_per_step_s, m.energy_per_step_j, eta=eta, max_power_w=max_power_w
-        )
-    if selector == "time":
-        return lambda m: m.time_per_step_s
-    if selector == "energy":
-        return lambda m: m.energy_per_step_j
-    return None
+
+    selector: str
+    eta: float = 0.5
+    max_power_w: float = 0.0
+    max_slowdown: float = 0.1
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming a setting out of range."""
+        if self.selector not in SELECTORS:
+            raise ConfigError(
+                f"energy.power_limit.selector={self.selector!r}: choose one of {SELECTORS}"
+            )
+        if not 0.0 <= self.eta <= 1.0:
+            raise ConfigError(f"energy.eta={self.eta}: must be within [0, 1]")
+        if self.max_slowdown < 0:
+            raise ConfigError(
+                f"energy.power_limit.max_slowdown={self.max_slowdown}: must be >= 0 "
+                "(0.1 = 10 % slower)"
+            )
+
+    def score(self, time_s: float, energy_j: float) -> float:
+        """The score of one step's time and energy: lower is better."""
+        if self.selector == "zeus_cost":
+            return zeus_cost_j(time_s, energy_j, eta=self.eta, max_power_w=self.max_power_w)
+        if self.selector == "time":
+            return time_s
+        return energy_j
+
+    def searched_for(self) -> Dict[str, Any]:
+        """What a search judged by it looked for (a saved table answers only that)."""
+        return {"selector": self.selector, "eta": self.eta, "max_slowdown": self.max_slowdown}
+
+    @property
+    def bounds_time(self) -> bool:
+        """Whether a limit must also keep within ``max_slowdown`` of the fastest."""
+        return self.selector == "max_slowdown"
+
+    @property
+    def saves_energy(self) -> bool:
+        """Whether leaving the highest limit must be paid for in energy (else in time)."""
+        return not (self.selector == "time" or (self.selector == "zeus_cost" and self.eta == 0))
 
 
 def select_power_limit(
@@ -147,23 +202,30 @@ def select_power_limit(
     Raises:
         ConfigError: On an unknown selector, an empty table or out-of-range arguments.
     """
+    criterion = Criterion(selector, eta=eta, max_power_w=max_power_w, max_slowdown=max_slowdown)
+    return select_by(measurements, criterion)
+
+
+def select_by(
+    measurements: Sequence[PowerLimitMeasurement], criterion: Criterion
+) -> PowerLimitMeasurement:
+    """Pick the best measured power limit under ``criterion`` (see :func:`select_power_limit`).
+
+    Raises:
+        ConfigError: On an unknown selector, an empty table or out-of-range settings.
+    """
     if not measurements:
         raise ConfigError("no power limit was measured: profile at least one power limit")
-    if selector not in SELECTORS:
-        raise ConfigError(f"energy.power_limit.selector={selector!r}: choose one of {SELECTORS}")
-    if not 0.0 <= eta <= 1.0:
-        raise ConfigError(f"energy.eta={eta}: must be within [0, 1]")
-    if max_slowdown < 0:
-        raise ConfigError(
-            f"energy.power_limit.max_slowdown={max_slowdown}: must be >= 0 (0.1 = 10 % slower)"
-        )
+    criterion.check()
     candidates: List[PowerLimitMeasurement] = list(measurements)
-    if selector == "max_slowdown":
+    if criterion.bounds_time:
         fastest_s = min(m.time_per_step_s for m in candidates)
-        bound_s = fastest_s * (1.0 + max_slowdown) * (1.0 + 1e-9)
+        bound_s = fastest_s * (1.0 + criterion.max_slowdown) * (1.0 + 1e-9)
         candidates = [m for m in candidates if m.time_per_step_s <= bound_s]
-    score = selector_score("energy" if selector == "max_slowdown" else selector, eta, max_power_w)
-    assert score is not None
+
+    def score(m: PowerLimitMeasurement) -> float:
+        return criterion.score(m.time_per_step_s, m.energy_per_step_j)
+
     best_score = min(score(m) for m in candidates)
     tied = [m for m in candidates if score(m) <= best_score + _TIE_REL * abs(best_score)]
     return max(tied, key=lambda m: m.power_limit_mw)
@@ -185,6 +247,7 @@ def table_rows(
                 ),
                 "num_steps": m.num_steps,
                 "num_windows": len(m.windows),
+                "confirmed": m.confirmed,
                 "windows": [asdict(w) for w in m.windows],
             }
         )

@@ -3,8 +3,12 @@
 One JSON file holds any number of profiles, each keyed by job id, batch size (for recurring jobs
 whose batch size changes between runs), GPU model, number of GPUs and the list of power limits
 tried. A run whose key matches a saved profile skips profiling and picks its limit from the saved
-table (with whatever selector it is configured with now). Keys without a batch size are written
-as before, so files from earlier versions keep matching.
+table. A table saved by the search records what it searched for (``searched_for``: the selector
+and its settings) and answers only that: the limits it pruned as clearly worse, and those it did
+not confirm, were judged under that selector and may be the best under another. A table without
+it (saved before the search pruned, or built elsewhere) measured every limit alike and answers
+any selector.
+Keys without a batch size are written as before, so files from earlier versions keep matching.
 
 The file is data, read with :mod:`json` only; writes are atomic (temporary file + rename), so a
 crash never leaves half a file. Standard library only; runs on Python 3.9.
@@ -55,29 +59,58 @@ class ProfileKey:
         return out
 
 
-def load_profile(path: Path, key: ProfileKey) -> Optional[List[PowerLimitMeasurement]]:
+def load_profile(
+    path: Path, key: ProfileKey, searched_for: Optional[Dict[str, Any]] = None
+) -> Optional[List[PowerLimitMeasurement]]:
     """The saved table for ``key`` in ``path``, or None when there is none (or no file).
+
+    Args:
+        path: The profile file.
+        key: What must match.
+        searched_for: What the caller chooses by; a table saved by a search for something else
+            is not returned (a table of every limit always is).
 
     Raises:
         ConfigError: When the file exists but is not a power-limit profile file.
     """
     for entry in _read_entries(path):
-        if entry.get("key") == key.to_dict():
-            return [PowerLimitMeasurement.from_dict(row) for row in entry["measurements"]]
+        if entry.get("key") != key.to_dict():
+            continue
+        saved_for = entry.get("searched_for")
+        if saved_for is not None and saved_for != searched_for:
+            return None
+        return [PowerLimitMeasurement.from_dict(row) for row in entry["measurements"]]
     return None
 
 
 def save_profile(
-    path: Path, key: ProfileKey, measurements: Sequence[PowerLimitMeasurement]
+    path: Path,
+    key: ProfileKey,
+    measurements: Sequence[PowerLimitMeasurement],
+    searched_for: Optional[Dict[str, Any]] = None,
 ) -> None:
-    """Store ``measurements`` under ``key`` in ``path`` (replacing an older entry of that key)."""
+    """Store ``measurements`` under ``key`` in ``path`` (replacing an older entry of that key).
+
+    ``searched_for``: what the search that measured them was looking for (None: every limit was
+    measured alike).
+    """
     entries = [e for e in _read_entries(path) if e.get("key") != key.to_dict()]
-    entries.append({"key": key.to_dict(), "measurements": [m.to_dict() for m in measurements]})
+    entry: Dict[str, Any] = {
+        "key": key.to_dict(),
+        "measurements": [m.to_dict() for m in measurements],
+    }
+    if searched_for is not None:
+        entry["searched_for"] = searched_for
+    entries.append(entry)
     write_json_atomic(path, {"format": FORMAT, "profiles": entries}, indent=2)
 
 
-def load_other_batch_sizes(path: Path, key: ProfileKey) -> Dict[int, List[PowerLimitMeasurement]]:
+def load_other_batch_sizes(
+    path: Path, key: ProfileKey, searched_for: Optional[Dict[str, Any]] = None
+) -> Dict[int, List[PowerLimitMeasurement]]:
     """The saved tables of ``key``'s job at its other batch sizes (same GPUs, same limits).
+
+    Only tables that answer ``searched_for`` (as in :func:`load_profile`) are returned.
 
     Raises:
         ConfigError: When the file exists but is not a power-limit profile file.
@@ -87,6 +120,9 @@ def load_other_batch_sizes(path: Path, key: ProfileKey) -> Dict[int, List[PowerL
     for entry in _read_entries(path):
         other = dict(entry.get("key") or {})
         batch_size = other.pop("batch_size", None)
+        saved_for = entry.get("searched_for")
+        if saved_for is not None and saved_for != searched_for:
+            continue
         if other == same and batch_size is not None and batch_size != key.batch_size:
             out[int(batch_size)] = [
                 PowerLimitMeasurement.from_dict(r) for r in entry["measurements"]

@@ -1,16 +1,15 @@
-"""The power-limit optimizer's measurement windows: their order, their length, the saving.
+"""The power-limit optimizer's measurement windows: combining them, measuring them again, sizing.
 
-A GPU's energy counter updates every ~100 ms with jitter, and the power of the same work drifts
-by a few percent over minutes (temperature, clocks). So every power limit is measured in
-``energy.power_limit.repeats`` windows, in passes over the limits whose direction alternates
-(highest to lowest, then back: :func:`window_order`), each window spanning at least
-:data:`MIN_WINDOW_UPDATES` counter updates (:func:`too_short` says when a window fell short and
-how many steps the next ones take) after a warm-up of at least ``energy.power_limit.warmup_s``
-at its limit (a GPU holds its power limit on an average over ~1 s: right after a change it runs
-as under the old one). A limit's figures are the means over its windows;
-the saving of the chosen limit against the highest one pairs their windows pass by pass, and
-the pairs' spread gives its 95 % interval (:func:`saving_of`, Student's t over the passes). With
-fewer than three passes there is no interval, and the report says so.
+A GPU's energy counter updates every ~100 ms with jitter, a power limit holds on an average over
+~1 s, and the power of the same work drifts by a few percent over minutes. So each window
+follows a warm-up of at least ``energy.power_limit.warmup_s`` at its limit (none when the limit
+did not change since the last window), and lasts long enough for its energy to reach
+``energy.power_limit.target_error`` (:mod:`perseus.power_limit.sizing`); both are counted in
+steps of the fastest step measured, which the first warm-up measures (:meth:`LimitWindows.probe`,
+one collective). Until the energy sampler measured the counter's update period (or a window was
+combined), windows have their fewest steps, and one found too short for the period then known
+(a real GPU's, 100 ms, when none was measured) is measured again. Which window comes next is
+the search's business (:class:`~perseus.power_limit.search.LimitSearch`).
 
 Runs on Python 3.9.
 """
@@ -18,46 +17,26 @@ Runs on Python 3.9.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Tuple
 
+from perseus.config.bounds import POWER_LIMIT_SETTINGS
+from perseus.config.numbers import number_problem
 from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
 from perseus.power_limit import aggregate
-from perseus.power_limit.selectors import MeasuredWindow, PowerLimitMeasurement
+from perseus.power_limit.search import LimitSearch, WindowKey
+from perseus.power_limit.selectors import CONFIRM, SEARCH, MeasuredWindow, PowerLimitMeasurement
+from perseus.power_limit.sizing import Pace
 
 if TYPE_CHECKING:
     from perseus.gpu.energy.meter import EnergyMeter
 
 log = logging.getLogger(__name__)
 
-# A window spans at least this many counter updates (its two ends then err by a small part of
-# one update each), and the update period assumed before one is measured.
-MIN_WINDOW_UPDATES = 10
-DEFAULT_UPDATE_PERIOD_S = 0.1
-# Passes needed for an interval.
-MIN_PAIRS = 3
 # Windows in a row whose energy the counter did not cover before profiling is given up.
 MAX_UNCOVERED_WINDOWS = 3
-
-
-@dataclass(frozen=True)
-class WindowKey:
-    """Which window: the limit (index into the limits, highest first) and the pass."""
-
-    limit_index: int
-    pass_index: int
-
-
-def window_order(num_limits: int, repeats: int) -> List[WindowKey]:
-    """Every window to measure: pass 0 from the highest limit down, pass 1 back up, ..."""
-    order: List[WindowKey] = []
-    for pass_index in range(repeats):
-        indices = range(num_limits) if pass_index % 2 == 0 else range(num_limits - 1, -1, -1)
-        order += [WindowKey(i, pass_index) for i in indices]
-    return order
 
 
 def limits_to_try(constraints_mw: Sequence[Tuple[int, int]], step_w: float) -> List[int]:
@@ -77,91 +56,18 @@ def limits_to_try(constraints_mw: Sequence[Tuple[int, int]], step_w: float) -> L
 
 
 def check_config(cfg: PowerLimitConfig) -> None:
-    """Every problem of ``cfg`` in one error.
+    """Every problem of ``cfg`` in one error (the bounds of ``energy.power_limit.*``).
 
     Raises:
         ConfigError: naming each bad setting.
     """
-    problems = []
-    if cfg.step_w <= 0:
-        problems.append(f"energy.power_limit.step_w={cfg.step_w}: must be > 0 (watts)")
-    if cfg.warmup_steps < 0:
-        problems.append(f"energy.power_limit.warmup_steps={cfg.warmup_steps}: must be >= 0")
-    if cfg.profile_steps < 1:
-        problems.append(f"energy.power_limit.profile_steps={cfg.profile_steps}: must be >= 1")
-    if cfg.warmup_s < 0:
-        problems.append(f"energy.power_limit.warmup_s={cfg.warmup_s}: must be >= 0 (seconds)")
-    if cfg.repeats < 1:
-        problems.append(
-            f"energy.power_limit.repeats={cfg.repeats}: must be >= 1 (3 or more give the "
-            "saving a 95 % interval)"
-        )
+    problems = [
+        problem
+        for key, allowed in POWER_LIMIT_SETTINGS.items()
+        if (problem := number_problem(f"energy.power_limit.{key}", getattr(cfg, key), allowed))
+    ]
     if problems:
         raise ConfigError("invalid power-limit settings:\n  - " + "\n  - ".join(problems))
-
-
-def too_short(time_s: float, num_steps: int, needed_s: float, per_step_s: float) -> Optional[int]:
-    """``None`` when ``time_s`` reaches ``needed_s``, else the steps that would have.
-
-    ``per_step_s``: the pace of the steps; the answer is at least one more than ``num_steps``.
-    """
-    if time_s >= needed_s:
-        return None
-    steps = math.ceil(needed_s / per_step_s) if per_step_s > 0 else 2 * num_steps + 1
-    return max(num_steps + 1, steps)
-
-
-def saving_of(reference: PowerLimitMeasurement, chosen: PowerLimitMeasurement) -> Dict[str, Any]:
-    """The chosen limit's energy saving and slowdown against ``reference`` (the highest).
-
-    Returns ``report.json``'s fields: ``energy_saving``, ``slowdown`` (fractions, from the
-    means), ``energy_saving_ci95`` / ``slowdown_ci95`` (``[low, high]``, or ``None`` with fewer
-    than :data:`MIN_PAIRS` paired passes), ``energy_saving_measurable`` (false when the
-    interval contains 0, or without an interval), ``num_pairs`` and ``interval`` (what the
-    interval rests on, in words).
-    """
-    from perseus.profiler.comparison import PLAN, REFERENCE, Block, compare
-
-    ref_windows = {w.pass_index: w for w in reference.windows}
-    blocks: List[Block] = []
-    for w in chosen.windows:
-        r = ref_windows.get(w.pass_index)
-        if r is not None:
-            blocks.append(Block(REFERENCE, r.num_steps, r.time_s, r.energy_j))
-            blocks.append(Block(PLAN, w.num_steps, w.time_s, w.energy_j))
-    pairs = len(blocks) // 2
-    comparison = compare(blocks) if pairs >= MIN_PAIRS else None
-    out: Dict[str, Any] = {
-        "energy_saving": 1.0 - chosen.energy_per_step_j / reference.energy_per_step_j,
-        "slowdown": chosen.time_per_step_s / reference.time_per_step_s - 1.0,
-        "energy_saving_ci95": None,
-        "slowdown_ci95": None,
-        "energy_saving_measurable": False,
-        "num_pairs": pairs,
-    }
-    if comparison is not None and comparison.energy_saving is not None:
-        out["energy_saving"] = comparison.energy_saving.value
-        out["energy_saving_ci95"] = comparison.energy_saving.to_list()
-        out["energy_saving_measurable"] = comparison.energy_saving_measurable
-    if comparison is not None and comparison.slowdown is not None:
-        out["slowdown"] = comparison.slowdown.value
-        out["slowdown_ci95"] = comparison.slowdown.to_list()
-    out["interval"] = interval_words(pairs)
-    return out
-
-
-def interval_words(pairs: int) -> str:
-    """What a saving's interval rests on, or why it has none."""
-    if pairs >= MIN_PAIRS:
-        return f"95 % interval over {pairs} paired measurement windows"
-    if pairs == 0:
-        return "no paired measurement windows: no interval"
-    if pairs == 1:
-        return "one measurement window each: no interval"
-    return (
-        f"{pairs} measurement windows each: too few for an interval "
-        f"(energy.power_limit.repeats >= {MIN_PAIRS} gives one)"
-    )
 
 
 @dataclass(frozen=True)
@@ -177,27 +83,26 @@ class _Closed:
 
 
 class LimitWindows:
-    """The windows of one power-limit profile: which comes next, combining them, the results.
+    """The windows of one power-limit search: combining them, the results, their length.
 
     The optimizer stamps each window's edges; :meth:`close` takes them. Window k is combined
     over the ranks (the aggregator: a collective) when window k+1 closes, from the energy the
-    meter's samplers recorded; after the last window :meth:`close` waits for the counter (a
-    few update periods at most) and combines it too. A window is measured again when the
-    counter did not cover it on some rank, when its warm-up lasted under ``warmup_s``, or when
-    it spanned fewer than :data:`MIN_WINDOW_UPDATES` counter updates (then every later
-    warm-up or window gets more steps). Every decision rests on the combined figures, so all
-    ranks take the same one at the same step.
+    meter's samplers recorded — or at once (a wait of a few counter update periods at most) when
+    the search cannot say which window comes next without it (the end of the descent, the last
+    window). A window is measured again when the counter did not cover it on some rank, when its
+    warm-up lasted under ``warmup_s``, or when it lasted under the window's seconds (then the
+    step time it showed lengthens every later one). Every decision rests on the combined
+    figures, so all ranks take the same one at the same step.
 
     Args:
         limits_mw: The limits, highest first.
-        cfg: Steps per window and warm-up to begin with, the shortest warm-up.
+        cfg: Windows, warm-ups and the shortest of each.
         meter: The GPUs' energy (``None`` only with nothing to measure).
         aggregator: Combines a window over the ranks.
-        repeats: Windows per limit (0: nothing to measure).
+        search: Which windows to measure (``None``: nothing to measure).
 
     Attributes:
-        window_steps: Steps per window now.
-        warmup_steps: Steps of warm-up now.
+        pace: Window and warm-up seconds and the step time that turns them into steps.
         num_retries: Windows measured again.
         failure: Why measuring was given up (the counter covered no window
             :data:`MAX_UNCOVERED_WINDOWS` times in a row); ``None`` otherwise.
@@ -209,47 +114,83 @@ class LimitWindows:
         cfg: PowerLimitConfig,
         meter: Optional[EnergyMeter],
         aggregator: aggregate.Aggregator,
-        repeats: int,
+        search: Optional[LimitSearch],
     ) -> None:
         self.limits_mw = list(limits_mw)
-        self._queue: Deque[WindowKey] = deque(window_order(len(self.limits_mw), repeats))
+        self.cfg = cfg
+        self.search = search
         self._meter = meter
         self._aggregate = aggregator
-        self.window_steps = cfg.profile_steps
-        self.warmup_steps = cfg.warmup_steps
-        self.warmup_s = cfg.warmup_s
+        self._known_period_s = meter.update_period_s if meter is not None else None
+        self.pace = Pace.of_config(cfg, self._known_period_s)
         self.num_retries = 0
         self.failure: Optional[str] = None
+        self._retries: Deque[WindowKey] = deque()
         self._measured: Dict[int, List[MeasuredWindow]] = {}
         self._closed: Optional[_Closed] = None  # combined when the next window closes
         self._uncovered = 0
-        self._warned: Dict[str, bool] = {}
+        self._combined = False  # a window was combined (and sized the next ones)
+
+    @property
+    def window_steps(self) -> int:
+        """Steps of the next window.
+
+        Its fewest while no update period was measured and no window combined (a counter
+        without a measured period is then taken to have a real GPU's).
+        """
+        if not self._known_period_s and not self._combined:
+            return self.pace.min_window_steps
+        key = self.next_key
+        return self.pace.window_steps(descent=key is not None and key.pass_index == 0)
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps of warm-up now."""
+        return self.pace.warmup_steps
 
     @property
     def next_key(self) -> Optional[WindowKey]:
         """The window to measure next (``None``: none left)."""
-        return self._queue[0] if self._queue else None
+        if self.failure is not None:
+            return None
+        if self._retries:
+            return self._retries[0]
+        return self.search.next_key if self.search is not None else None
 
     @property
     def done(self) -> bool:
         """Every window is measured and combined (or measuring was given up)."""
-        return self.failure is not None or (not self._queue and self._closed is None)
+        return self.failure is not None or (self.next_key is None and self._closed is None)
 
     def measurements(self) -> List[PowerLimitMeasurement]:
-        """One row per limit with a window in, highest limit first (means over its windows)."""
+        """One row per limit with a window in, highest limit first."""
         return [
             PowerLimitMeasurement.of_windows(self.limits_mw[i], windows)
             for i, windows in sorted(self._measured.items())
         ]
+
+    def probe(self, warmup_s: float, num_steps: int) -> None:
+        """The first warm-up ran ``num_steps`` steps in ``warmup_s``: size windows in steps.
+
+        A collective (the aggregator), called at the same step on every rank.
+        """
+        local = aggregate.WindowTotals(
+            time_s=warmup_s,
+            energy_j=0.0,
+            update_period_s=self._period_s(),
+            warmup_s=warmup_s,
+        )
+        job = self._aggregate(local)
+        self._resize(job.update_period_s, job.time_s / max(1, num_steps))
 
     def close(
         self, warmup: Tuple[float, int], start_s: float, end_s: float, num_steps: int
     ) -> None:
         """The window :attr:`next_key` ran from ``start_s`` to ``end_s`` (``num_steps`` steps).
 
-        ``warmup``: when its warm-up began, and its steps.
+        ``warmup``: when its warm-up began, and its steps (0: the limit was already held).
         """
-        key = self._queue.popleft()
+        key = self._take()
         closed = _Closed(
             key=key,
             start_s=start_s,
@@ -261,9 +202,31 @@ class LimitWindows:
         previous, self._closed = self._closed, closed
         if previous is not None:
             self._combine(previous)
-        if not self._queue and self._closed is not None and self.failure is None:
+        if self.next_key is None and self._closed is not None and self.failure is None:
             last, self._closed = self._closed, None
             self._combine(last)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _take(self) -> WindowKey:
+        if self._retries:
+            return self._retries.popleft()
+        assert self.search is not None
+        key = self.search.next_key
+        assert key is not None, "a window closed with nothing left to measure"
+        self.search.take(key)
+        return key
+
+    def _period_s(self) -> float:
+        period_s = self._meter.update_period_s if self._meter is not None else None
+        return period_s or 0.0
+
+    def _resize(self, update_period_s: float, per_step_s: Optional[float]) -> None:
+        """Size windows for this counter period (if measured) and the fastest step so far."""
+        fastest = self.pace.per_step_s
+        if per_step_s is not None and per_step_s > 0:
+            fastest = per_step_s if fastest is None else min(fastest, per_step_s)
+        self._known_period_s = update_period_s or self._known_period_s
+        self.pace = Pace.of_config(self.cfg, self._known_period_s, fastest)
 
     def _combine(self, closed: _Closed) -> None:
         assert self._meter is not None
@@ -274,7 +237,7 @@ class LimitWindows:
             time_s=closed.end_s - closed.start_s,
             energy_j=energy_j or 0.0,
             missing=int(energy_j is None),
-            update_period_s=self._meter.update_period_s or 0.0,
+            update_period_s=self._period_s(),
             warmup_s=closed.warmup_s,
         )
         job = self._aggregate(local)  # on every rank, whatever it found
@@ -288,58 +251,54 @@ class LimitWindows:
                     f"the energy counter covered none of {self._uncovered} measurement windows "
                     "in a row"
                 )
-                self._queue.clear()
                 self._closed = None
                 return
             log.info("power limit %d W: the counter did not cover the window; again", limit_w)
             self._again(closed.key)
             return
         self._uncovered = 0
-        per_step_s = job.time_s / closed.num_steps
-        warmup = too_short(job.warmup_s, closed.warmup_steps, self.warmup_s, per_step_s)
-        period_s = job.update_period_s or DEFAULT_UPDATE_PERIOD_S
-        window = too_short(job.time_s, closed.num_steps, MIN_WINDOW_UPDATES * period_s, per_step_s)
-        if warmup is not None:
-            self.warmup_steps = max(self.warmup_steps, warmup)
-            self._warn("warm-up", limit_w, job.warmup_s, self.warmup_s, self.warmup_steps)
-        if window is not None:
-            self.window_steps = max(self.window_steps, window)
-            self._warn(
-                "window", limit_w, job.time_s, MIN_WINDOW_UPDATES * period_s, self.window_steps
+        self._combined = True
+        warmup_pace = job.warmup_s / closed.warmup_steps if closed.warmup_steps else None
+        self._resize(job.update_period_s, job.time_s / closed.num_steps)
+        if warmup_pace is not None:
+            self._resize(job.update_period_s, warmup_pace)
+        short = []
+        if job.warmup_s < self.pace.warmup_s:
+            short.append(f"a warm-up of {job.warmup_s:.3f} s (under {self.pace.warmup_s:.3f} s)")
+        needed_s = self.pace.seconds(descent=closed.key.pass_index == 0)
+        if job.time_s < needed_s:
+            short.append(f"a window of {job.time_s:.3f} s (under {needed_s:.3f} s)")
+        if short:
+            log.info(
+                "power limit %d W: %s; measured again, with %d warm-up steps and windows of "
+                "%d steps (%d in the descent)",
+                limit_w,
+                " and ".join(short),
+                self.warmup_steps,
+                self.pace.window_steps(descent=False),
+                self.pace.window_steps(descent=True),
             )
-        if warmup is not None or window is not None:
             self._again(closed.key)
             return
-        measured = MeasuredWindow(closed.key.pass_index, job.time_s, job.energy_j, closed.num_steps)
+        phase = SEARCH if closed.key.pass_index == 0 else CONFIRM
+        measured = MeasuredWindow(
+            pass_index=closed.key.pass_index,
+            time_s=job.time_s,
+            energy_j=job.energy_j,
+            num_steps=closed.num_steps,
+            phase=phase,
+        )
         self._measured.setdefault(closed.key.limit_index, []).append(measured)
+        if self.search is not None:
+            self.search.record(closed.key, measured)
         log.info(
-            "power limit %d W (pass %d): %.4f s/step, %.2f J/step",
+            "power limit %d W (%s): %.4f s/step, %.2f J/step",
             limit_w,
-            closed.key.pass_index,
+            "descent" if phase == SEARCH else f"round {closed.key.pass_index}",
             job.time_s / closed.num_steps,
             job.energy_j / closed.num_steps,
         )
 
     def _again(self, key: WindowKey) -> None:
         self.num_retries += 1
-        self._queue.appendleft(key)
-
-    def _warn(self, what: str, limit_w: int, took_s: float, needed_s: float, steps: int) -> None:
-        if self._warned.get(what):
-            return
-        self._warned[what] = True
-        why = {
-            "warm-up": "the power limit to settle (energy.power_limit.warmup_s)",
-            "window": "spanning enough energy-counter updates",
-        }[what]
-        log.warning(
-            "power limit %d W: a %s lasted %.3f s, under the %.3f s needed for %s; %d steps "
-            "from now on (raise energy.power_limit.%s to avoid this)",
-            limit_w,
-            what,
-            took_s,
-            needed_s,
-            why,
-            steps,
-            "warmup_steps" if what == "warm-up" else "profile_steps",
-        )
+        self._retries.appendleft(key)

@@ -3,18 +3,44 @@
 Pure logic with no I/O: the coordination server drives it with the step records ranks report and
 their GPUs' energy-counter updates (:mod:`perseus.profiler.estimation.attribution`), and turns the
 result into a :class:`perseus.formats.profile.table.Profile` whose rows carry their standard errors.
+
+The names below are imported on first use: the stdlib-only modules of this package (the profiling's
+cost and payback, :mod:`perseus.profiler.payback`) load in an installation without NumPy, as the
+training command's outcome line needs.
 """
 
-from perseus.profiler.estimation.estimate import StageEstimator, TypeEstimate
-from perseus.profiler.job_profiler import JobProfiler
-from perseus.profiler.sweep.stage import StageSweep, sweep_clocks_mhz
-from perseus.profiler.sweep.stop import EnergyRiseStop
+from __future__ import annotations
 
-__all__ = [
-    "EnergyRiseStop",
-    "JobProfiler",
-    "StageEstimator",
-    "StageSweep",
-    "TypeEstimate",
-    "sweep_clocks_mhz",
-]
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
+
+if TYPE_CHECKING:
+    from perseus.profiler.estimation.estimate import StageEstimator as StageEstimator
+    from perseus.profiler.estimation.estimate import TypeEstimate as TypeEstimate
+    from perseus.profiler.job_profiler import JobProfiler as JobProfiler
+    from perseus.profiler.sweep.stage import StageSweep as StageSweep
+    from perseus.profiler.sweep.stage import sweep_clocks_mhz as sweep_clocks_mhz
+    from perseus.profiler.sweep.stop import EnergyRiseStop as EnergyRiseStop
+
+_MODULE_OF: Dict[str, str] = {
+    "EnergyRiseStop": "perseus.profiler.sweep.stop",
+    "JobProfiler": "perseus.profiler.job_profiler",
+    "StageEstimator": "perseus.profiler.estimation.estimate",
+    "StageSweep": "perseus.profiler.sweep.stage",
+    "TypeEstimate": "perseus.profiler.estimation.estimate",
+    "sweep_clocks_mhz": "perseus.profiler.sweep.stage",
+}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'perseus.profiler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted([*globals(), *_MODULE_OF])

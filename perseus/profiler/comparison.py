@@ -11,6 +11,12 @@ gives one saving and one slowdown; their spread gives the 95 % interval (Student
 pairs). An interval that contains 0 is "no measurable saving", never a number
 (:attr:`Comparison.energy_saving_measurable`).
 
+Each arm also reports its GPUs' mean temperature (where the ranks report one), and the pairs'
+mean difference (plan minus reference) with its interval: leakage power rises with temperature
+(``docs/design.md``, "Thermal drift"), so a plan that runs its card cooler saves a little of its
+energy through that, and arms measured at different temperatures for another reason (a card
+still warming up) are told apart from a plan's own saving.
+
 Pure arithmetic, standard library only.
 """
 
@@ -86,6 +92,18 @@ class Block:
     time_s: float
     energy_j: Optional[float]
 
+    @property
+    def temperature_c(self) -> Optional[float]:
+        """The GPUs' mean temperature over the block (°C): not known for a plain block."""
+        return None
+
+
+@dataclass(frozen=True)
+class ThermalBlock(Block):
+    """A :class:`Block` with its GPUs' mean temperature (°C; ``None``: not reported)."""
+
+    temperature_c: Optional[float] = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -115,8 +133,10 @@ class Comparison:
         slowdown: ``plan time / reference time - 1`` per iteration, with its interval
             (``None``: too few pairs).
         num_pairs: Adjacent (reference, plan) block pairs compared.
-        reference, plan: Mean iteration time and energy of each arm (``iteration_time_s``,
-            ``energy_j``, ``num_steps``).
+        reference, plan: Mean iteration time, energy and GPU temperature of each arm
+            (``iteration_time_s``, ``energy_j``, ``temperature_c``, ``num_steps``).
+        temperature_difference_c: The plan's blocks' temperature minus their reference
+            partners', with its interval (°C; ``None``: not reported or too few pairs).
     """
 
     energy_saving: Optional[Interval]
@@ -124,6 +144,7 @@ class Comparison:
     num_pairs: int
     reference: Dict[str, Optional[float]]
     plan: Dict[str, Optional[float]]
+    temperature_difference_c: Optional[Interval] = None
 
     @property
     def energy_saving_measurable(self) -> bool:
@@ -156,11 +177,24 @@ def _arm_means(blocks: Sequence[Block]) -> Dict[str, Optional[float]]:
     steps = sum(b.num_steps for b in blocks)
     energies = [b.energy_j for b in blocks]
     known = all(e is not None for e in energies) and steps > 0
+    warm = [b for b in blocks if b.temperature_c is not None]
+    warm_steps = sum(b.num_steps for b in warm)
     return {
         "num_steps": float(steps),
         "iteration_time_s": sum(b.time_s for b in blocks) / steps if steps else None,
         "energy_j": sum(e or 0.0 for e in energies) / steps if known else None,
+        "temperature_c": (
+            sum((b.temperature_c or 0.0) * b.num_steps for b in warm) / warm_steps
+            if warm_steps
+            else None
+        ),
     }
+
+
+def mean_temperature_c(temperatures_c: Sequence[Optional[float]]) -> Optional[float]:
+    """The mean of the temperatures known (``None``: none known)."""
+    known = [t for t in temperatures_c if t is not None]
+    return sum(known) / len(known) if known else None
 
 
 def compare(blocks: Sequence[Block]) -> Comparison:
@@ -183,6 +217,17 @@ def compare(blocks: Sequence[Block]) -> Comparison:
             if r.energy_j and p.energy_j is not None
         ]
         saving = _interval(1.0 - got["energy_j"] / ref["energy_j"], per_pair)
+    warmth = [
+        p.temperature_c - r.temperature_c
+        for r, p in pairs
+        if r.temperature_c is not None and p.temperature_c is not None
+    ]
+    difference = _interval(sum(warmth) / len(warmth), warmth) if warmth else None
     return Comparison(
-        energy_saving=saving, slowdown=slowdown, num_pairs=len(pairs), reference=ref, plan=got
+        energy_saving=saving,
+        slowdown=slowdown,
+        num_pairs=len(pairs),
+        reference=ref,
+        plan=got,
+        temperature_difference_c=difference,
     )

@@ -23,7 +23,7 @@ def sweep_update(sweep: StageSweep, estimates: JobEstimates, stage: int) -> None
     """After a reported step: feed the stop rule, or order the re-measurements.
 
     Once the first pass is over, the clocks whose rows are still uncertain are re-measured,
-    the least certain first; when none is left the sweep ends.
+    in passes of alternating direction; when none is left the sweep ends.
     """
     if sweep.observing:
         sweep.observe(estimates.stage_energies(stage))
@@ -52,8 +52,15 @@ class JobProfiler:
         return len(self.sweeps)
 
     def schedule(self, stage: int, step: int) -> List[int]:
-        """Frequencies of every position of ``step`` on ``stage``."""
-        return self.sweeps[stage].frequencies_for_step(step)
+        """Frequencies of every position of ``step`` on ``stage``.
+
+        A stage whose sweep is over runs its highest clock (as the server schedules it) while
+        the others go on.
+        """
+        sweep = self.sweeps[stage]
+        if sweep.exhausted and step not in sweep.assigned:
+            return [sweep.clocks_mhz[0]] * len(sweep.order)
+        return sweep.frequencies_for_step(step)
 
     def add_updates(self, stage: int, rank_key: Hashable, updates: Sequence[EnergyUpdate]) -> None:
         """Counter updates of one GPU, oldest first (its sampler's series, in any batches).

@@ -13,15 +13,21 @@ unknown power; every other kind is activity of unknown power (no equation spans 
 become updates exactly as the live sampler records them
 (:func:`perseus.gpu.energy.sampler.updates_from_polls`) and the powers come from the profiler's own
 attribution (:func:`perseus.profiler.estimation.attribution.attribute`), all at once. Time between
-segments is one shared nuisance power ("gap"); an instruction that ran far longer than its type's
-median duration (:data:`STALL_FACTOR` times; a host stall) is taken to have worked for the median
-duration and stalled for the rest (one shared "stall" power), as the profiler does with
-instructions.
+segments is one shared nuisance power ("gap"). A forward or backward that ran longer than its
+type's typical (lower-quartile) duration worked for that duration and stalled for the rest, at
+one shared "stall" power: the profiler's own rule (:mod:`perseus.profiler.estimation.stretch`),
+which there counts the excess as blocking.
 
 Physics bounds: no power above the highest power the counter showed sustained for a second (or
 the given power limit) and none below the lowest (or the given idle power, or 15 % of the
-ceiling when no idle stretch was recorded). A wait (kind ``idle``) is expected to draw about the
-idle power: a soft prior (half the range wide) that decides only where the data cannot.
+ceiling when no idle stretch was recorded). A wait (kind ``idle``) and a stall are expected to
+draw about the idle power: a soft prior (half the range wide) that decides only where the data
+cannot (a stall only in held-out steps).
+
+The check (:func:`check_groups`) compares, per group, the counter's energy over the update
+intervals that lie inside its steps (the counter's fitted lag applied) with the powers times the
+seconds of each type in the same intervals, stretched instructions modelled as the fit models
+them, with the standard error of both sides.
 """
 
 from __future__ import annotations
@@ -29,10 +35,9 @@ from __future__ import annotations
 import csv
 import math
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from perseus.errors import RecordingError
 from perseus.gpu.energy.sampler import updates_from_polls
@@ -43,12 +48,21 @@ from perseus.profiler.estimation.attribution import (
     covering_updates,
     sustained_power_range_w,
 )
-from perseus.profiler.estimation.power_fit import PowerFit, Prior
+from perseus.profiler.estimation.estimate import StageEstimator
+from perseus.profiler.estimation.power_fit import COUNTER_NOISE, PowerFit, Prior
+from perseus.profiler.estimation.stretch import is_stall, typical_by_key, worked_spans
+from perseus.records import InstructionRecord
 from perseus.records.energy import EnergySeries, EnergyUpdate
 
 KINDS = ("forward", "backward", "idle")
+WORK = ("forward", "backward")
 GAP = ("<gap>", "gap")
 STALL = ("<stall>", "stall")
+# The clock a recording's instructions count as when the profiler's estimator is fed them (the
+# recordings ran at default clocks: one clock).
+RECORDED_CLOCK_MHZ = 0
+# Which steps a held-out fit leaves out: ``odd`` (1, 3, ...) or ``even`` (0, 2, ...).
+HOLDOUTS = {"odd": 1, "even": 0}
 # Time between segments up to this long is split between its neighbours (host time between
 # stamps); longer, up to MAX_GAP_S, it has a shared power of its own; longer still, unknown.
 BRIDGE_S = 0.002
@@ -56,10 +70,6 @@ MAX_GAP_S = 0.5
 # The lowest sustained power is the idle floor when below this fraction of the ceiling;
 # without such an idle stretch, the floor is IDLE_FRACTION of the ceiling (GPUs idle at 10-20 %).
 IDLE_WINDOW_FRACTION = 0.3
-# A segment longer than this many times its type's median duration stalled for the excess
-# (the recordings' segments vary by a few percent otherwise; the profiler, which plans on
-# typical durations, takes any excess over the typical duration as waiting).
-STALL_FACTOR = 2.0
 IDLE_FRACTION = 0.15
 _STEP = re.compile(r"^(.*):step(\d+)$")
 
@@ -118,58 +128,81 @@ def read_recording(polls_path: Union[str, Path], segments_path: Union[str, Path]
 
 def fit_recording(
     recording: Recording,
-    holdout: bool = False,
+    holdout: Optional[str] = None,
     power_limit_w: Optional[float] = None,
     idle_power_w: Optional[float] = None,
-    stall_factor: float = STALL_FACTOR,
 ) -> PowerFit:
-    """Every (group, kind) power of ``recording`` at once.
+    """Every (group, kind) power of ``recording`` at once, and the shared gap and stall powers.
 
     Args:
         recording: The recording.
-        holdout: Leave the segments of odd-numbered steps out of the fit.
+        holdout: Leave the segments of the ``odd`` or ``even`` steps out of the fit (``None``:
+            fit every step).
         power_limit_w: The GPU's power limit (default: the highest sustained power seen).
         idle_power_w: The GPU's idle power (default: the lowest sustained power seen).
-        stall_factor: A segment longer than this many times its type's median duration
-            stalled for the excess.
+
+    Raises:
+        RecordingError: an unknown ``holdout``.
     """
     floor_w, ceiling_w = physics_bounds_w(recording.updates, power_limit_w, idle_power_w)
-    timeline, _ = recording_timeline(recording, holdout, stall_factor)
+    timeline, _ = recording_timeline(recording, holdout)
     present = {(s.group, s.kind) for s in recording.segments if s.kind in KINDS}
     # A kind seen only in held-out steps is estimated too: from its prior alone.
     keys = [(g, k) for g in recording.groups() for k in KINDS if (g, k) in present]
     keys += [GAP, STALL]
     lower = {k: floor_w for k in keys}
     upper = {k: ceiling_w for k in keys}
-    # A GPU that waits draws about its idle power: where the data cannot tell (a short wait
-    # always next to the same instructions), that is the guess, not the middle of the range.
-    waits = [Prior({k: 1.0}, floor_w, 0.5 * (ceiling_w - floor_w)) for k in keys if k[1] == "idle"]
-    return attribute(recording.updates, timeline, lower, upper, waits, keys=keys)
+    # A GPU that waits or whose host stalled draws about its idle power: where the data cannot
+    # tell (a short wait always next to the same instructions, a stall only in held-out steps),
+    # that is the guess, not the middle of the range.
+    waiting = [k for k in keys if k[1] == "idle" or k == STALL]
+    priors = [Prior({k: 1.0}, floor_w, 0.5 * (ceiling_w - floor_w)) for k in waiting]
+    return attribute(recording.updates, timeline, lower, upper, priors, keys=keys)
+
+
+def holdout_parity(holdout: Optional[str]) -> Optional[int]:
+    """The parity of the held-out steps (``None``: nothing held out).
+
+    Raises:
+        RecordingError: ``holdout`` is neither ``odd`` nor ``even``.
+    """
+    if holdout is None:
+        return None
+    if holdout not in HOLDOUTS:
+        raise RecordingError(f"holdout={holdout!r}: choose one of {', '.join(HOLDOUTS)}")
+    return HOLDOUTS[holdout]
+
+
+def is_held_out(segment: Segment, holdout: Optional[str]) -> bool:
+    """Whether ``segment`` belongs to a held-out step (a stepless segment never does)."""
+    parity = holdout_parity(holdout)
+    return parity is not None and segment.step is not None and segment.step % 2 == parity
 
 
 def recording_timeline(
-    recording: Recording, holdout: bool = False, stall_factor: float = STALL_FACTOR
-) -> Tuple[Timeline, set]:
-    """What ran, typed for the fit (see the module docstring), and the (group, kind) fitted."""
-    fitted = [s for s in recording.segments if s.kind in KINDS]
-    if holdout:
-        fitted = [s for s in fitted if s.step is None or s.step % 2 == 0]
-    typical = {key: statistics.median(durations) for key, durations in _durations(fitted).items()}
-    fitted_set = set(fitted)
+    recording: Recording, holdout: Optional[str] = None, *, predict: bool = False
+) -> Tuple[Timeline, Set[Tuple[str, str]]]:
+    """What ran, typed for the fit (see the module docstring), and the (group, kind) fitted.
+
+    Args:
+        recording: The recording.
+        holdout: Steps left out of the fit (``odd``, ``even`` or ``None``): unknown activity.
+        predict: Type the held-out steps too (what a prediction of them assumes); typical
+            durations still come from the fitted steps only.
+    """
+    fitted = [s for s in recording.segments if s.kind in KINDS and not is_held_out(s, holdout)]
+    typical = typical_by_key(_durations([s for s in fitted if s.kind in WORK]))
+    typed = fitted if not predict else [s for s in recording.segments if s.kind in KINDS]
+    typed_set = set(typed)
     spans: List[Span] = []
     for seg in recording.segments:
-        if seg not in fitted_set:
+        if seg not in typed_set:
             spans.append(Span(seg.start_s, seg.end_s, None))
             continue
         key = (seg.group, seg.kind)
-        worked = typical[key] if seg.kind != "idle" else math.inf
-        if seg.end_s - seg.start_s > stall_factor * worked:
-            spans.append(Span(seg.start_s, seg.start_s + worked, key))
-            spans.append(Span(seg.start_s + worked, seg.end_s, STALL))
-        else:
-            spans.append(Span(seg.start_s, seg.end_s, key))
+        spans += worked_spans(seg.start_s, seg.end_s, key, typical.get(key, math.inf), STALL)
     timeline = Timeline(spans, gap_key=GAP, max_gap_s=MAX_GAP_S, bridge_s=BRIDGE_S)
-    return timeline, set(typical)
+    return timeline, {(s.group, s.kind) for s in fitted}
 
 
 def physics_bounds_w(
@@ -196,7 +229,13 @@ def physics_bounds_w(
 
 
 def format_lines(recording: Recording, fit: PowerFit) -> List[str]:
-    """One line per group: ``group=<g> forward_w=<W> forward_se_w=<W> ...`` (``nan``: absent)."""
+    """One line per group, then the shared powers.
+
+    ``group=<g> forward_w=<W> forward_se_w=<W> ...`` (``nan``: absent), then ``shared
+    stall_w=<W> stall_se_w=<W> gap_w=<W> gap_se_w=<W> lag_s=<s> host_stalls=<n>``: the power of
+    the stalled excess of stretched instructions and of the time between segments, the
+    counter's lag behind the stamps, and how many instructions stalled on the host.
+    """
     lines = []
     for group in recording.groups():
         parts = [f"group={group}"]
@@ -206,6 +245,14 @@ def format_lines(recording: Recording, fit: PowerFit) -> List[str]:
             se = fit.se_w.get(key, math.nan)
             parts.append(f"{kind}_w={_num(power)} {kind}_se_w={_num(se)}")
         lines.append(" ".join(parts))
+    stalls = sum(1 for seg in host_stalls(recording))
+    lines.append(
+        f"shared stall_w={_num(fit.power_w.get(STALL, math.nan))} "
+        f"stall_se_w={_num(fit.se_w.get(STALL, math.nan))} "
+        f"gap_w={_num(fit.power_w.get(GAP, math.nan))} "
+        f"gap_se_w={_num(fit.se_w.get(GAP, math.nan))} "
+        f"lag_s={fit.lag_s:.3f} host_stalls={stalls}"
+    )
     return lines
 
 
@@ -215,26 +262,43 @@ class GroupCheck:
 
     Attributes:
         group: The group.
-        measured_j: The counter's energy between the first and the last update inside each
-            step (a stepless group: each segment), summed.
-        predicted_j: The printed powers times the seconds of each kind in the same windows.
-        interpolated_j: The counter interpolated at each step's start and end, summed (steps
-            with an update on both sides of them).
-        predicted_full_j: The printed powers times those steps' segments' full durations.
+        measured_j: The counter's energy over the update intervals inside each step (a
+            stepless group: each segment), the counter's lag applied, summed.
+        predicted_j: The powers times the seconds of each type in the same intervals (a
+            stretched instruction busy for its typical duration, stalled for the rest).
+        measured_se_j: Standard error of ``measured_j``: where each update really happened
+            (the reads around it) and the counter's own noise.
+        predicted_se_j: Standard error of ``predicted_j`` from the powers' covariance
+            (``nan``: not given).
+        interpolated_j: The counter interpolated at each step's start and end (lag applied),
+            summed (steps with an update on both sides of them).
+        predicted_full_j: The powers times those steps' full durations, typed the same way.
         num_units: Steps (or segments) measured.
+        stalled_units: Of them, those with a host stall.
     """
 
     group: str
     measured_j: float
     predicted_j: float
+    measured_se_j: float
+    predicted_se_j: float
     interpolated_j: float
     predicted_full_j: float
     num_units: int
+    stalled_units: int = 0
 
     @property
     def error(self) -> float:
         """Relative error of the prediction between updates (``predicted / measured - 1``)."""
         return self.predicted_j / self.measured_j - 1.0 if self.measured_j > 0 else math.nan
+
+    @property
+    def error_se(self) -> float:
+        """Standard error of :attr:`error` (both sides' errors; ``nan`` when one is unknown)."""
+        if self.measured_j <= 0:
+            return math.nan
+        ratio = self.predicted_j / self.measured_j
+        return math.hypot(self.predicted_se_j, ratio * self.measured_se_j) / self.measured_j
 
     @property
     def interpolated_error(self) -> float:
@@ -246,19 +310,30 @@ class GroupCheck:
 
 def check_groups(
     recording: Recording,
-    power_w: Dict[Tuple[str, str], float],
-    odd_steps_only: bool = False,
+    power_w: Mapping[Tuple[str, str], float],
+    *,
+    lag_s: float = 0.0,
+    holdout: Optional[str] = None,
     skip_stalled: bool = False,
+    energy_se_j: Optional[Callable[[Dict[Tuple[str, str], float]], float]] = None,
 ) -> List[GroupCheck]:
     """Per group made of forward/backward/idle segments only: counter vs prediction.
 
     Args:
         recording: The recording.
-        power_w: ``(group, kind) -> W`` (e.g. the replay's printed powers).
-        odd_steps_only: Check only the odd-numbered steps (the held-out ones).
+        power_w: ``(group, kind) -> W`` and the shared :data:`STALL` and :data:`GAP` powers
+            (e.g. the replay's printed powers).
+        lag_s: The counter's lag behind the stamps (as fitted).
+        holdout: Check only the steps a fit with this ``holdout`` left out (``odd``,
+            ``even``); their stretched instructions are typed with the fitted steps' typical
+            durations.
         skip_stalled: Leave out steps with a host stall (see :func:`stalled_steps`).
+        energy_se_j: Standard error of an energy from seconds per type (e.g.
+            :meth:`PowerFit.energy_se_j`); ``None``: the prediction's is not known (``nan``).
     """
-    stalled = stalled_steps(recording) if skip_stalled else set()
+    parity = holdout_parity(holdout)
+    stalled = stalled_steps(recording)
+    timeline, _ = recording_timeline(recording, holdout, predict=True)
     series = EnergySeries()
     for update in recording.updates:
         series.add(update)
@@ -266,9 +341,9 @@ def check_groups(
     by_step: Dict[Tuple[str, int], List[Segment]] = {}
     bad_groups = {s.group for s in recording.segments if s.kind not in KINDS}
     for seg in recording.segments:
-        if seg.group in bad_groups or (odd_steps_only and (seg.step is None or seg.step % 2 == 0)):
+        if seg.group in bad_groups or (parity is not None and not is_held_out(seg, holdout)):
             continue
-        if (seg.group, seg.step) in stalled:
+        if skip_stalled and (seg.group, seg.step) in stalled:
             continue
         if seg.step is None:
             units.setdefault(seg.group, []).append([seg])
@@ -277,56 +352,175 @@ def check_groups(
                 by_step[(seg.group, seg.step)] = []
                 units.setdefault(seg.group, []).append(by_step[(seg.group, seg.step)])
             by_step[(seg.group, seg.step)].append(seg)
+
+    def predict(seconds: Optional[Dict[Any, float]]) -> float:
+        if seconds is None:
+            return math.nan
+        return sum(power_w.get(k, math.nan) * s for k, s in seconds.items())
+
     out = []
     for group, group_units in units.items():
-        measured = predicted = interpolated = predicted_full = 0.0
-        counted = 0
+        measured = predicted = interpolated = predicted_full = measured_var = 0.0
+        counted = stalled_units = 0
+        seconds: Dict[Tuple[str, str], float] = {}
         for unit in group_units:
             start, end = min(s.start_s for s in unit), max(s.end_s for s in unit)
-            inside = covering_updates(recording.updates, start, end)
+            inside = covering_updates(recording.updates, start + lag_s, end + lag_s)
             if inside is None:
                 continue
             u0, u1 = recording.updates[inside[0]], recording.updates[inside[1]]
+            window = timeline.seconds_between(u0.time_s - lag_s, u1.time_s - lag_s)
+            if window is None:
+                continue
             counted += 1
-            measured += (u1.energy_mj - u0.energy_mj) / 1000.0
-            for seg in unit:
-                power = power_w.get((group, seg.kind), math.nan)
-                overlap = min(seg.end_s, u1.time_s) - max(seg.start_s, u0.time_s)
-                predicted += power * max(0.0, overlap)
-            e_start, e_end = series.energy_mj_at(start), series.energy_mj_at(end)
+            stalled_units += (group, unit[0].step) in stalled
+            energy_j = (u1.energy_mj - u0.energy_mj) / 1000.0
+            power = energy_j / max(u1.time_s - u0.time_s, 1e-9)
+            measured += energy_j
+            measured_var += (power * u0.time_error_s) ** 2 / 3.0
+            measured_var += (power * u1.time_error_s) ** 2 / 3.0 + (COUNTER_NOISE * energy_j) ** 2
+            predicted += predict(window)
+            for key, value in window.items():
+                seconds[key] = seconds.get(key, 0.0) + value
+            e_start, e_end = series.energy_mj_at(start + lag_s), series.energy_mj_at(end + lag_s)
             if e_start is None or e_end is None:
                 continue  # an edge of the recording: no update on one side to interpolate
             interpolated += (e_end - e_start) / 1000.0
-            predicted_full += sum(
-                power_w.get((group, seg.kind), math.nan) * (seg.end_s - seg.start_s) for seg in unit
-            )
+            predicted_full += predict(timeline.seconds_between(start, end))
         if counted:
             out.append(
                 GroupCheck(
                     group=group,
                     measured_j=measured,
                     predicted_j=predicted,
+                    measured_se_j=math.sqrt(measured_var),
+                    predicted_se_j=math.nan if energy_se_j is None else energy_se_j(seconds),
                     interpolated_j=interpolated,
                     predicted_full_j=predicted_full,
                     num_units=counted,
+                    stalled_units=stalled_units,
                 )
             )
     return out
 
 
-def stalled_steps(recording: Recording) -> set:
-    """``(group, step)`` of every step in which the host stalled.
+def host_stalls(recording: Recording) -> List[Segment]:
+    """Every forward or backward the counter saw that stalled on the host.
 
-    A step with a forward or backward that lasted more than :data:`STALL_FACTOR` times its
-    (group, kind)'s median: its energy is not power x duration of its kinds.
+    Longer than its (group, kind)'s typical duration by more than
+    :data:`~perseus.profiler.estimation.stretch.STALL_SHARE` of it: most of it was waiting.
+    Segments outside the polled span (e.g. a warm-up of several sizes under one label) are not
+    counted.
     """
-    work = [s for s in recording.segments if s.kind in ("forward", "backward")]
-    median = {key: statistics.median(d) for key, d in _durations(work).items()}
-    return {
-        (s.group, s.step)
-        for s in work
-        if s.step is not None and s.end_s - s.start_s > STALL_FACTOR * median[(s.group, s.kind)]
-    }
+    first_s, last_s = recording.updates[0].time_s, recording.updates[-1].time_s
+    work = [
+        s
+        for s in recording.segments
+        if s.kind in WORK and s.start_s >= first_s and s.end_s <= last_s
+    ]
+    typical = typical_by_key(_durations(work))
+    return [s for s in work if is_stall(s.end_s - s.start_s, typical[(s.group, s.kind)])]
+
+
+def stalled_steps(recording: Recording) -> Set[Tuple[str, Optional[int]]]:
+    """``(group, step)`` of every step with a host stall (see :func:`host_stalls`)."""
+    return {(s.group, s.step) for s in host_stalls(recording) if s.step is not None}
+
+
+def group_estimator(
+    recording: Recording, group: str, power_limit_w: Optional[float] = None
+) -> StageEstimator:
+    """The profiler's own estimator fed ``group``'s steps as a rank reports them.
+
+    Its forwards and backwards are instructions at one clock (:data:`RECORDED_CLOCK_MHZ`), the
+    rest of each step (waits, host time) blocking, consecutive steps' time in between a
+    nuisance power: what the estimator makes of a real GPU's counter.
+    """
+    steps: Dict[int, List[Segment]] = {}
+    for seg in recording.segments:
+        if seg.group == group and seg.step is not None:
+            steps.setdefault(seg.step, []).append(seg)
+    est = StageEstimator(power_limit_w)
+    for step, segs in sorted(steps.items()):
+        work = [s for s in segs if s.kind in WORK]
+        records = [
+            InstructionRecord(
+                position=i,
+                instruction=seg.kind,
+                microbatch=0,
+                frequency_mhz=RECORDED_CLOCK_MHZ,
+                start_s=seg.start_s,
+                end_s=seg.end_s,
+            )
+            for i, seg in enumerate(work)
+        ]
+        start_s, end_s = min(s.start_s for s in segs), max(s.end_s for s in segs)
+        est.add_step(records, (), start_s, end_s, step)
+    est.add_updates(recording.updates)
+    return est
+
+
+@dataclass(frozen=True)
+class TargetNeed:
+    """What one row of a recorded group needs to reach a target error, by the profiler's fit.
+
+    Attributes:
+        group: The group.
+        kind: ``forward`` or ``backward``.
+        instruction_s: Its typical duration.
+        relative_se: Its energy's relative standard error from the recorded steps.
+        steps: The group's steps the counter covered.
+        seconds: The seconds of that kind in them.
+        target: The target relative standard error.
+    """
+
+    group: str
+    kind: str
+    instruction_s: float
+    relative_se: float
+    steps: int
+    seconds: float
+    target: float
+
+    @property
+    def factor(self) -> float:
+        """How many times the recorded data the target needs (errors fall as 1/sqrt(data))."""
+        return (self.relative_se / self.target) ** 2
+
+    @property
+    def seconds_needed(self) -> float:
+        """Seconds of this kind the target needs."""
+        return self.seconds * self.factor
+
+
+def target_needs(
+    recording: Recording, target: float = 0.02, power_limit_w: Optional[float] = None
+) -> List[TargetNeed]:
+    """Per group of stepped forwards and backwards only: what each row needs for ``target``."""
+    first_s, last_s = recording.updates[0].time_s, recording.updates[-1].time_s
+    out = []
+    for group in recording.groups():
+        segs = [s for s in recording.segments if s.group == group]
+        covered = [s for s in segs if s.start_s >= first_s and s.end_s <= last_s]
+        if not covered or any(s.kind not in KINDS or s.step is None for s in segs):
+            continue
+        types, _ = group_estimator(recording, group, power_limit_w).estimate()
+        for kind in WORK:
+            est = types.get((kind, RECORDED_CLOCK_MHZ))
+            if est is None or not math.isfinite(est.relative_se):
+                continue
+            out.append(
+                TargetNeed(
+                    group=group,
+                    kind=kind,
+                    instruction_s=est.time_s,
+                    relative_se=est.relative_se,
+                    steps=len({s.step for s in covered}),
+                    seconds=sum(s.end_s - s.start_s for s in covered if s.kind == kind),
+                    target=target,
+                )
+            )
+    return out
 
 
 def _durations(segments: Sequence[Segment]) -> Dict[Tuple[str, str], List[float]]:

@@ -20,9 +20,12 @@ from perseus.gpu.energy.meter import EnergyMeter
 from perseus.gpu.energy.sampler import EnergySampler
 from perseus.profiler.estimation.job_estimates import JobEstimates
 from perseus.profiler.job_profiler import JobProfiler
-from perseus.profiler.sweep.stage import StageSweep
+from perseus.profiler.sweep.stage import StageSweep, sweep_clocks_mhz
 from perseus.records import InstructionRecord, StepRecord
+from perseus.schedule import stage_order
 
+# Where :func:`realistic_gpus`' clocks start (stage s and seed n: plus 0.0137 s + 0.0071 n s).
+CLOCK_START_S = 1000.0
 # A poller: called at a virtual instant, returns the seconds until it wants to run again.
 Poller = Callable[[], float]
 
@@ -110,6 +113,38 @@ def virtual_gpu(
         sleeper=clock.sleep,
     )
     return gpu, clock
+
+
+def realistic_gpus(
+    num_stages: int, *, instruction_s: float = 0.05, seed: int = 0
+) -> List[Tuple[EmulatedGPU, VirtualClock]]:
+    """One realistic emulated GPU per stage (the recorded H100's counter), each on its clock.
+
+    The bundled default device with every time scaled so that its forward at the highest
+    clock lasts ``instruction_s`` (its backward about twice that); ``seed`` offsets the
+    clocks and seeds each GPU's readings.
+    """
+    time_scale = instruction_s / _forward_s(read_profile_csv(default_device_profile_path()))
+    out = []
+    for stage in range(num_stages):
+        clock = VirtualClock(CLOCK_START_S + 0.0137 * stage + 0.0071 * seed)
+        gpu = EmulatedGPU(
+            read_profile_csv(default_device_profile_path()),
+            blocking_power_w=83.64,
+            time_scale=time_scale,
+            counter="realistic",
+            seed=stage + 100 * seed,
+            num_pipeline_stages=num_stages,
+            clock=clock,
+            sleeper=clock.sleep,
+        )
+        out.append((gpu, clock))
+    return out
+
+
+def _forward_s(profile: Profile) -> float:
+    """The first stage's forward at its highest clock (s)."""
+    return max(profile.measurements(0, "forward"), key=lambda m: m.frequency_mhz).time_s
 
 
 def run_step(
@@ -329,3 +364,37 @@ def profile_virtually(
         if step >= max_steps:
             job.finish()
     return job
+
+
+def profile_realistic(
+    instruction_s: float,
+    num_stages: int,
+    num_microbatches: int,
+    *,
+    frequency_step: int,
+    budget: int,
+    seed: int = 0,
+) -> Tuple[JobProfiler, List[Tuple[EmulatedGPU, VirtualClock]]]:
+    """A 1F1B job profiled on :func:`realistic_gpus` until its rows reach the 2 % target.
+
+    Every ``frequency_step``-th clock is swept; ``budget`` iterations at most (a budget that
+    does not bind shows what the target alone costs).
+    """
+    gpus = realistic_gpus(num_stages, instruction_s=instruction_s, seed=seed)
+    orders = stage_order("1f1b", num_stages, num_microbatches)
+    times = {"forward": instruction_s, "backward": 1.9 * instruction_s}
+
+    def make_sweep(stage: int, period_s: Optional[float], noise: Optional[float]) -> StageSweep:
+        supported = gpus[stage][0].supported_sm_clocks_mhz()
+        return StageSweep(
+            orders[stage],
+            sweep_clocks_mhz(supported, frequency_step=frequency_step),
+            instruction_time_s=times,
+            max_steps=budget,
+            update_period_s=period_s,
+            equation_noise=noise,
+        )
+
+    rng, gap_s = random.Random(seed), 0.04 * instruction_s  # host gaps scale with the work
+    job = profile_virtually(gpus, orders, make_sweep, max_steps=budget, rng=rng, mean_gap_s=gap_s)
+    return job, gpus

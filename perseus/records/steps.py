@@ -53,6 +53,8 @@ class StepRecord:
             profiler's raw data).
         earlier_energies: Earlier iterations whose energy became known since the previous
             record, oldest first.
+        temperature_c: The GPU's last temperature reading when the iteration ended (°C; its
+            sampler reads it, never a hook; ``None``: not read).
     """
 
     step: int
@@ -64,6 +66,7 @@ class StepRecord:
     applied_mhz: List[Optional[int]] = field(default_factory=list)
     energy_updates: List[EnergyUpdate] = field(default_factory=list)
     earlier_energies: List[StepEnergy] = field(default_factory=list)
+    temperature_c: Optional[float] = None
 
     @property
     def iteration_time_s(self) -> float:

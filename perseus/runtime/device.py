@@ -11,9 +11,10 @@ This is the one place where they are built and closed:
   several engines (several optimizers) in one process share one guard and one controller.
 
 Every device has an energy sampler (:mod:`perseus.gpu.energy.sampler`): a thread of its own that
-watches the GPU's energy counter, so that no hook ever reads it. A device closes in the reverse
-order of building, through one :class:`contextlib.ExitStack`: controller stopped, clocks and power
-limit restored and the guard released, sampler stopped, GPU closed. A device built from the
+watches the GPU's energy counter and reads its temperature, so that no hook ever reads either. A
+device closes in the reverse order of building, through one :class:`contextlib.ExitStack`:
+controller stopped, clocks and power limit restored and the guard released, sampler stopped, GPU
+closed. A device built from the
 configuration keeps the verdict of its GPU's start-up check (checked once, when it is built): its
 ``capabilities`` and whether it only measures. Its owner closes it (the process's rank session, or
 the optimizer built with it), also at interpreter exit. What a :class:`RankDevice` was built with
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from perseus.gpu.energy.sampler import EnergySampler
-from perseus.records import EnergySeries, RankInfo
+from perseus.records import EnergySeries, RankInfo, TemperatureSeries
 from perseus.runtime.controller import ClockController
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ class RankDevice:
         gpu, guard, controller, sampler: As given.
         energy: The GPU's energy counter updates, as its sampler records them (``None``:
             energy is not measured).
+        temperatures: The GPU's temperature readings, as its sampler records them
+            (``None``: not read).
         capabilities: The verdict of the GPU's start-up check (``None``: not checked, e.g. a
             device opened on a GPU at hand).
     """
@@ -71,6 +74,9 @@ class RankDevice:
         self.controller = controller
         self.sampler = sampler
         self.energy: Optional[EnergySeries] = None if sampler is None else sampler.series
+        self.temperatures: Optional[TemperatureSeries] = (
+            None if sampler is None else sampler.temperatures
+        )
         self.capabilities: Optional[Capabilities] = None
         # The start-up check found the GPU cannot do what the job needs: it only measures.
         self.measure_only = False
@@ -138,7 +144,12 @@ def open_device(
     """
     with ExitStack() as stack:
         stack.callback(gpu.close)
-        sampler = EnergySampler(gpu.total_energy_mj, gpu.now_s, name=f"{gpu.index}{name}")
+        sampler = EnergySampler(
+            gpu.total_energy_mj,
+            gpu.now_s,
+            name=f"{gpu.index}{name}",
+            read_temperature_c=gpu.temperature_c,
+        )
         stack.callback(sampler.close)  # before the GPU closes
         if sample_energy:
             sampler.start()

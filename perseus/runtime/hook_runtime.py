@@ -6,10 +6,11 @@ forward and backward of one microbatch; where an engine blocks in the middle of 
 (Merak's recomputation, then the gradient receive), the optional ``on_wait_begin`` /
 ``on_wait_end`` leave that wait out of the instruction's time and energy (see
 :class:`~perseus.runtime.types.WaitHooks`). For each instruction :class:`HookRuntime` asks its
-:class:`~perseus.runtime.types.FrequencySource` for a clock, hands changes to its device's
-:class:`~perseus.runtime.controller.ClockController`, tells the GPU object where instructions
-start and end (the emulated device uses that), and records times into
-:class:`~perseus.records.StepRecord` objects.
+:class:`~perseus.runtime.types.FrequencySource` for a clock, hands the iteration's clocks to its
+device's :class:`~perseus.runtime.controller.ClockController` once when the iteration begins and
+marks each instruction's start for it (a change costs the training thread no wake-up of the
+controller's thread), tells the GPU object where instructions start and end (the emulated device
+uses that), and records times into :class:`~perseus.records.StepRecord` objects.
 
 Real GPUs are asynchronous: a framework's forward returns once its kernels are queued. So every
 hook first synchronizes the device (:meth:`~perseus.gpu.base.GPU.synchronize`:
@@ -40,7 +41,14 @@ from itertools import starmap
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
 from perseus.pipeline_order import KINDS
-from perseus.records import EnergySeries, InstructionRecord, RankInfo, StepEnergy, StepRecord
+from perseus.records import (
+    EnergySeries,
+    InstructionRecord,
+    RankInfo,
+    StepEnergy,
+    StepRecord,
+    TemperatureSeries,
+)
 from perseus.runtime import hook_errors
 from perseus.runtime.types import FrequencySource
 
@@ -69,6 +77,8 @@ class HookRuntime:
         trace: Where every iteration's record is written (``None``: no trace).
         energy: The GPU's energy counter updates, kept by its sampler (``None``: energy is
             not measured).
+        temperatures: The GPU's temperature readings, kept by its sampler (``None``: not
+            read); each iteration's record carries the last one.
         max_steps_kept: How many recent :class:`StepRecord` objects :attr:`steps` keeps.
 
     Attributes:
@@ -85,6 +95,7 @@ class HookRuntime:
         controller: Optional[ClockController],
         trace: Optional[TraceWriter],
         energy: Optional[EnergySeries] = None,
+        temperatures: Optional[TemperatureSeries] = None,
         max_steps_kept: int = 100,
     ) -> None:
         """Set up the per-iteration state; see the class docstring."""
@@ -98,6 +109,7 @@ class HookRuntime:
         self._trace = trace
         self._closed = False  # set by the owner's close: hooks after it are errors
         self.energy = energy
+        self.temperatures = temperatures
         self._energy_cursor = 0
         self._awaiting: Deque[StepRecord] = deque()
         # Hot-path state, reset every iteration.
@@ -113,6 +125,8 @@ class HookRuntime:
         self._applied: List[Optional[int]] = []
         self._step_t0 = 0.0
         self._freq_of = source.frequency_mhz
+        self._clocks_of = source.iteration_clocks
+        self._ticket = 0  # the controller's ticket of this iteration
         self._gpu_begin = self.gpu.instruction_begin
         self._gpu_end = self.gpu.instruction_end
         # The device's time base and synchronization (see the module docstring).
@@ -139,6 +153,8 @@ class HookRuntime:
         self._raw = []
         self._applied = []
         self._sync()  # the stamp below sees the device's finished work
+        if ctrl is not None:  # the iteration's clocks, handed over once (no wake per change)
+            self._ticket = ctrl.begin_iteration(self._clocks_of())
         self._step_t0 = self._now()
 
     def on_instruction_begin(self, name: str) -> None:
@@ -165,7 +181,7 @@ class HookRuntime:
         freq = self._freq_of(self._step, pos, name, mb)
         self._sync()  # before the clock change and the stamps
         if ctrl is not None:
-            ctrl.request(freq)  # a repeat of the last request returns at once
+            ctrl.at_instruction(self._ticket, pos, freq)  # a repeat returns at once
         elif freq is not None:
             raise hook_errors.no_controller(self.source, freq)
         self._gpu_begin(self._stage, name)
@@ -240,6 +256,10 @@ class HookRuntime:
             applied_mhz=self._applied,
         )
         aborted = sys.exc_info()[0] is not None
+        temperatures = self.temperatures
+        if temperatures is not None:  # the sampler's last reading: no driver call here
+            latest = temperatures.latest
+            record.temperature_c = None if latest is None else latest.temperature_c
         if self.energy is not None:
             record.energy_updates, self._energy_cursor = self.energy.since(self._energy_cursor)
             record.earlier_energies = self._resolve_energies()

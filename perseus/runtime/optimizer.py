@@ -97,6 +97,7 @@ class PerseusOptimizer(HookRuntime):
             controller=controller,
             trace=trace,
             energy=device.energy,
+            temperatures=device.temperatures,
             max_steps_kept=max_steps_kept,
         )
         if closing is not None:  # it owns something (its device): it closes at exit too

@@ -10,7 +10,9 @@ The session owns, and is the only owner of:
 * the **launch** (:class:`~perseus.runtime.launch.rendezvous.Launch`: the job's server and id found
   through the job's store, the server global rank 0 started, the ranks' agreement);
 * the **announcer** (:class:`~perseus.runtime.announce.Announcer`: the one warning, the start
-  line).
+  line);
+* the **outlets** (:class:`~perseus.runtime.outlets.RankOutlets`: global rank 0's experiment
+  tracker, and the metrics textfiles of ranks without a server), each on a thread of its own.
 
 A rank starts in one walk (:meth:`RankSession.hooks_for`): the configuration and where it came
 from (an explicit one, else the file ``PERSEUS_CONFIG`` names, else the defaults), the engine's
@@ -19,8 +21,9 @@ shape (:mod:`perseus.runtime.job_shape`), the device with its start-up check
 optimizer with its source (:meth:`~perseus.runtime.optimizer.PerseusOptimizer.from_config`;
 online: :mod:`perseus.runtime.online.build`, joining the launch once), the start line. The
 session registers one closer with :mod:`perseus.process_exit` and closes in this order:
-optimizers (sources send their last reports, ranks say they finished), the launch (the server
-started here stops after the reports), the devices (clocks and power limits restored, guards
+optimizers (sources send their last reports, ranks say they finished), the outlets (the tracker
+logs the job's summary), the launch (the server started here stops after the reports), the
+devices (clocks and power limits restored, guards
 released, samplers stopped, GPUs closed).
 """
 
@@ -41,6 +44,7 @@ from perseus.runtime.announce import Announcer
 from perseus.runtime.device import DeviceTable
 from perseus.runtime.launch.rendezvous import Launch
 from perseus.runtime.optimizer import PerseusOptimizer
+from perseus.runtime.outlets import RankOutlets
 from perseus.runtime.types import Hooks
 
 if TYPE_CHECKING:
@@ -140,6 +144,7 @@ class RankSession:
         self.devices = DeviceTable()
         self.launch = Launch()
         self.announcer = Announcer()
+        self.outlets = RankOutlets()
         self._lock = threading.Lock()
         self._hooks: Dict[Tuple[int, object], Hooks] = {}
         self._closed = False
@@ -183,6 +188,7 @@ class RankSession:
             endpoint = hooks.source.endpoint
             served = None if endpoint is None else f"{endpoint.where}, job {endpoint.job_id}"
             self.announcer.started(str(cfg.runtime.mode), hooks.gpu, served)
+        self.outlets.started(cfg, rank, hooks)
         return hooks
 
     def _disabled(self, rank: RankInfo, exc: Exception) -> DisabledHooks:
@@ -215,6 +221,7 @@ class RankSession:
         with ExitStack() as stack:
             stack.callback(self.devices.close)  # last: the optimizers drive the devices
             stack.callback(self.launch.close)  # after the sources' last reports
+            stack.callback(self.outlets.close)  # the tracker asks the server for the summary
             for hooks in built:
                 if isinstance(hooks, PerseusOptimizer):  # a factory's hooks are the factory's
                     stack.callback(hooks.close)

@@ -13,7 +13,7 @@ lookups are precomputed per position.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from perseus.errors import ConfigError, PlanError, ScheduleMismatchError
 from perseus.formats.plan.document import Plan
@@ -33,6 +33,10 @@ class _LocalSource:
     """What the sources without a server share: no endpoint, nothing to close."""
 
     endpoint: Optional[Endpoint] = None
+
+    def iteration_clocks(self) -> Optional[Sequence[Optional[int]]]:
+        """Not known ahead (nothing changes within an iteration)."""
+        return None
 
     def close(self) -> None:
         """Nothing to release."""
@@ -117,6 +121,7 @@ class PlanSource(_LocalSource):
         self.names: List[str] = [s.instruction for s in steps]
         self.microbatches: List[int] = [s.microbatch for s in steps]
         self.freqs_mhz: List[int] = [s.frequency_mhz for s in steps]
+        self._timeline: Tuple[Optional[int], ...] = tuple(self.freqs_mhz)
         self.num_positions = len(steps)
         self._by_occurrence = _occurrence_table(self.names, self.freqs_mhz)
         self._fallback_mhz = {
@@ -139,6 +144,10 @@ class PlanSource(_LocalSource):
         ):
             return self.freqs_mhz[position]
         return self._mismatch(step, position, instruction, microbatch)
+
+    def iteration_clocks(self) -> Optional[Sequence[Optional[int]]]:
+        """The plan's clocks by position (``None`` once it fell back to per-instruction ones)."""
+        return None if self._fell_back else self._timeline
 
     def end_step(self, record: StepRecord) -> None:
         """Check that the iteration ran every instruction the plan has."""

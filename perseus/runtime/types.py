@@ -6,7 +6,7 @@ live in :mod:`perseus.records`, the layer every other one imports.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 from perseus.records import StepRecord
 from perseus.runtime.launch.endpoint import Endpoint
@@ -72,6 +72,16 @@ class FrequencySource(Protocol):
         self, step: int, position: int, instruction: str, microbatch: int
     ) -> Optional[int]:
         """Frequency for the ``position``-th instruction of iteration ``step`` on this stage."""
+
+    def iteration_clocks(self) -> Optional[Sequence[Optional[int]]]:
+        """The clocks of the iteration begun last, position by position, where known ahead.
+
+        The hooks hand them to the clock controller once per iteration, so that a change costs
+        the training thread no wake-up of the controller's thread (``docs/design.md``,
+        "Hook contract"). ``None``: not known ahead (every change then wakes it). Return the
+        same tuple object while the clocks stay the same. :meth:`frequency_mhz` still decides:
+        an instruction whose clock differs from this is applied as it says.
+        """
 
     def end_step(self, record: StepRecord) -> None:
         """Iteration ended; ``record`` has what happened (for profilers and watchers)."""

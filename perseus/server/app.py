@@ -1,8 +1,8 @@
 """The FastAPI application of the coordination server.
 
-Endpoints (JSON; every one but ``GET /healthz`` needs ``Authorization: Bearer <token>`` when the
-server has a token; OpenAPI at ``/openapi.json``; paths and bodies are those of
-:mod:`perseus.wire`):
+Endpoints (JSON; every one but ``GET /healthz``, ``GET /live/auth`` and the live page's static
+files needs ``Authorization: Bearer <token>`` when the server has a token; OpenAPI at
+``/openapi.json``; paths and bodies are those of :mod:`perseus.wire`):
 
 * ``GET  /healthz`` — liveness.
 * ``POST /jobs`` — register a job (every rank may; identical specs are idempotent).
@@ -12,6 +12,8 @@ server has a token; OpenAPI at ``/openapi.json``; paths and bodies are those of
 * ``GET  /jobs/{job_id}/schedule?rank=R&step=N`` — the frequencies of one iteration.
 * ``POST /jobs/{job_id}/steps`` — a rank's (or a stage's) measurements of one iteration.
 * ``PUT  /jobs/{job_id}/iteration_time`` / ``DELETE`` — impose or clear an iteration time.
+* ``GET  /metrics``, ``GET /live/...`` and the live page at ``/ui/`` — read-only live views of
+  every job (:mod:`perseus.server.live.routes`).
 
 Handlers run on the event loop and only do short work under a job's lock: estimation and
 planning run in worker processes, the state reaches disk through a writer thread. One job
@@ -39,6 +41,7 @@ from perseus.errors import ServerError
 from perseus.server.bodies import RequestBodies
 from perseus.server.jobs.registry import JobRegistry
 from perseus.server.limits import MB
+from perseus.server.live.routes import LiveJobs, install_live_routes
 from perseus.wire import (
     JOB_ID_PATTERN,
     MAX_RANKS,
@@ -128,6 +131,8 @@ def create_app(
         registry.get(job_id).impose_iteration_time(None)
         return Ack()
 
+    live_dir = Path(cfg.live_dir) if cfg.live_dir else None
+    install_live_routes(app, LiveJobs(registry, live_dir), auth, bool(cfg.token))
     return app
 
 

@@ -17,6 +17,7 @@ Every name is imported from here (``from perseus.wire import JobSpec``); the mod
 * :mod:`~perseus.wire.registration`: ``POST /jobs/{job_id}/ranks`` (:class:`RankRegistration`);
 * :mod:`~perseus.wire.steps`: one iteration's :class:`Schedule` and :class:`StepReport`, and
   the encoded ``(instruction, microbatch)`` sequences;
+* :mod:`~perseus.wire.live`: a tracker's read of the job's iterations (:class:`LiveSteps`);
 * :mod:`~perseus.wire.codec`: models to and from JSON.
 
 Every message and route is listed in ``docs/design.md`` ("HTTP API").
@@ -43,6 +44,7 @@ from perseus.wire.fields import (
     StepId,
 )
 from perseus.wire.jobs import EnergySettings, IterationTime, JobCreated, JobSpec, ProfilerSettings
+from perseus.wire.live import LiveStep, LiveSteps
 from perseus.wire.registration import PeerRank, RankRegistration
 from perseus.wire.steps import (
     CounterUpdate,
@@ -78,6 +80,8 @@ __all__ = [
     "JobId",
     "JobSpec",
     "Joules",
+    "LiveStep",
+    "LiveSteps",
     "Mhz",
     "PeerRank",
     "Phase",

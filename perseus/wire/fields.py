@@ -25,6 +25,8 @@ MAX_UPDATES = 65536
 # A step sequence ("F0,F1,B0,..."; I and W: a backward's halves): at most this many characters.
 MAX_SEQUENCE_CHARS = MAX_INSTRUCTIONS * 8
 SEQUENCE_PATTERN = r"^([FBIW][0-9]{1,6}(,[FBIW][0-9]{1,6})*)?$"
+# A GPU as ``<host>:<index>`` (host name characters only).
+GPU_LABEL_PATTERN = r"^[A-Za-z0-9._-]{1,120}:[0-9]{1,6}$"
 
 JobId = Annotated[str, Bound(pattern=JOB_ID_PATTERN)]
 Mhz = Annotated[int, Bound.of(MHZ)]
@@ -32,4 +34,6 @@ Seconds = Annotated[float, Bound(ge=0.0, le=1e7, allow_inf_nan=False)]
 Joules = Annotated[float, Bound(ge=0.0, le=1e15, allow_inf_nan=False)]
 RankId = Annotated[int, Bound(ge=0, lt=MAX_RANKS)]
 StepId = Annotated[int, Bound(ge=0, le=MAX_STEP)]
+# A GPU's temperature (NVML reports whole °C; a sensor reads -40 to 150 at most).
+Celsius = Annotated[float, Bound(ge=-50.0, le=200.0, allow_inf_nan=False)]
 FORBID_EXTRA = {"extra": "forbid"}  # read by pydantic: unknown keys are a 422

@@ -70,6 +70,11 @@ class ProfilerSettings(Checked):
     warmup_instructions: Annotated[int, Bound.of(PROFILER_SETTINGS["warmup_instructions"])] = 2
     min_window_s: Annotated[float, Bound.of(PROFILER_SETTINGS["min_window_s"])] = 0.1
     max_iterations: Annotated[int, Bound.of(PROFILER_SETTINGS["max_iterations"])] = 40
+    max_iterations_fraction: Optional[
+        Annotated[float, Bound.of(PROFILER_SETTINGS["max_iterations_fraction"])]
+    ] = None
+    job_iterations: Optional[Annotated[int, Bound.of(PROFILER_SETTINGS["job_iterations"])]] = None
+    max_minutes: Optional[Annotated[float, Bound.of(PROFILER_SETTINGS["max_minutes"])]] = None
     frequency_step: Annotated[int, Bound.of(PROFILER_SETTINGS["frequency_step"])] = 1
     min_frequency_mhz: Optional[Mhz] = None
     baseline_steps: Annotated[int, Bound.of(PROFILER_SETTINGS["baseline_steps"])] = 3

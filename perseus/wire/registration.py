@@ -10,7 +10,15 @@ from typing import Annotated, List, Optional
 
 from perseus.config.bounds import POWER_W
 from perseus.config.checked import Bound, Checked
-from perseus.wire.fields import FORBID_EXTRA, MAX_CLOCKS, MAX_RANKS, MAX_STAGES, Mhz, RankId
+from perseus.wire.fields import (
+    FORBID_EXTRA,
+    GPU_LABEL_PATTERN,
+    MAX_CLOCKS,
+    MAX_RANKS,
+    MAX_STAGES,
+    Mhz,
+    RankId,
+)
 
 
 @dataclass(frozen=True)
@@ -43,4 +51,7 @@ class RankRegistration(Checked):
     tp_rank: RankId = 0
     # The GPU's power limit (W): no profiled power above it is planned on.
     power_limit_w: Optional[Annotated[float, Bound.of(POWER_W)]] = None
+    # Which GPU the registering rank drives, ``<host>:<index>`` (its counter updates are the
+    # ones its reports carry): the ``gpu`` label of the server's metrics.
+    gpu: Optional[Annotated[str, Bound(pattern=GPU_LABEL_PATTERN)]] = None
     peers: Annotated[List[PeerRank], Bound(max_length=MAX_RANKS)] = field(default_factory=list)

@@ -21,6 +21,7 @@ from perseus.wire.fields import (
     MAX_SEQUENCE_CHARS,
     MAX_UPDATES,
     SEQUENCE_PATTERN,
+    Celsius,
     Joules,
     Mhz,
     RankId,
@@ -135,6 +136,9 @@ class StepReport:
     ``energy_updates`` are the leader's own counter updates seen since its last report (the
     profiler's equations), in time order on the same clock as ``instructions`` and as
     ``start_s`` / ``end_s``, when the leader's own iteration began and ended.
+    ``temperature_c`` is the leader's GPU's last temperature reading when its iteration ended
+    (its GPU stands for the stage's, as for instructions; ``None``: not read): the phases that
+    measure wait until it has settled (``docs/design.md``, "Thermal drift").
     """
 
     __pydantic_config__ = FORBID_EXTRA
@@ -167,6 +171,7 @@ class StepReport:
     mismatches: Annotated[List[SequenceMismatch], Bound(max_length=MAX_RANKS)] = field(
         default_factory=list
     )
+    temperature_c: Optional[Celsius] = None
 
 
 def encode_sequence(pairs: Sequence[Tuple[str, int]]) -> str:

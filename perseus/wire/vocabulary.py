@@ -23,6 +23,16 @@ class Route:
     SCHEDULE = "/jobs/{job_id}/schedule"
     STEPS = "/jobs/{job_id}/steps"
     ITERATION_TIME = "/jobs/{job_id}/iteration_time"
+    # Read-only live views (perseus.server.live.routes): Prometheus's scrape, the live page's
+    # data (whether a token is needed, the job list, one job), a tracker's iterations, the page.
+    METRICS = "/metrics"
+    LIVE_AUTH = "/live/auth"
+    LIVE_JOBS = "/live/jobs"
+    LIVE_JOB = "/live/job"
+    LIVE_STEPS = "/live/jobs/{job_id}/steps"
+    UI_ROOT = "/ui"
+    UI = "/ui/"
+    UI_FILE = "/ui/{name}"
 
 
 class Phase(ConfigChoice):

@@ -235,7 +235,11 @@ def test_runtime_applies_a_plan_on_the_core(core_python: Path) -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["python"] == [3, 9]
     assert out["freqs"] == [[1410, 1200, 1005, 1200, 1410, 1005]] * 2
-    assert all(e is not None and e > 0 for e in out["energy_j"])
+    # The last iteration's energy is waited for (settle_energy); the first one's is unknown
+    # when the sampler thread had not read the counter twice before it started (a busy
+    # machine schedules the thread late), as on a real GPU at the start of a run.
+    energies = out["energy_j"]
+    assert energies[-1] is not None and all(e > 0 for e in energies if e is not None)
     assert out["trace_rows"] == 12
     assert out["guard_released"] is True
     assert out["from_config_freqs"] == [[1005, 1410, 1200, 1005, 1200, 1410]] * 2

@@ -26,7 +26,7 @@ SMALL = [
     "profiler.measure_steps=4",
     # perseus-train stops once the plan is measured; the bound only keeps a job that cannot
     # get there from running for ever (a busy machine plans slower, in more steps).
-    "train.max_steps=100000",
+    "train.max_steps=5000",
 ]
 
 
@@ -57,6 +57,12 @@ def test_small_pipeline_job_writes_report_plots_traces(tmp_path: Path) -> None:
     assert report["energy_saving"] > 0.02
     assert report["phase"] in ("watching", "done")
     assert report["profiling_iterations"] > 0
+    # What profiling cost above max speed, and its payback (or why it cannot be told).
+    cost = report["profiling_cost"]
+    assert cost["iterations"] > 0 and cost["time_s"] > 0
+    assert cost["reference"] == "plan_measurement"
+    assert isinstance(report["payback"]["measurable"], bool)
+    assert "profiling " in proc.stdout and " over max speed" in proc.stdout
 
     for name in ("frontier.png", "timeline.png"):
         assert (run_dir / name).read_bytes()[:8] == PNG

@@ -45,44 +45,94 @@ def test_tiny_models_train_in_a_deepspeed_pipeline(tmp_path: Path, model: str) -
     assert len(list(run_dir.glob("trace-rank*.csv"))) == 2
 
 
+# Plain DDP on two ranks searching four limits, three rounds (the fewest that give an interval).
+POWER_LIMIT_DDP = [
+    "framework=torch",
+    "energy=power_limit",
+    "parallelism.pp=1",
+    "parallelism.dp=2",
+    "parallelism.num_microbatches=2",
+    "gpu=emulated",
+    "gpu.emulated.time_scale=0.2",
+    "energy.power_limit.step_w=100",
+    "energy.power_limit.repeats=3",
+]
+
+
 def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    profile = f"energy.power_limit.profile_path={tmp_path / 'limits.json'}"
     proc = run_train(
-        [
-            "framework=torch",
-            "energy=power_limit",
-            "parallelism.pp=1",
-            "parallelism.dp=2",
-            "parallelism.num_microbatches=2",
-            "gpu=emulated",
-            "gpu.emulated.time_scale=0.2",
-            "energy.power_limit.warmup_steps=1",
-            "energy.power_limit.profile_steps=2",
-            "energy.power_limit.step_w=100",
-            "train.max_steps=3000",  # 4 limits x 3 windows, each after a 2 s warm-up
-            f"energy.power_limit.profile_path={tmp_path / 'limits.json'}",
-            f"hydra.run.dir={run_dir}",
-        ],
+        [*POWER_LIMIT_DDP, "train.max_steps=3000", profile, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         timeout_s=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((run_dir / "report.json").read_text())
     section = report["power_limit"]
-    assert section["state"] == "done"
+    search = section["search"]
+    assert section["state"] == "done" and section["failure"] is None
+    # down from the highest limit, one after another; what lies below is pruned
     limits = [row["power_limit_w"] for row in section["measurements"]]
-    assert limits == sorted(limits, reverse=True) and len(limits) >= 3
+    assert limits == section["power_limits_w"][: len(limits)] and len(limits) >= 3
+    assert search["pruned_w"] == section["power_limits_w"][len(limits) :]
+    assert search["steps"] <= 3000 and search["per_step_s"] > 0
     assert report["plan"]["power_limit_w"] == section["chosen_power_limit_w"]
     assert report["baseline"]["power_limit_w"] == max(limits)
-    assert report["energy_saving"] == pytest.approx(
-        1 - report["plan"]["energy_j"] / report["baseline"]["energy_j"]
+    # the highest limit and the candidates in every round: the pick's saving and slowdown
+    # come with 95 % intervals over the rounds
+    confirmed = [row for row in section["measurements"] if row["confirmed"]]
+    assert next(row["power_limit_w"] for row in confirmed) == max(limits)
+    for row in confirmed:
+        assert sum(w["phase"] == "confirm" for w in row["windows"]) == 3
+    saving = section["saving"]
+    assert saving["num_pairs"] == 3
+    low, high = saving["energy_saving_ci95"]
+    assert low <= saving["energy_saving"] <= high
+    assert saving["energy_saving_measurable"] == (not low <= 0.0 <= high)
+    last = proc.stdout.strip().splitlines()[-1]
+    if saving["power_limit_w"] == section["chosen_power_limit_w"]:
+        assert report["energy_saving"] == saving["energy_saving"]
+        assert report["energy_saving_ci95"] == [low, high]
+        assert report["saving_interval"] == "95 % interval over 3 paired measurement windows"
+        assert last.startswith(f"perseus-train: power limit {section['chosen_power_limit_w']:g} W")
+    else:  # the highest limit stayed: the saving is of the limit it was weighed against
+        assert section["chosen_power_limit_w"] == max(limits)
+        assert report["energy_saving"] == 0.0
+        assert report["saving_interval"] == section["decision"]
+        assert "(the highest) kept" in last
+    # the next run of the same job reads the saved table instead of searching
+    again = tmp_path / "again"
+    proc = run_train(
+        # under the search's least: fine, there is none to do
+        [*POWER_LIMIT_DDP, "train.max_steps=20", profile, f"hydra.run.dir={again}"],
+        cwd=tmp_path,
+        timeout_s=240,
     )
-    # Three windows per limit: the saving and the slowdown come with 95 % intervals.
-    assert all(row["num_windows"] == 3 for row in section["measurements"])
-    low, high = report["energy_saving_ci95"]
-    assert low <= report["energy_saving"] <= high
-    assert report["energy_saving_measurable"] == (not low <= 0.0 <= high)
-    assert report["saving_interval"] == "95 % interval over 3 paired measurement windows"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    section = json.loads((again / "report.json").read_text())["power_limit"]
+    assert section["loaded_profile"] and section["search"]["steps"] == 0
+
+
+def test_power_limit_refuses_a_run_too_short_for_its_search(tmp_path: Path) -> None:
+    proc = run_train(
+        [
+            "framework=torch",
+            "energy=power_limit",
+            "parallelism.pp=1",
+            "parallelism.dp=2",
+            "gpu=emulated",
+            "train.max_steps=10",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        timeout_s=240,
+    )
+    assert proc.returncode != 0
+    # before step 1, with the number of steps it needs
+    assert "train.max_steps=10 is under the 38 steps the power-limit search takes" in proc.stderr
+    assert "raise train.max_steps to 43 or more" in proc.stderr
+    assert "iteration 1:" not in proc.stderr
 
 
 def test_two_nodes_meet_through_the_environment(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ def test_training_process_needs_only_core_dependencies() -> None:
         and (top := arch.third_party(imp.target)) is not None
         and top not in arch.CORE_IMPORTS
         and not (top in arch.PATCHED_FRAMEWORKS and module.startswith("perseus.adapters"))
+        and not (top in arch.OPTIONAL_EXTRAS and imp.in_function)
     )
     assert foreign == []
     # The training path reaches none of the planner, server, launcher or apps.
@@ -112,6 +113,19 @@ def test_training_process_needs_only_core_dependencies() -> None:
     assert sorted(m for m in reached if (arch.layer_of(m) or 0) > runtime) == sorted(
         m for m in reached if m.startswith("perseus.adapters")
     )
+
+
+def test_optional_extras_are_pyproject_extras() -> None:
+    """Every optional package a training process may import lazily is installed by the extra
+    its message names."""
+    import tomllib
+
+    extras = tomllib.loads((arch.REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for package, extra in arch.OPTIONAL_EXTRAS.items():
+        wanted = package.replace("_", "-")
+        assert any(r.replace("_", "-").startswith(wanted) for r in extras[extra]), (package, extra)
 
 
 def test_merak_rank_needs_only_what_merak_env_installs() -> None:
@@ -125,6 +139,7 @@ def test_merak_rank_needs_only_what_merak_env_installs() -> None:
         and (top := arch.third_party(imp.target)) is not None
         and top not in arch.MERAK_RANK_IMPORTS
         and top != "Merak"
+        and not (top in arch.OPTIONAL_EXTRAS and imp.in_function)
     )
     assert foreign == []
     listed = {

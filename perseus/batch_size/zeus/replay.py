@@ -37,11 +37,7 @@ from perseus.batch_size.store import REACHED
 from perseus.batch_size.zeus.reference import ReferenceBroken
 from perseus.batch_size.zeus.trace import EpochCost, Workload
 from perseus.errors import BatchSizeError
-from perseus.power_limit.selectors import (
-    PowerLimitMeasurement,
-    select_power_limit,
-    selector_score,
-)
+from perseus.power_limit.selectors import Criterion, PowerLimitMeasurement, select_power_limit
 from perseus.power_limit.store import (
     ProfileKey,
     load_other_batch_sizes,
@@ -296,9 +292,7 @@ class PerseusPolicy:
         self.profile_path = Path(state_dir) / "power_limits.json"
         # Which power limits each batch size's profiling measured, and why.
         self.shapes: Dict[int, OpenLimits] = {}
-        score = selector_score("zeus_cost", eta, workload.max_power_w)
-        assert score is not None
-        self._score = score
+        self._criterion = Criterion("zeus_cost", eta=eta, max_power_w=workload.max_power_w)
 
     def next_batch_size(self) -> int:
         """:meth:`BatchSizeOptimizer.next_batch_size`."""
@@ -319,7 +313,13 @@ class PerseusPolicy:
         if measurements is None:
             # Only the limits the job's other batch sizes leave open (the shape carries).
             others = load_other_batch_sizes(self.profile_path, key)
-            shape = open_limits(others, key.power_limits_mw, self._score, batch_size)
+            criterion = self._criterion
+            shape = open_limits(
+                others,
+                key.power_limits_mw,
+                lambda m: criterion.score(m.time_per_step_s, m.energy_per_step_j),
+                batch_size,
+            )
             self.shapes[batch_size] = shape
             measurements = [
                 PowerLimitMeasurement(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 from perseus.formats.atomic_file import write_json_atomic, write_text_atomic
 from perseus.formats.plan.document import Plan, load_plan
@@ -64,6 +64,7 @@ def write_frontier_outputs(
     *,
     plan_extra: Optional[Mapping[str, Any]] = None,
     export_reference: bool = False,
+    on_plan: Optional[Callable[[int, int], None]] = None,
 ) -> Dict[str, str]:
     """Write ``frontier.csv``, ``plans/<plan_id>.json``, ``plan.json`` (and the references).
 
@@ -73,6 +74,7 @@ def write_frontier_outputs(
         chosen: The plan the policy chose (``plan.json``; ``is_chosen`` in the CSV).
         plan_extra: Extra keys stored in every plan JSON (e.g. ``policy``, ``solver``).
         export_reference: Also write ``reference/freqs_pipeline_%05d.py`` per plan.
+        on_plan: Called with ``(plans written, plans)`` after each plan file (progress).
 
     Returns:
         What was written, as names relative to ``out_dir`` (``frontier``, ``plans``, ``plan``,
@@ -81,7 +83,8 @@ def write_frontier_outputs(
     out = Path(out_dir)
     extra = dict(plan_extra or {})
     plan_files = []
-    for point in frontier.points:
+    points = frontier.points
+    for k, point in enumerate(points):
         plan = frontier.to_plan(point)
         plan.extra.update(extra)
         name = f"{PLANS_DIR}/{point.plan_id}.json"
@@ -90,6 +93,8 @@ def write_frontier_outputs(
         if export_reference:
             path = out / REFERENCE_DIR / f"freqs_pipeline_{point.plan_id:05d}.py"
             write_text_atomic(path, plan.to_reference_literal())
+        if on_plan is not None:
+            on_plan(k + 1, len(points))
     chosen_plan = frontier.to_plan(chosen)
     chosen_plan.extra.update(extra)
     chosen_plan.write(out / PLAN_JSON)

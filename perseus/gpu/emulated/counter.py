@@ -23,6 +23,9 @@ import math
 import random
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from perseus.errors import GPUValueError
+from perseus.gpu.emulated.thermal import ThermalModel
+
 # Schedule steps: (time the power takes effect, power in W).
 Steps = Sequence[Tuple[float, float]]
 
@@ -30,20 +33,39 @@ Steps = Sequence[Tuple[float, float]]
 class PowerTrace:
     """True power and energy over time (see the module docstring).
 
+    With a thermal model the scheduled powers are before leakage: the trace follows the die's
+    temperature under them and adds the leakage it causes, exactly
+    (:mod:`perseus.gpu.emulated.thermal`).
+
     Args:
         start_s: Clock time the trace starts at; before it the power was ``power_w``.
         power_w: Power from ``start_s`` on, until the first schedule.
         keep_s: How much of the past is kept for :meth:`energy_j` (at least).
+        thermal: The die's temperature and leakage (``None``: neither is modelled).
+        start_c: The temperature at ``start_s`` (default: steady under ``power_w``).
     """
 
-    def __init__(self, start_s: float, power_w: float, keep_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        start_s: float,
+        power_w: float,
+        keep_s: float = 3.0,
+        *,
+        thermal: Optional[ThermalModel] = None,
+        start_c: Optional[float] = None,
+    ) -> None:
         self.start_s = start_s
         self.keep_s = keep_s
+        self.thermal = thermal
         self._initial_w = power_w
-        # Breakpoints: the time, the energy then (J) and the power from then on (W).
+        # Breakpoints: the time, the energy then (J), the power from then on (W) and, with a
+        # thermal model, the temperature then (°C).
         self._times: List[float] = [start_s]
         self._energy: List[float] = [0.0]
         self._power: List[float] = [power_w]
+        self._temp: List[float] = []
+        if thermal is not None:
+            self._temp.append(thermal.steady_c(power_w) if start_c is None else start_c)
         self._pending: List[Tuple[float, float]] = []  # scheduled changes after _t
         self._t = start_s  # settled up to here
         # Called with the new time at every advance, before the old past is forgotten.
@@ -77,9 +99,24 @@ class PowerTrace:
         self._append(now_s, self._energy_now() + energy_j, self._power[-1])
 
     def power_w(self, now_s: float) -> float:
-        """The power at ``now_s`` (not before the last settle)."""
+        """The power at ``now_s`` (not before the last settle), leakage included."""
         self.advance(now_s)
-        return self._power[-1]
+        if self.thermal is None:
+            return self._power[-1]
+        return self._power[-1] + self.thermal.leakage_w(self.temperature_c(now_s))
+
+    def temperature_c(self, t_s: float) -> float:
+        """The die's temperature at ``t_s`` (in the kept past or later).
+
+        Raises:
+            GPUValueError: the trace has no thermal model.
+        """
+        if self.thermal is None:
+            raise GPUValueError("the emulated GPU models no temperature (thermal model off)")
+        if t_s > self._t:
+            self.advance(t_s)
+        i = max(0, bisect.bisect_right(self._times, t_s) - 1)
+        return self._after(i, t_s)[1]
 
     # -- readings ---------------------------------------------------------------------------
     def advance(self, now_s: float) -> None:
@@ -96,6 +133,8 @@ class PowerTrace:
         cut = bisect.bisect_right(self._times, now_s - self.keep_s) - 1
         if cut > 64:  # drop in batches: keeps advance() amortized O(1)
             del self._times[:cut], self._energy[:cut], self._power[:cut]
+            if self._temp:
+                del self._temp[:cut]
 
     def energy_j(self, t_s: float) -> float:
         """Energy from ``start_s`` to ``t_s`` (J; before ``start_s`` negative, at the first power).
@@ -108,7 +147,9 @@ class PowerTrace:
         if t_s < self.start_s:
             return self._initial_w * (t_s - self.start_s)
         i = max(0, bisect.bisect_right(self._times, t_s) - 1)
-        return self._energy[i] + self._power[i] * (t_s - self._times[i])
+        if self.thermal is None:
+            return self._energy[i] + self._power[i] * (t_s - self._times[i])
+        return self._after(i, t_s)[0]
 
     @property
     def kept_since_s(self) -> float:
@@ -125,19 +166,41 @@ class PowerTrace:
     def _power_at(self, t_s: float) -> float:
         return self._power[max(0, bisect.bisect_right(self._times, t_s) - 1)]
 
+    def _after(self, i: int, t_s: float) -> Tuple[float, float]:
+        """Energy (J) and temperature (°C) at ``t_s``, from breakpoint ``i`` (thermal model)."""
+        thermal = self.thermal
+        assert thermal is not None
+        end_c, energy_j = thermal.advance(self._temp[i], self._power[i], t_s - self._times[i])
+        return self._energy[i] + energy_j, end_c
+
     def _energy_now(self) -> float:
-        return self._energy[-1] + self._power[-1] * (self._t - self._times[-1])
+        if self.thermal is None:
+            return self._energy[-1] + self._power[-1] * (self._t - self._times[-1])
+        return self._after(len(self._times) - 1, self._t)[0]
 
     def _set(self, t_s: float, power_w: float) -> None:
-        self._append(t_s, self._energy[-1] + self._power[-1] * (t_s - self._times[-1]), power_w)
+        if self.thermal is None:
+            energy_j = self._energy[-1] + self._power[-1] * (t_s - self._times[-1])
+            self._append(t_s, energy_j, power_w)
+            return
+        energy_j, temp_c = self._after(len(self._times) - 1, t_s)
+        self._append(t_s, energy_j, power_w, temp_c)
 
-    def _append(self, t_s: float, energy_j: float, power_w: float) -> None:
+    def _append(
+        self, t_s: float, energy_j: float, power_w: float, temp_c: Optional[float] = None
+    ) -> None:
+        if self.thermal is not None and temp_c is None:  # a deposit: the temperature goes on
+            temp_c = self._after(len(self._times) - 1, t_s)[1]
         if self._times[-1] == t_s:
             self._energy[-1], self._power[-1] = energy_j, power_w
+            if temp_c is not None:
+                self._temp[-1] = temp_c
         else:
             self._times.append(t_s)
             self._energy.append(energy_j)
             self._power.append(power_w)
+            if temp_c is not None:
+                self._temp.append(temp_c)
 
 
 class EnergyCounter:

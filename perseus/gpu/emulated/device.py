@@ -40,6 +40,10 @@ Behaviour:
   times or changes clocks without synchronizing first measures queueing and puts clocks on
   the wrong work — as it would on a real GPU. :attr:`EmulatedGPU.executed` lists what ran,
   when and at which clocks.
+* **Temperature** (``thermal``, :mod:`perseus.gpu.emulated.thermal`; off by default): the die
+  warms toward a steady temperature that rises with power (one time constant, ~1 min) and
+  leakage power rises with temperature, so the same instruction costs more on a warm card;
+  :meth:`EmulatedGPU.temperature_c` reads it as NVML does (whole °C).
 * **Stage mapping** (:func:`~perseus.gpu.emulated.model.map_stage`): a pipeline with another
   number of stages than the profile keeps the profile's first and last stages.
 
@@ -73,6 +77,7 @@ from perseus.gpu.emulated.readings import (
     MIN_REALISTIC_PERIOD_S,
     Readings,
 )
+from perseus.gpu.emulated.thermal import ThermalModel
 from perseus.gpu.emulated.timeline import Timeline, Work
 
 __all__ = [
@@ -130,6 +135,9 @@ class EmulatedGPU(EmulatedMeter):
         sleeper: ``sleep(seconds)`` matching ``clock`` (default: precise real sleep).
         asynchronous: Queue work like CUDA (see the module docstring); needs ``sleep``.
         dry_run: Log clock and power-limit changes instead of making them (``gpu.dry_run``).
+        thermal: Model the die's temperature and the leakage power rising with it (``True``:
+            :meth:`ThermalModel.for_power_limit` of the highest power limit; a model: that one;
+            ``False``: neither, and :meth:`temperature_c` answers ``None``).
     """
 
     fast_clock_changes = True
@@ -156,6 +164,7 @@ class EmulatedGPU(EmulatedMeter):
         sleeper: Optional[Callable[[float], None]] = None,
         asynchronous: bool = False,
         dry_run: bool = False,
+        thermal: Union[bool, ThermalModel] = False,
     ) -> None:
         realistic = counter_kind(counter) == EmulatedCounter.realistic
         if all(profile.has(s, "backward") for s in profile.stages()):
@@ -209,8 +218,19 @@ class EmulatedGPU(EmulatedMeter):
         self._running: Optional[_Running] = None
         self._last_mhz: Optional[int] = None
         start_s = clock()
+        if thermal is True:
+            thermal = ThermalModel.for_power_limit(power_limit_max_w)
+        self.thermal: Optional[ThermalModel] = thermal or None
         self._start_readings(
-            Readings(realistic, start_s, energy_update_period_s, energy_noise, seed, idle_power_w)
+            Readings(
+                realistic,
+                start_s,
+                energy_update_period_s,
+                energy_noise,
+                seed,
+                idle_power_w,
+                thermal=self.thermal,
+            )
         )
         self.asynchronous = asynchronous
         self._timeline: Optional[Timeline] = None
@@ -292,6 +312,13 @@ class EmulatedGPU(EmulatedMeter):
     def now_s(self) -> float:
         """The device's clock (the injected one in tests)."""
         return self._clock()
+
+    def temperature_c(self) -> Optional[float]:
+        """The die's temperature in whole °C, as NVML reports it (``None``: thermal model off)."""
+        if self.thermal is None:
+            return None
+        with self._lock:
+            return float(round(self._trace.temperature_c(self._settle())))
 
     @property
     def executed(self) -> List[Work]:

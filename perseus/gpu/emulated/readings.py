@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from perseus.gpu.emulated.counter import EnergyCounter, PowerTrace
+from perseus.gpu.emulated.thermal import ThermalModel
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "h100_nvml"
 
@@ -152,6 +153,8 @@ class Readings:
         noise: Relative noise of each counter update.
         seed: Seeds every random stream (counter noise, grid phase, latencies, field timer).
         power_w: Power from ``start_s`` (idle).
+        thermal: The die's temperature and leakage (``None``: not modelled); the card starts
+            at its steady temperature under ``power_w``.
     """
 
     def __init__(
@@ -162,9 +165,10 @@ class Readings:
         noise: float,
         seed: int,
         power_w: float,
+        thermal: Optional[ThermalModel] = None,
     ) -> None:
         self.realistic = realistic
-        self.trace = PowerTrace(start_s, power_w)
+        self.trace = PowerTrace(start_s, power_w, thermal=thermal)
         phase_s = random.Random(f"{seed}:phase").random() * period_s if realistic else 0.0
         lag_s = COUNTER_LAG_S if realistic else 0.0
         self.counter = EnergyCounter(

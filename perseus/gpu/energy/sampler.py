@@ -13,6 +13,12 @@ Polling adapts to the counter: back to back (``min_gap_s`` apart) until the upda
 known, then quiet for most of each period and back to back only from shortly before the next
 update is due until it shows, so an update's time is known to about one read while the reads cost
 a few per update instead of hundreds a second.
+
+The same thread reads the GPU's temperature every ``temperature_period_s`` (NVML's
+``nvmlDeviceGetTemperature``: microseconds, whole °C) into a
+:class:`~perseus.records.energy.TemperatureSeries`: leakage power rises with temperature, so
+the phases that measure wait until the card has settled (``docs/design.md``, "Thermal drift").
+A GPU without a sensor (the read answers ``None`` or not supported) is simply not read again.
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ from collections import deque
 from typing import Callable, Deque, Iterable, List, Optional, Tuple
 
 from perseus.errors import GPUNotSupportedError
-from perseus.records.energy import EnergySeries, EnergyUpdate, UpdatePeriod, estimate_update_period
+from perseus.records.energy import (
+    EnergySeries,
+    EnergyUpdate,
+    TemperatureReading,
+    TemperatureSeries,
+    UpdatePeriod,
+    estimate_update_period,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +52,8 @@ PERIOD_REFRESH = 16
 QUIET_FRACTION = 0.85
 # Consecutive failed reads after which the sampler gives up (with one warning).
 MAX_FAILURES = 50
+# Time between temperature reads (s): the card's temperature moves over tens of seconds.
+TEMPERATURE_PERIOD_S = 1.0
 
 
 class UpdateDetector:
@@ -95,9 +110,13 @@ class EnergySampler:
         min_gap_s: Pause between back-to-back reads (keeps a counter that answers at once
             from spinning a core).
         series: Where updates go (default: a new one).
+        read_temperature_c: One read of the GPU's temperature (°C; ``None``: no sensor), or
+            ``None``: temperature is not read.
+        temperature_period_s: Time between temperature reads.
 
     Attributes:
         series: The updates seen so far.
+        temperatures: The temperature readings so far (``None``: temperature is not read).
         period: The counter's update period, once enough updates were seen (``None`` before).
         available: ``False`` once the counter proved unreadable (no energy is measured).
     """
@@ -110,12 +129,21 @@ class EnergySampler:
         name: str = "gpu",
         min_gap_s: float = 0.001,
         series: Optional[EnergySeries] = None,
+        read_temperature_c: Optional[Callable[[], Optional[float]]] = None,
+        temperature_period_s: float = TEMPERATURE_PERIOD_S,
     ) -> None:
         self._read = read_mj
         self._clock = clock
         self.name = name
         self.min_gap_s = max(0.0, min_gap_s)
         self.series = series if series is not None else EnergySeries()
+        self._read_temperature = read_temperature_c
+        self.temperature_period_s = max(0.0, temperature_period_s)
+        self.temperatures: Optional[TemperatureSeries] = (
+            TemperatureSeries() if read_temperature_c is not None else None
+        )
+        self._next_temperature_s = -float("inf")
+        self._temperature_failures = 0
         self.period: Optional[UpdatePeriod] = None
         self.available = True
         self._detector = UpdateDetector()
@@ -153,6 +181,45 @@ class EnergySampler:
                 self._since_estimate = 0
                 self.period = estimate_update_period(list(self._recent)) or self.period
             return update
+
+    def poll_temperature_once(self) -> Optional[TemperatureReading]:
+        """Read the temperature once and record it (``None``: not read, or no sensor).
+
+        A GPU that answers ``None`` or not supported is not read again; other failures are
+        retried, up to :data:`MAX_FAILURES` in a row.
+        """
+        read = self._read_temperature
+        series = self.temperatures
+        if read is None or series is None:
+            return None
+        t0 = self._clock()
+        try:
+            value = read()
+        except GPUNotSupportedError as exc:
+            self._stop_temperature(f"not supported ({exc})")
+            return None
+        except Exception as exc:  # a driver hiccup: try again later, not for ever
+            self._temperature_failures += 1
+            if self._temperature_failures >= MAX_FAILURES:
+                self._stop_temperature(f"{self._temperature_failures} reads failed ({exc})")
+            return None
+        t1 = self._clock()
+        self._temperature_failures = 0
+        if value is None:
+            self._stop_temperature("no temperature sensor")
+            return None
+        reading = TemperatureReading(time_s=0.5 * (t0 + t1), temperature_c=float(value))
+        series.add(reading)
+        self._next_temperature_s = t1 + self.temperature_period_s
+        return reading
+
+    def temperature_due(self, now_s: float) -> bool:
+        """Whether a temperature read is due at ``now_s``."""
+        return self._read_temperature is not None and now_s >= self._next_temperature_s
+
+    def _stop_temperature(self, why: str) -> None:
+        self._read_temperature = None
+        logger.info("GPU %s: temperature not recorded (%s)", self.name, why)
 
     def read_latency_s(self) -> Tuple[Optional[float], float]:
         """``(median, max)`` time one read blocked its caller, over the recent reads."""
@@ -203,6 +270,8 @@ class EnergySampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.temperature_due(self._clock()):
+                self.poll_temperature_once()
             try:
                 self.poll_once()
                 self._failures = 0

@@ -16,6 +16,8 @@
   (:class:`~perseus.gpu.energy.power_sampler.SampledEnergy`), with one warning.
 * **Power.** The instant power field (``NVML_FI_DEV_POWER_INSTANT``) where the driver has it,
   else ``nvmlDeviceGetPowerUsage`` (averaged over about a second on A40 and Hopper).
+* **Temperature.** ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``, read (like the energy
+  counter) only by the device's sampler thread.
 
 Every NVML failure raises a :mod:`perseus.errors` ``GPU*`` error (see
 :mod:`perseus.gpu.nvml.support`).
@@ -257,6 +259,13 @@ class NVMLGPU(GPU):
         """The current SM clock (``nvmlDeviceGetClockInfo``); None where unsupported."""
         try:
             return int(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_SM))
+        except GPUNotSupportedError:
+            return None
+
+    def temperature_c(self) -> Optional[float]:
+        """The die temperature (``NVML_TEMPERATURE_GPU``, whole °C); None where unsupported."""
+        try:
+            return float(self._call("nvmlDeviceGetTemperature", self._nvml.NVML_TEMPERATURE_GPU))
         except GPUNotSupportedError:
             return None
 

@@ -9,14 +9,14 @@ own time/energy estimates never reach the user.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.progress import Progress
 
-#: ``progress(message, fraction_done)``; fraction in [0, 1].
-Progress = Callable[[str, float], None]
+__all__ = ["ChoiceSolver", "Progress", "Solver", "report"]
 
 
 class Solver(ABC):

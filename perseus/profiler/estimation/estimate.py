@@ -7,9 +7,11 @@ it (:mod:`perseus.profiler.estimation.attribution`). The types of activity on on
 
 * ``(instruction, clock)`` — an instruction at a locked SM clock, for its typical duration; an
   instruction that ran longer than its type's typical duration (the host was late) worked for
-  the typical duration and waited for the rest;
+  the typical duration and waited for the rest (:mod:`perseus.profiler.estimation.stretch`;
+  the instructions that waited more than half their typical time are counted as host stalls,
+  :attr:`StageEstimator.stalls`);
 * :data:`BLOCKING` — inside an iteration, the time between instructions (waiting for a
-  neighbour stage's activations or gradients, and the stalls above);
+  neighbour stage's activations or gradients, and the stretches above);
 * :data:`BETWEEN_STEPS` — from one iteration's end to the next one's start (optimizer step,
   data loading), a nuisance power of its own;
 * unknown — before the first iteration, instructions at default clocks, between iterations
@@ -38,6 +40,7 @@ from perseus.profiler.estimation.attribution import (
 )
 from perseus.profiler.estimation.power_fit import PowerFit, Prior, fit_powers
 from perseus.profiler.estimation.smooth import fill_missing, ratio_rows, smoothness_rows
+from perseus.profiler.estimation.stretch import is_stall, typical_s, worked_spans
 from perseus.profiler.estimation.type_estimate import MAX_RELATIVE_SE, TypeEstimate
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate, UpdatePeriod, estimate_update_period
@@ -47,9 +50,6 @@ BETWEEN_STEPS = ("between-steps", 0)
 TypeKey = Tuple[str, int]
 __all__ = ["BETWEEN_STEPS", "BLOCKING", "MAX_RELATIVE_SE", "StageEstimator", "TypeEstimate"]
 
-# An instruction longer than this many typical durations waited for the excess: host delays
-# only ever lengthen an instruction, without the GPU working longer (see ``times_s``).
-OVERRUN_FACTOR = 1.0
 # Timed samples of one (instruction, clock) below which warm-up samples are used too.
 MIN_TIMED = 4
 # The counter's lag is fitted again when the equations grew by this factor since.
@@ -185,9 +185,9 @@ class StageEstimator:
         """
         out: Dict[TypeKey, Tuple[float, int]] = {}
         for key in set(self._durations) | set(self._warm_durations):
-            values = sorted(self._samples(key))
+            values = self._samples(key)
             if values:
-                out[key] = (values[(len(values) - 1) // 4], len(values))
+                out[key] = (typical_s(values), len(values))
         return out
 
     def time_noise_s(self) -> Dict[TypeKey, float]:
@@ -236,11 +236,25 @@ class StageEstimator:
                     continue
                 key = (rec.instruction, int(rec.frequency_mhz))
                 worked = typical.get(key, math.inf)
-                if rec.end_s - rec.start_s > OVERRUN_FACTOR * worked:
-                    spans.append(Span(rec.start_s, rec.start_s + worked, key))
-                else:
-                    spans.append(Span(rec.start_s, rec.end_s, key))
+                spans += worked_spans(rec.start_s, rec.end_s, key, worked, BLOCKING)
         return Timeline(_overlay(spans))
+
+    @property
+    def stalls(self) -> int:
+        """Instructions held (in the iterations kept) that waited on the host.
+
+        Longer than their type's typical duration by more than
+        :data:`~perseus.profiler.estimation.stretch.STALL_SHARE` of it; the excess counted as
+        blocking, never as the instruction's work.
+        """
+        typical = {k: t for k, (t, _) in self.times_s().items()}
+        return sum(
+            is_stall(rec.end_s - rec.start_s, typical[(rec.instruction, int(rec.frequency_mhz))])
+            for step in self._steps
+            for rec in step.instructions
+            if rec.frequency_mhz is not None
+            and (rec.instruction, int(rec.frequency_mhz)) in typical
+        )
 
     def fit(self) -> Optional[PowerFit]:
         """Fit every type's power to the counter equations (``None``: no equation yet)."""
@@ -346,6 +360,9 @@ class StageEstimator:
             parts.append(f"lag {1000 * fit.lag_s:.0f} ms, misfit x{fit.scale:.2f}")
         if period is not None:
             parts.append(f"update period {1000 * period.median_s:.0f} ms")
+        stalls = self.stalls
+        if stalls:
+            parts.append(f"{stalls} instructions stretched by host stalls (counted as waiting)")
         return ", ".join(parts)
 
 

@@ -21,6 +21,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 from perseus.formats.profile.table import Profile
 from perseus.profiler import inversions
 from perseus.profiler.estimation.estimate import MAX_RELATIVE_SE, StageEstimator, TypeEstimate
+from perseus.profiler.estimation.type_estimate import REMEASURE_SHARE
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate
 
@@ -174,11 +175,16 @@ class JobEstimates:
         return sorted(swept_mhz, key=lambda f: -score.get(f, math.inf))
 
     def uncertain_clocks(
-        self, stage: int, swept_mhz: Sequence[int], max_relative_se: float = MAX_RELATIVE_SE
+        self,
+        stage: int,
+        swept_mhz: Sequence[int],
+        max_relative_se: float = REMEASURE_SHARE * MAX_RELATIVE_SE,
     ) -> List[int]:
         """The swept clocks with a row known to worse than ``max_relative_se``.
 
-        Least certain first; clocks not estimated yet count as uncertain.
+        What the sweep re-measures (by default a little inside the profile's target, see
+        :data:`~perseus.profiler.estimation.type_estimate.REMEASURE_SHARE`). Least certain
+        first; clocks not estimated yet count as uncertain.
         """
         score = self._clock_uncertainty(stage)
         bad = [f for f in swept_mhz if not score.get(f, math.inf) <= max_relative_se]

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 # A profile row whose energy's standard error exceeds this fraction of it is uncertain.
 MAX_RELATIVE_SE = 0.02
+# The profiler re-measures a clock until its rows are this far inside the target: later data
+# move a standard error by a few percent (the fit's misfit scale), which would put rows that
+# just reached the target back above it.
+REMEASURE_SHARE = 0.9
 
 
 @dataclass(frozen=True)

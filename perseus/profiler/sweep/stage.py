@@ -10,7 +10,10 @@ Two modes (``profiler.mode``):
   every kind, and lasting at least ``min_window_s`` and the budget's share of one clock), and
   consecutive blocks take consecutive clocks, high to low; the kinds after the forward lag half
   a block behind (see ``StageSweep._assign_fast``). Iterations left in the budget once the stop
-  rule ended every kind re-measure the swept clocks, the least certain first.
+  rule ended every kind re-measure the swept clocks whose rows are still uncertain, in passes
+  that alternate direction: up from the lowest, then down again
+  (:func:`~perseus.profiler.sweep.windows.pass_order`), so that a drift over the profiling (the
+  GPU warming up) does not line up with the clocks.
 
 The kinds are those the stage's order runs: forward and backward, or for schedules that split
 the backward, its halves ``backward_input`` and ``backward_weight`` (each swept and stopped on
@@ -31,12 +34,12 @@ from perseus.pipeline_order import KINDS
 from perseus.profiler.sweep.stop import EnergyRiseStop
 from perseus.profiler.sweep.windows import (
     blocks,
-    refine_order,
+    pass_order,
     warmup_positions,
     window_s,
 )
 
-__all__ = ["StageSweep", "refine_order", "sweep_clocks_mhz", "warmup_positions"]
+__all__ = ["StageSweep", "pass_order", "sweep_clocks_mhz", "warmup_positions"]
 # Share of the iteration budget the first pass over all clocks is sized to (fast mode).
 SWEEP_SHARE = 0.75
 
@@ -74,8 +77,8 @@ class StageSweep:
             :data:`SWEEP_SHARE` of the budget over the clocks, so short instructions are
             aggregated into longer windows) and, once every kind stopped, the iterations left
             re-measure the swept clocks whose rows are still uncertain (each extra window adds
-            counter equations; order: :meth:`prioritize`, else spread over the swept range,
-            see :func:`refine_order`).
+            counter equations; which clocks: :meth:`prioritize`, else every swept one; in
+            passes of alternating direction, see :func:`pass_order`).
         update_period_s: The energy counter's measured update period: a window spans at least
             the counter intervals its rows need (:func:`~perseus.profiler.sweep.windows.
             window_s`), over several iterations where one is shorter.
@@ -133,7 +136,8 @@ class StageSweep:
         self._blocks = blocks(
             self.order, self.kinds, self.warmup_instructions, min_per_kind, min_window_s, times
         )
-        self._refine: List[int] = []  # clocks queued for re-measurement
+        self._refine: List[int] = []  # clocks left in the current re-measurement pass
+        self._ascending = False  # direction of that pass (the first pass walked down)
         self.refine_priority: Optional[List[int]] = None
         self._refining = False
         self._lag_clock = self.clocks_mhz[0]
@@ -238,19 +242,24 @@ class StageSweep:
         return freqs
 
     def _next_refine(self) -> int:
+        """The next clock of the current re-measurement pass; a new pass, the other way."""
         if not self._refine:
-            order = self.refine_priority or refine_order(self.swept_mhz)
-            self._refine = list(order) or self.clocks_mhz[:1]
+            self._ascending = not self._ascending
+            wanted = self.refine_priority if self.refine_priority else self.swept_mhz
+            self._refine = pass_order(wanted, self._ascending) or self.clocks_mhz[:1]
         return self._refine.pop(0)
 
     def prioritize(self, clocks_mhz: Sequence[int]) -> None:
-        """Re-measure these clocks first, in this order (e.g. the least certain first).
+        """Re-measure only these clocks (the ones whose rows are still uncertain).
 
-        Called again whenever the estimates change; an empty list once the first pass is over
-        (:attr:`refining`) means every row is certain enough: nothing is re-measured any more.
+        Called again whenever the estimates change: a clock that became certain leaves the
+        current pass, one that became uncertain again waits for the next pass. An empty list
+        once the first pass is over (:attr:`refining`) means every row is certain enough:
+        nothing is re-measured any more.
         """
         self.refine_priority = [int(c) for c in clocks_mhz]
-        self._refine = list(self.refine_priority)
+        wanted = set(self.refine_priority)
+        self._refine = [c for c in self._refine if c in wanted]
         if not self.refine_priority and self.refining:
             self._finished = True
             self._retry = []
@@ -335,6 +344,7 @@ class StageSweep:
             "cursor": dict(self._cursor),
             "finished": self._finished,
             "refine": list(self._refine),
+            "refine_ascending": self._ascending,
             "refine_priority": self.refine_priority,
             "lag_clock": self._lag_clock,
             "assigned": {str(k): v for k, v in self.assigned.items()},
@@ -364,6 +374,7 @@ class StageSweep:
         sweep._cursor = {k: int(v) for k, v in state["cursor"].items()}
         sweep._finished = bool(state["finished"])
         sweep._refine = [int(c) for c in state["refine"]]
+        sweep._ascending = bool(state.get("refine_ascending", False))
         priority = state["refine_priority"]
         sweep.refine_priority = None if priority is None else [int(c) for c in priority]
         sweep._lag_clock = int(state["lag_clock"])

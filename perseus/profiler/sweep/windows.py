@@ -64,14 +64,16 @@ def warmup_positions(
     return out
 
 
-def refine_order(clocks_mhz: Sequence[int], stride: int = 3) -> List[int]:
-    """The order swept clocks are re-measured in: every ``stride``-th first, then the rest.
+def pass_order(clocks_mhz: Sequence[int], ascending: bool) -> List[int]:
+    """The clocks of one re-measurement pass: lowest first when ``ascending``, else highest.
 
-    Spreading the extra windows over the whole range lets the smoothness prior carry their
-    information to the neighbours that wait for a second window.
+    The first pass over the clocks walks down (the stop rule needs it); the re-measurement
+    passes walk up, then down again, and so on. A clock measured early on the way down is
+    measured late on the way up, so a drift over the profiling (the GPU warming, its leakage
+    power rising with its temperature) does not line up with the clocks: a steady drift adds
+    about the same to every clock measured once each way.
     """
-    clocks = list(clocks_mhz)
-    return [c for offset in range(stride) for c in clocks[offset::stride]]
+    return sorted({int(c) for c in clocks_mhz}, reverse=not ascending)
 
 
 def blocks(

@@ -11,12 +11,14 @@ stage's exchange and, for the stage leader, the server client.
 from __future__ import annotations
 
 import dataclasses
+import socket
 from typing import TYPE_CHECKING, Optional
 
 from perseus.records import RankInfo
 from perseus.runtime.online.client import ServerClient
 from perseus.runtime.online.exchange import torch_stage_exchange
 from perseus.runtime.online.job_spec import job_spec_from_config
+from perseus.runtime.online.reports import gpu_label
 from perseus.runtime.online.source import OnlineSource
 
 if TYPE_CHECKING:
@@ -102,4 +104,5 @@ def build_online_source(
         exchange=exchange,
         prefetch_steps=cfg.server.prefetch_steps,
         endpoint=found,
+        gpu=gpu_label(socket.gethostname(), gpu.index),
     )

@@ -32,8 +32,22 @@ from perseus.wire import (
 MAX_REGISTERED_CLOCKS = 1024
 
 
-def stage_registration(rank: RankInfo, members: Sequence[Member]) -> RankRegistration:
-    """The leader's registration (``members``: the stage's ranks, the leader first)."""
+def gpu_label(host: str, index: int) -> Optional[str]:
+    """``<host>:<index>``, the registration's name of a GPU (``None``: no usable host name).
+
+    The host name keeps its letters, digits, ``.``, ``_`` and ``-`` (others become ``_``).
+    """
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in host)
+    return f"{name[:120]}:{int(index)}" if name and 0 <= int(index) < 10**6 else None
+
+
+def stage_registration(
+    rank: RankInfo, members: Sequence[Member], gpu: Optional[str] = None
+) -> RankRegistration:
+    """The leader's registration (``members``: the stage's ranks, the leader first).
+
+    ``gpu``: the leader's GPU (:func:`gpu_label`), whose counter updates its reports carry.
+    """
     common = set(members[0].clocks_mhz)
     for member in members[1:]:
         common &= set(member.clocks_mhz)
@@ -46,6 +60,7 @@ def stage_registration(rank: RankInfo, members: Sequence[Member]) -> RankRegistr
         tp_rank=rank.tp_rank,
         supported_clocks_mhz=[int(c) for c in clocks],
         power_limit_w=min(limits) if limits else None,
+        gpu=gpu,
         peers=[PeerRank(m.rank, m.dp_rank, m.tp_rank) for m in members[1:]],
     )
 
@@ -115,4 +130,12 @@ def combined_report(
             for member, row in zip(members[1:], rows[1:])
             if row.mismatch is not None
         ],
+        temperature_c=_temperature_c(record.temperature_c),
     )
+
+
+def _temperature_c(value: Optional[float]) -> Optional[float]:
+    """A reading the wire accepts (a sensor's nonsense is left out, never sent as one)."""
+    if value is None or not math.isfinite(value) or not -50.0 <= value <= 200.0:
+        return None
+    return float(value)

@@ -78,6 +78,8 @@ class OnlineSource:
         max_queued_reports: Reports waiting to be sent beyond this are dropped (oldest first).
         endpoint: Where the job is served (global rank 0 announces phases and the summary,
             and waits for the others before a server it started stops).
+        gpu: This rank's GPU as ``<host>:<index>`` (a leader registers it: the server's
+            metrics name the GPU its counter updates come from).
     """
 
     changes_clocks = True
@@ -94,6 +96,7 @@ class OnlineSource:
         prefetch_steps: int = 2,
         max_queued_reports: int = 64,
         endpoint: Optional[Endpoint] = None,
+        gpu: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.endpoint = endpoint
@@ -130,6 +133,10 @@ class OnlineSource:
         # (reused while the schedule stays the same: no decoding on most iterations).
         self._clock_values: List[float] = []
         self._clock_map: Dict[Tuple[str, int], Optional[int]] = {}
+        # The same clocks by position of the stage's order (the controller's timeline), and
+        # this iteration's (None: unscheduled).
+        self._clock_timeline: Tuple[Optional[int], ...] = ()
+        self._timeline: Optional[Tuple[Optional[int], ...]] = None
         self._step = -1
         self._scheduled = False
         self._pending: Optional[Tuple[StepRecord, str, Optional[Phase], Pending]] = None
@@ -142,7 +149,7 @@ class OnlineSource:
             self.link = ServerLink(
                 client,
                 job_spec,
-                stage_registration(rank, self.exchange.members),
+                stage_registration(rank, self.exchange.members, gpu),
                 prefetch_steps=prefetch_steps,
                 max_queued_reports=max_queued_reports,
                 on_message=self._notice,
@@ -163,6 +170,7 @@ class OnlineSource:
         """Take this iteration's schedule from the stage's exchange (never waits on the server)."""
         self._step = step
         self._clocks = {}
+        self._timeline = None
         self._scheduled = False
         self.phase = None
         leader_payload, report = self._finish_exchange()
@@ -177,8 +185,11 @@ class OnlineSource:
             values = leader_payload[offset : offset + num_positions]
             if values != self._clock_values:  # most iterations: the clocks of the one before
                 self._clock_values = values
-                self._clock_map = dict(zip(self.order, payloads.decode_clocks(values)))
+                clocks = payloads.decode_clocks(values)
+                self._clock_map = dict(zip(self.order, clocks))
+                self._clock_timeline = tuple(clocks)
             self._clocks = self._clock_map  # read only
+            self._timeline = self._clock_timeline
             self._scheduled = True
             self.phase = phase
             if self.announces and phase != self._announced:
@@ -191,6 +202,13 @@ class OnlineSource:
     ) -> Optional[int]:
         """The scheduled clock of ``(instruction, microbatch)``; ``None``: default clocks."""
         return self._clocks.get((instruction, microbatch))
+
+    def iteration_clocks(self) -> Optional[Sequence[Optional[int]]]:
+        """The iteration's scheduled clocks by position of the stage's order.
+
+        ``None``: unscheduled. The same tuple while the schedule's clocks stay the same.
+        """
+        return self._timeline
 
     def end_step(self, record: StepRecord) -> None:
         """Start the stage's exchange of this iteration's measurements (and the next schedule)."""
@@ -304,6 +322,7 @@ class OnlineSource:
             return
         self.stopped = True
         self._clocks = {}
+        self._timeline = None
         self.phase = None
         if why is not None:
             logger.warning(

@@ -8,7 +8,9 @@ the table of allowed changes. Around the phase the job keeps what every phase sh
 (:mod:`perseus.server.jobs.ranks`), the reports and the job steps they combine into
 (:mod:`perseus.server.jobs.reports`), the schedules handed out
 (:mod:`perseus.server.jobs.schedules`),
-its message and files, and its state on disk (:mod:`perseus.server.jobs.state`).
+its message and files, its state on disk (:mod:`perseus.server.jobs.state`), and its live
+telemetry (:mod:`perseus.server.live.telemetry`: cheap appends of what the job receives anyway,
+for the metrics and the live page).
 
 Ranks of one stage share the stage's schedule, except that a switch for a straggler only slows
 the replicas that are not straggling (the stage leader gets both and hands each replica its
@@ -26,8 +28,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional
 
+from perseus.errors import PerseusError
 from perseus.formats.plan import outputs as plan_outputs
 from perseus.formats.profile.table import Profile
+from perseus.observability.snapshot import JobDetail, JobSnapshot
 from perseus.schedule import stage_order
 from perseus.server.estimation import CloseJob, ForgetRank, OpenJob, ReportReadings
 from perseus.server.jobs import state as job_state
@@ -37,6 +41,8 @@ from perseus.server.jobs.reports import ReportIntake
 from perseus.server.jobs.schedules import ScheduleBook, schedule_for
 from perseus.server.jobs.steps import JobStep
 from perseus.server.jobs.summary import JobView, job_status, job_summary
+from perseus.server.live import views as live_views
+from perseus.server.live.telemetry import JobTelemetry
 from perseus.server.phases.baseline import Baseline
 from perseus.server.phases.table import (
     Handler,
@@ -68,6 +74,7 @@ class Job:
         rank_timeout_s: A rank silent this long is marked dead.
         settings: How the job's plan is judged and watched (default: the defaults).
         clock: Monotonic clock (tests may pass another).
+        live_history_s: How long the live telemetry keeps each GPU's power.
     """
 
     def __init__(
@@ -82,6 +89,7 @@ class Job:
         rank_timeout_s: float = 30.0,
         settings: Optional[JobSettings] = None,
         clock: Callable[[], float] = time.monotonic,
+        live_history_s: float = 600.0,
     ) -> None:
         self.job_id = job_id
         self.spec = spec
@@ -115,6 +123,10 @@ class Job:
             reply=self._reply,
         )
         self._phase: JobPhase = Baseline(self._ctx, JobRecord())
+        self.live = JobTelemetry(spec.num_stages, history_s=live_history_s)
+        self.live.phase(str(Phase.baseline), 0, "registered")
+        self._live_kept: Optional[JobSnapshot] = None
+        self._live_version = -1
         estimators.send(job_id, OpenJob(num_stages=spec.num_stages))
 
     @property
@@ -140,6 +152,7 @@ class Job:
             self.ranks.register(reg)
             self._reports.registered(reg)
             self._schedules.stage_changed(reg.stage)
+            self.live.registered(reg)
             if restoring:
                 return
             fields = {k: v for k, v in asdict(reg).items() if k not in ("supported_clocks_mhz",)}
@@ -211,10 +224,19 @@ class Job:
                 return
             if rep.instructions or rep.energy_updates:
                 self._phase.records(rep, state.stage, 1 + len(rep.peers))
+            self.live.report(
+                rep,
+                state.stage,
+                self._scheduled_clocks(state.stage, state.dp_rank, rep.step),
+                self._ctx.orders[state.stage],
+            )
             if self._reports.add(rep, state):
                 self._complete(rep.step, [state.stage])
-            for step, energy_j in self._reports.energies(rep):
+            energies = self._reports.energies(rep)
+            for step, energy_j in energies:
                 self._energy(step, energy_j)
+            if energies and self._phase.name == Phase.running:
+                self._live_measured()
             self._settle()
             self._changed()
 
@@ -235,6 +257,10 @@ class Job:
             self._phase.stage_step_done(stage, step)
         if js is not None:
             self._history.append(js)
+            arm = live_views.arm_of(self._phase, js.step)
+            self.live.job_step(
+                js.step, js.iteration_time_s, js.energy_j, arm, str(self._phase.name)
+            )
             self._phase.job_step(js)
             self._settle()
 
@@ -243,6 +269,7 @@ class Job:
         for i, js in enumerate(self._history):
             if js.step == step:
                 self._history[i] = replace(js, energy_j=energy_j)
+        self.live.energy(step, energy_j)
         self._phase.step_energy(step, energy_j)
 
     def _recheck(self) -> None:
@@ -272,6 +299,10 @@ class Job:
             at_step=self._schedules.next_step(),
             why=why,
         )
+        self.live.phase(str(new.name), self._schedules.next_step(), why)
+        self._live_plans()
+        if new.name == Phase.watching:
+            self._live_measured()
         new.start()
         if new.name == Phase.watching:  # the plan is measured: its summary for the run
             self._notes.files["summary"] = str(self.job_dir / plan_outputs.SUMMARY_JSON)
@@ -304,6 +335,7 @@ class Job:
             self._schedules.clear()
             self._reports.release()
             self._phase.release()
+            self.live.retired()
             self._estimators.send(self.job_id, CloseJob())
             self.events.write("job_retired", ranks=self.ranks.counts())
             self._changed()
@@ -340,8 +372,65 @@ class Job:
         """The job's phase, ranks and what runs now (``GET /jobs/{job_id}``)."""
         return job_status(self.view())
 
+    # -- live views (the metrics, the live page) -------------------------------------------------
+    def live_snapshot(self) -> JobSnapshot:
+        """The job's live snapshot (kept until the job changes again)."""
+        with self.lock:
+            if self._live_kept is not None and self._live_version == self.live.version:
+                return self._live_kept
+            snap = live_views.job_snapshot(
+                self.view(),
+                self.live,
+                num_stages=self.spec.num_stages,
+                profiling=live_views.profiling_progress(self._phase, self.spec.profiler),
+                ranks=self.ranks.counts(),
+            )
+            self._live_kept, self._live_version = snap, self.live.version
+            return snap
+
+    def live_detail(self) -> JobDetail:
+        """What the live page draws of this job besides its snapshot."""
+        with self.lock:
+            return live_views.job_detail(self.view(), self.live)
+
+    def _scheduled_clocks(self, stage: int, dp_rank: int, step: int) -> Optional[List[Any]]:
+        """The clocks the job scheduled for replica ``dp_rank`` of ``stage`` at ``step``."""
+        decision = self._schedules.decided(stage, step)
+        if decision is None:
+            return None
+        _, freqs, overrides = decision
+        for group in overrides:
+            if dp_rank in group.dp_ranks:
+                return list(group.frequencies_mhz)
+        return freqs
+
+    def _live_measured(self) -> None:
+        """The plan's measurement may have another block pair: its saving so far."""
+        measured = self._phase.outcome().measured
+        if measured is None or not measured.blocks:
+            return
+        found = live_views.comparison_intervals(measured.comparison())
+        if found is not None:
+            self.live.measured(*found)
+
+    def _live_plans(self) -> None:
+        """Once the job has plans: the profile's instruction times weight the stages' clocks."""
+        plan = self._phase.view().plan
+        if plan is None or self.live.profile_time_s is not None:
+            return
+        profile = plan.result.frontier.problem.profile
+
+        def time_s(stage: int, kind: str, mhz: int) -> Optional[float]:
+            try:
+                return profile.lookup(stage, kind, mhz).time_s
+            except PerseusError:
+                return None
+
+        self.live.profile_time_s = time_s
+
     # -- kept state -----------------------------------------------------------------------------
     def _changed(self) -> None:
+        self.live.changed()
         if self._store is not None:
             self._store.state_changed(self.job_id, self.snapshot)
 
@@ -386,6 +475,10 @@ class Job:
                 self._schedules.newest_step = kept.newest_step
                 self._history.extend(kept.history)
                 lost = self._phase.resume()
+                self.live.phase(str(self._phase.name), self._schedules.next_step(), "restored")
+                self._live_plans()
+                if self.retired:
+                    self.live.retired()
             self._settle()
             profiled = self._phase.outcome().profiling
             summary = (profiled and profiled.summary) or {}

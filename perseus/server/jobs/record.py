@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
-from perseus.profiler.comparison import PLAN, REFERENCE, Block, Comparison, compare
+from perseus.profiler.comparison import PLAN, REFERENCE, Block, Comparison, ThermalBlock, compare
 from perseus.server.jobs.steps import JobStep, job_step_from_json, job_step_to_json
 
 
@@ -75,7 +75,9 @@ class PlanMeasurement:
         return {
             "reference": [job_step_to_json(s) for s in self.reference],
             "plan": [job_step_to_json(s) for s in self.plan],
-            "blocks": [[b.arm, b.num_steps, b.time_s, b.energy_j] for b in self.blocks],
+            "blocks": [
+                [b.arm, b.num_steps, b.time_s, b.energy_j, b.temperature_c] for b in self.blocks
+            ],
             "block_steps": self.block_steps,
         }
 
@@ -88,10 +90,17 @@ class PlanMeasurement:
         """
         reference = [job_step_from_json(s) for s in data["reference"]]
         plan = [job_step_from_json(s) for s in data["plan"]]
+        blocks: List[Block]
         if "blocks" in data:
             blocks = [
-                Block(str(arm), int(n), float(t), None if e is None else float(e))
-                for arm, n, t, e in data["blocks"]
+                ThermalBlock(
+                    arm=str(b[0]),
+                    num_steps=int(b[1]),
+                    time_s=float(b[2]),
+                    energy_j=None if b[3] is None else float(b[3]),
+                    temperature_c=None if len(b) < 5 or b[4] is None else float(b[4]),
+                )
+                for b in data["blocks"]
             ]
         else:
             arms = [(js, REFERENCE) for js in reference] + [(js, PLAN) for js in plan]

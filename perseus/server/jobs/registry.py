@@ -14,7 +14,7 @@ import logging
 import secrets
 import threading
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from fastapi import HTTPException
 
@@ -123,6 +123,7 @@ class JobRegistry:
             store=self.store,
             rank_timeout_s=self.cfg.rank_timeout_s,
             settings=JobSettings.of(self.cfg),
+            live_history_s=self.cfg.live_history_s,
         )
 
     def get(self, job_id: str) -> Job:
@@ -161,6 +162,17 @@ class JobRegistry:
         for job in list(self.jobs.values()):
             if not job.retired:
                 job.check_liveness()
+
+    # -- live views -----------------------------------------------------------------------------
+    def live_jobs(self, now_s: float) -> List[Job]:
+        """The jobs the live views show: every job but those retired before ``live_retired_s``."""
+        keep_s = self.cfg.live_retired_s
+        out = []
+        for job in list(self.jobs.values()):
+            retired_s = job.live.retired_s
+            if retired_s is None or now_s - retired_s <= keep_s:
+                out.append(job)
+        return out
 
     # -- restart --------------------------------------------------------------------------------
     def restore(self) -> int:

@@ -103,6 +103,7 @@ class ReportIntake:
                 covers=peers if peers is not None and peers == given else given,
                 replica_time_s=tuple((r.dp_rank, r.compute_time_s) for r in report.replicas),
                 scheduled=report.scheduled,
+                temperature_c=report.temperature_c,
             ),
         )
 

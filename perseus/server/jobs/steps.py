@@ -17,6 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
+from perseus.profiler.comparison import mean_temperature_c
+
 
 @dataclass(frozen=True)
 class RankStep:
@@ -30,6 +32,7 @@ class RankStep:
     covers: FrozenSet[int] = frozenset()
     replica_time_s: Tuple[Tuple[int, float], ...] = ()
     scheduled: bool = True
+    temperature_c: Optional[float] = None
 
     @property
     def ranks(self) -> FrozenSet[int]:
@@ -47,6 +50,8 @@ class JobStep:
     # Per data-parallel replica: the slowest rank's compute time (iteration time if unknown).
     replica_time_s: Dict[int, float]
     clean: bool = True
+    # The stage leaders' mean GPU temperature at its end (°C; None: none reported).
+    temperature_c: Optional[float] = None
 
 
 @dataclass
@@ -128,6 +133,7 @@ class StepTable:
             energy_j=None,
             replica_time_s=replicas,
             clean=all(r.scheduled for r in reports),
+            temperature_c=mean_temperature_c([r.temperature_c for r in reports]),
         )
         return js, frozenset(pending.reports)
 
@@ -235,6 +241,7 @@ def job_step_to_json(js: JobStep) -> Dict[str, Any]:
         "energy_j": js.energy_j,
         "replica_time_s": {str(k): v for k, v in js.replica_time_s.items()},
         "clean": js.clean,
+        "temperature_c": js.temperature_c,
     }
 
 
@@ -246,4 +253,5 @@ def job_step_from_json(data: Dict[str, Any]) -> JobStep:
         energy_j=None if data["energy_j"] is None else float(data["energy_j"]),
         replica_time_s={int(k): float(v) for k, v in data["replica_time_s"].items()},
         clean=bool(data.get("clean", True)),
+        temperature_c=None if data.get("temperature_c") is None else float(data["temperature_c"]),
     )

@@ -8,6 +8,11 @@ Once the plan is measured against max speed (in blocks, :mod:`perseus.profiler.c
 ``baseline`` and ``plan`` are each arm's mean iteration, and ``savings`` gives the energy saving
 and the slowdown with their 95 % intervals; a saving whose interval contains 0 is not measurable
 and has no value (``energy_fraction`` is ``null``), only its interval.
+
+``profiling.cost`` is what profiling took against max speed (its iterations, their time and
+energy, and what those are above max speed's, with standard errors; max speed as measured beside
+the plan, before that the baseline); ``payback`` is after how many plan iterations the measured
+saving repays that energy, with its interval, or not measurable (:mod:`perseus.profiler.payback`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from perseus.profiler.comparison import Comparison
+from perseus.profiler.comparison import REFERENCE, Comparison
+from perseus.profiler.payback import (
+    PerIteration,
+    ProfilingCost,
+    payback,
+    per_iteration,
+    profiling_cost,
+)
 from perseus.server.jobs.record import JobRecord
 from perseus.server.jobs.steps import JobStep, typical_step
 from perseus.server.phases.plan_switching import PlanEpoch
@@ -101,24 +113,72 @@ def job_summary(view: JobView) -> Dict[str, Any]:
         out["baseline"] = _arm(comparison.reference, measured.reference)
         out["plan"] = _arm(comparison.plan, measured.plan)
         out["savings"] = _savings(comparison, measured.block_steps)
+    out["payback"] = _payback(comparison, out["profiling"].get("cost"), view.fallback)
     return out
 
 
+def _max_speed(record: JobRecord) -> Optional[PerIteration]:
+    """Max speed's iteration: its blocks beside the plan, else the baseline (``None``: none)."""
+    measured = record.measured
+    blocks = [] if measured is None else [b for b in measured.blocks if b.arm == REFERENCE]
+    if blocks:
+        groups = [(b.num_steps, b.time_s, b.energy_j) for b in blocks]
+        return per_iteration(groups, "plan_measurement")
+    if record.baseline:
+        steps = [(1, js.iteration_time_s, js.energy_j) for js in record.baseline]
+        return per_iteration(steps, "baseline")
+    return None
+
+
+def _payback(
+    comparison: Optional[Comparison],
+    cost: Optional[Dict[str, Any]],
+    fallback: Optional[Dict[str, Any]],
+) -> Optional[Dict[str, Any]]:
+    """After how many plan iterations the saving repays profiling (``None``: no cost yet).
+
+    A plan that fell back to max speed saves nothing from then on: nothing repays.
+    """
+    if cost is None:
+        return None
+    if fallback is not None:
+        comparison = None
+    saving = None if comparison is None else comparison.energy_saving
+    measurable = comparison is not None and comparison.energy_saving_measurable
+    reference_j = None if comparison is None else comparison.reference.get("energy_j")
+    repaid = payback(
+        cost,
+        saving.value if saving is not None and measurable else None,
+        None if saving is None else saving.to_list(),
+        reference_j,
+    )
+    if fallback is not None:
+        repaid["reason"] = "the plan fell back to max speed"
+    return repaid
+
+
 def _arm(means: Dict[str, Optional[float]], steps: List[JobStep]) -> Dict[str, Any]:
-    """One arm of the measurement: its mean iteration over the paired blocks."""
-    return {
+    """One arm of the measurement: its mean iteration over the paired blocks.
+
+    With its GPUs' mean temperature where the ranks report one.
+    """
+    out: Dict[str, Any] = {
         "iteration_time_s": means["iteration_time_s"],
         "energy_j": means["energy_j"],
         "num_steps": int(means["num_steps"] or 0),
         "first_step": steps[0].step if steps else None,
     }
+    if means["temperature_c"] is not None:
+        out["temperature_c"] = means["temperature_c"]
+    return out
 
 
 def _savings(comparison: Comparison, block_steps: int) -> Dict[str, Any]:
     """The plan against max speed: the saving (a value only when measurable), the slowdown."""
     saving, slowdown = comparison.energy_saving, comparison.slowdown
+    warmth = comparison.temperature_difference_c
     measurable = comparison.energy_saving_measurable
-    return {
+    out: Dict[str, Any] = {
         "energy_fraction": saving.value if saving is not None and measurable else None,
         "energy_saving_ci95": None if saving is None else saving.to_list(),
         "energy_saving_measurable": measurable,
@@ -127,6 +187,10 @@ def _savings(comparison: Comparison, block_steps: int) -> Dict[str, Any]:
         "num_block_pairs": comparison.num_pairs,
         "block_steps": block_steps,
     }
+    if warmth is not None:  # the plan's blocks' temperature minus max speed's, where reported
+        out["temperature_difference_c"] = warmth.value
+        out["temperature_difference_ci95"] = warmth.to_list()
+    return out
 
 
 def job_status(view: JobView) -> Dict[str, Any]:
@@ -146,7 +210,12 @@ def _profiling(view: JobView) -> Dict[str, Any]:
         "last_step": None if profiled is None else profiled.last_step,
     }
     if profiled is not None and profiled.summary is not None:
-        out.update(profiled.summary)
+        summary = dict(profiled.summary)
+        sums, period_s = summary.pop("measured", None), summary.pop("update_period_s", None)
+        out.update(summary)
+        reference = _max_speed(view.record)
+        if sums is not None and reference is not None:
+            out["cost"] = profiling_cost(ProfilingCost.from_json(sums), reference, period_s)
     return out
 
 

@@ -1,12 +1,22 @@
 """The ``baseline`` phase: every instruction at the highest clock, and the job's first measurement.
 
-From ``settle_steps`` on, the clean job iterations are the job's max-speed baseline, the
-instruction durations and the energy counters' update period (as the job measured it from the
-ranks' counter updates) size the profiling sweeps' windows, and the instruction records and
-counter updates already feed the job's estimates (the highest clock's points). Once every stage
-registered and ``baseline_steps`` clean iterations are measured, the job goes on to
-``profiling`` (or fails where profiling is disabled). The sweeps then re-measure the clocks
-whose rows the estimates still find uncertain, as their budget allows.
+From ``settle_steps`` on, and once every stage's GPU is thermally settled, the clean job
+iterations are the job's max-speed baseline, the instruction durations and the energy counters'
+update period (as the job measured it from the ranks' counter updates) size the profiling
+sweeps' windows, and the instruction records and counter updates already feed the job's
+estimates (the highest clock's points). Once every stage registered and ``baseline_steps`` clean
+iterations are measured, the job goes on to ``profiling`` (or fails where profiling is
+disabled). The sweeps then re-measure the clocks whose rows the estimates still find uncertain,
+as their budget allows.
+
+**Thermally settled** (``docs/design.md``, "Thermal drift"): leakage power rises with the
+card's temperature, so iterations measured while a card still warms up from idle read low. Each
+stage leader reports its GPU's temperature with every iteration; a stage has settled when its
+temperature's least-squares slope over the last minute is within 0.5 °C per minute
+(:class:`~perseus.records.ThermalCriterion`), or after ten minutes of waiting (said in the
+``thermally_settled`` event), or at once where no temperature is reported. Until every stage has,
+the iterations run at max speed as before, unmeasured. The verdict is taken once: the phases
+after the baseline start on a settled card.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
+from perseus.records import ThermalWatch, stages_settled
 from perseus.server.jobs.record import JobRecord, fill_energy
 from perseus.server.jobs.steps import JobStep, job_step_from_json, job_step_to_json, typical_step
 from perseus.server.phases.profiling import (
@@ -38,6 +49,9 @@ class Baseline(JobPhase):
         record: Empty (nothing came before).
         steps: The clean iterations measured so far.
         kind_times_s: ``(stage, instruction) -> durations`` measured so far.
+        thermal: Each reporting rank's temperature readings so far (a stage leader's GPU
+            stands for its stage; each on its own clock).
+        settled: Whether every stage was found thermally settled (measuring started).
     """
 
     name = Phase.baseline
@@ -48,16 +62,28 @@ class Baseline(JobPhase):
         record: JobRecord,
         steps: Optional[List[JobStep]] = None,
         kind_times_s: Optional[Dict[Tuple[int, str], List[float]]] = None,
+        thermal: Optional[Dict[int, ThermalWatch]] = None,
+        settled: bool = False,
     ) -> None:
         super().__init__(ctx, record)
         self.steps: List[JobStep] = steps or []
         self.kind_times_s: Dict[Tuple[int, str], List[float]] = kind_times_s or {}
+        self.thermal: Dict[int, ThermalWatch] = thermal or {}
+        self.settled = settled
         self._said = False
 
     def records(self, report: StepReport, stage: int, num_gpus: int) -> None:
         """Durations of a settled, scheduled iteration; its records and updates to the estimates."""
+        if report.temperature_c is not None and report.end_s is not None:  # on its own clock
+            watch = self.thermal.setdefault(report.rank, ThermalWatch())
+            watch.add(report.end_s, report.temperature_c)
         prof = self.ctx.spec.profiler
-        if not report.scheduled or report.step < prof.settle_steps or not report.instructions:
+        if (
+            not report.scheduled
+            or report.step < prof.settle_steps
+            or not report.instructions
+            or not self.thermally_settled()
+        ):
             feed_estimates(self.ctx, stage, report, [], [], num_gpus)
             return
         records = instruction_records(report)
@@ -71,9 +97,36 @@ class Baseline(JobPhase):
     def job_step(self, js: JobStep) -> None:
         """A clean, settled iteration is a baseline measurement (``baseline_steps`` of them)."""
         prof = self.ctx.spec.profiler
-        if js.clean and js.step >= prof.settle_steps and len(self.steps) < prof.baseline_steps:
+        if (
+            js.clean
+            and js.step >= prof.settle_steps
+            and len(self.steps) < prof.baseline_steps
+            and self.thermally_settled()
+        ):
             self.steps.append(js)
             self._measured()
+
+    def thermally_settled(self) -> bool:
+        """Whether every stage's GPU has settled (see the module docstring); once true, stays."""
+        if self.settled:
+            return True
+        ready, verdicts = stages_settled(self.thermal)
+        if not ready:
+            return False
+        self.settled = True
+        if verdicts:
+            self.ctx.events.write(
+                "thermally_settled",
+                ranks={
+                    str(rank): {
+                        "reason": v.reason,
+                        "temperature_c": v.temperature_c,
+                        "slope_c_per_min": v.slope_c_per_min,
+                    }
+                    for rank, v in verdicts.items()
+                },
+            )
+        return True
 
     def step_energy(self, step: int, energy_j: float) -> None:
         """A baseline step's energy arrived."""
@@ -118,10 +171,20 @@ class Baseline(JobPhase):
         return {
             "steps": [job_step_to_json(s) for s in self.steps],
             "kind_times": [[s, k, v] for (s, k), v in self.kind_times_s.items()],
+            "thermal": [[stage, watch.to_state()] for stage, watch in self.thermal.items()],
+            "settled": self.settled,
         }
 
     @classmethod
     def from_state(cls, ctx: JobContext, record: JobRecord, state: Dict[str, Any]) -> Baseline:
         """The phase :meth:`to_state` described."""
         kind_times = {(int(s), str(k)): [float(x) for x in v] for s, k, v in state["kind_times"]}
-        return cls(ctx, record, [job_step_from_json(s) for s in state["steps"]], kind_times)
+        thermal = {int(s): ThermalWatch.from_state(w) for s, w in state.get("thermal", [])}
+        return cls(
+            ctx,
+            record,
+            [job_step_from_json(s) for s in state["steps"]],
+            kind_times,
+            thermal,
+            bool(state.get("settled", not thermal)),
+        )

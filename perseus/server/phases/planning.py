@@ -7,12 +7,19 @@ worker solves the frontier and writes the job's files
 are handled under the job's lock; meanwhile the job trains at the highest clock. The plan starts
 at the step after the newest one any rank asked for (``running``); an unusable profile or a
 failed planner fails the job. A server restarted in this phase plans again.
+
+The profile's rows still above the target error are said (``profiling_done``, and with the budget
+key that ended profiling early, ``profiling_budget_spent``) and kept in the job's record
+(``profiling.uncertain_rows`` of the summary); the plan uses them all the same. The energies of
+the last profiling iterations, which arrive during planning, still count to the profiling's cost.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
 
+from perseus.profiler.payback import ProfilingCost
 from perseus.profiler.uncertainty import uncertain_rows
 from perseus.server.estimation import AskProfile, CloseJob, ProfileAnswer
 from perseus.server.jobs.record import JobRecord
@@ -65,13 +72,30 @@ class Planning(JobPhase):
             ctx.notes.message = note
             ctx.events.write("profile_inversions", message=note)
         summary = (self.record.profiling and self.record.profiling.summary) or {}
+        unsure = [list(row) for row in sorted(profile.uncertain)]
+        self._keep({"uncertain_rows": unsure, "rows": len(profile.rows())})
         ctx.events.write(
             "profiling_done",
             iterations=summary.get("iterations"),
             blocking_power_w=blocking,
             stopped_at=summary.get("stopped_at_mhz"),
+            stopped_by=summary.get("stopped_by"),
+            uncertain_rows=unsure,
             energy_models=answer.energy_models,
         )
+        stopped_by = summary.get("stopped_by")
+        if unsure and stopped_by is not None and stopped_by.startswith("profiler."):
+            ctx.events.write(
+                "profiling_budget_spent",
+                budget_key=stopped_by,
+                uncertain_rows=unsure,
+                message=(
+                    f"profiling stopped when {stopped_by} was spent with {len(unsure)} of "
+                    f"{len(profile.rows())} profile rows above the 2 % target error; the plan "
+                    "uses them as measured (their standard errors widen its predicted saving's "
+                    f"interval); raise {stopped_by} for a tighter profile"
+                ),
+            )
         ctx.estimators.send(ctx.job_id, CloseJob())
 
         def planned(answer: Any, failure: Optional[BaseException]) -> None:
@@ -131,6 +155,22 @@ class Planning(JobPhase):
             ctx.store.put_plan(ctx.job_id, result_to_json(result, blocking))
             ctx.store.drop_records(ctx.job_id)
         self._next = Running(ctx, self.record, PlanInForce.chosen(result, start), start)
+
+    def step_energy(self, step: int, energy_j: float) -> None:
+        """A step's energy: a late one of a profiling iteration still counts to its cost."""
+        super().step_energy(step, energy_j)
+        summary = self.record.profiling.summary if self.record.profiling else None
+        if summary and "measured" in summary:
+            cost = ProfilingCost.from_json(summary["measured"])
+            if cost.add_energy(step, energy_j):
+                self._keep({"measured": cost.to_json()})
+
+    def _keep(self, fields: Dict[str, Any]) -> None:
+        """Add ``fields`` to the profiling part of the job's record."""
+        profiled = self.record.profiling
+        if profiled is not None:
+            summary = {**(profiled.summary or {}), **fields}
+            self.record = replace(self.record, profiling=replace(profiled, summary=summary))
 
     def advance(self) -> Optional[JobPhase]:
         """``running`` once the plan is here; ``failed`` if there will be none."""

@@ -13,24 +13,51 @@ A profiling step whose records do not show the clocks it was assigned (the rank 
 the schedule, or the server restarted in between) is *lost*: its clocks go to a later step,
 and its records still count for the clocks they did run at.
 
-The phase ends (``planning``) when every sweep stopped or ``profiler.max_iterations`` are spent;
-it fails when a stage lost every rank or the worker failed.
+The phase ends (``planning``) when every sweep stopped (after the first pass, each re-measures
+its clocks until their rows reach the 2 % target) or the budget is spent: the smallest of
+``profiler.max_iterations``, ``profiler.max_iterations_fraction`` of the job's iterations
+(``profiler.job_iterations``) and the iterations that ran within ``profiler.max_minutes``
+(:func:`iteration_budget`); it fails when a stage lost every rank or the worker failed. What the
+profiling cost is kept as it runs (:class:`~perseus.profiler.payback.ProfilingCost`: its
+iterations, their time and the energy the counters measured over them), for the summary to set
+against max speed and against the plan's measured saving (the payback).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from perseus.profiler import StageSweep, sweep_clocks_mhz
+from perseus.profiler.payback import ProfilingCost
 from perseus.profiler.sweep.stage import warmup_positions
 from perseus.records import EnergyUpdate, InstructionRecord
 from perseus.server.estimation import AskStage, ReportReadings, StageAnswer
 from perseus.server.jobs.record import JobRecord, ProfilingRecord
+from perseus.server.jobs.steps import JobStep
 from perseus.server.phases.planning import Planning
 from perseus.server.phases.table import Clocks, JobContext, JobPhase, Order
 from perseus.wire import Phase, ProfilerSettings, StepReport
+
+# Why profiling ended: every sweep over (its rows at the target, or its stop rule where it does
+# not re-measure), or one of the budget's keys.
+STOPPED_BY_SWEEPS = ("target", "stop_rule")
+
+
+def iteration_budget(prof: ProfilerSettings) -> Tuple[int, str]:
+    """The profiling iterations the job allows, and the key that sets that number.
+
+    ``profiler.max_iterations``, or ``profiler.max_iterations_fraction`` of
+    ``profiler.job_iterations`` (at least one iteration) where that is smaller.
+    """
+    budget, key = prof.max_iterations, "profiler.max_iterations"
+    if prof.max_iterations_fraction is not None and prof.job_iterations is not None:
+        share = max(1, math.floor(prof.max_iterations_fraction * prof.job_iterations))
+        if share < budget:
+            budget, key = share, "profiler.max_iterations_fraction"
+    return budget, key
 
 
 def make_sweeps(
@@ -67,7 +94,7 @@ def make_sweeps(
                 warmup_instructions=prof.warmup_instructions,
                 min_window_s=prof.min_window_s,
                 instruction_time_s=times,
-                max_steps=prof.max_iterations,
+                max_steps=iteration_budget(prof)[0],
                 update_period_s=update_period_s,
             )
         )
@@ -135,26 +162,39 @@ class Profiling(JobPhase):
         record: What the baseline measured.
         start_step: The first profiling step (the steps before run at the highest clock).
         sweeps: One sweep per stage (:func:`make_sweeps`).
+        cost: What the profiling steps took so far (a restored phase's).
     """
 
     name = Phase.profiling
 
     def __init__(
-        self, ctx: JobContext, record: JobRecord, start_step: int, sweeps: List[StageSweep]
+        self,
+        ctx: JobContext,
+        record: JobRecord,
+        start_step: int,
+        sweeps: List[StageSweep],
+        cost: Optional[ProfilingCost] = None,
     ) -> None:
         super().__init__(ctx, record)
         self.start_step = start_step
         self.sweeps = sweeps
+        self.cost = cost if cost is not None else ProfilingCost()
+        self.stopped_by: Optional[str] = None
         self._asking: Set[int] = set()
         self._again: Set[int] = set()
         self._error: Optional[str] = None
 
     def start(self) -> None:
-        """Log the start."""
+        """Log the start and the budget."""
+        prof = self.ctx.spec.profiler
+        budget, key = iteration_budget(prof)
         self.ctx.events.write(
             "profiling_started",
             step=self.start_step,
             clocks=[len(s.clocks_mhz) for s in self.sweeps],
+            budget_iterations=budget,
+            budget_key=key,
+            budget_minutes=prof.max_minutes,
         )
 
     def resume(self) -> List[int]:
@@ -173,7 +213,7 @@ class Profiling(JobPhase):
             sweep = self.sweeps[stage]
             if step in sweep.assigned:
                 return list(sweep.assigned[step]), []
-            budget = self.ctx.spec.profiler.max_iterations
+            budget, _ = iteration_budget(self.ctx.spec.profiler)
             if not sweep.exhausted and sweep.num_steps < budget:
                 return list(sweep.frequencies_for_step(step)), []
         return allmax, []
@@ -202,6 +242,16 @@ class Profiling(JobPhase):
                 sweep.lost(report.step)
             warmup = warmup_after_changes(records, self.ctx.spec.profiler.warmup_instructions)
         feed_estimates(self.ctx, stage, report, records, warmup, num_gpus)
+
+    def job_step(self, js: JobStep) -> None:
+        """A profiling iteration of the whole job: its time (and energy, later) is the cost."""
+        if js.step >= self.start_step and self.sweeps:
+            self.cost.add_step(js.step, js.iteration_time_s, js.energy_j)
+
+    def step_energy(self, step: int, energy_j: float) -> None:
+        """A step's energy arrived: a profiling step's adds to the cost."""
+        super().step_energy(step, energy_j)
+        self.cost.add_energy(step, energy_j)
 
     def stage_step_done(self, stage: int, step: int) -> None:
         """Every live rank of ``stage`` reported ``step``: update the sweep (in the worker)."""
@@ -262,11 +312,16 @@ class Profiling(JobPhase):
         spec = self.ctx.spec
         if any(self.ctx.ranks.stage_lost(s) for s in range(spec.num_stages)):
             return self.failed("a pipeline stage has no live rank left; profiling cannot finish")
-        if max(s.num_steps for s in self.sweeps) >= spec.profiler.max_iterations:
-            for sweep in self.sweeps:
-                sweep.finish()  # the iteration budget is spent: stop where they are
+        if self.stopped_by is None:
+            self.stopped_by = self._budget_spent()
+            if self.stopped_by is not None:
+                for sweep in self.sweeps:
+                    sweep.finish()  # the budget is spent: stop where they are
         if not all(s.done for s in self.sweeps):
             return None
+        if self.stopped_by is None:
+            refined = all(s.refine_priority == [] for s in self.sweeps)
+            self.stopped_by = STOPPED_BY_SWEEPS[0] if refined else STOPPED_BY_SWEEPS[1]
         last = self.ctx.next_step() - 1
         profiled = ProfilingRecord(self.start_step, last, self.sweep_summary())
         return Planning(self.ctx, replace(self.record, profiling=profiled))
@@ -277,12 +332,35 @@ class Profiling(JobPhase):
         self._asking.clear()
         self._again.clear()
 
+    def _budget_spent(self) -> Optional[str]:
+        """The budget key that is spent now (``None``: none)."""
+        prof = self.ctx.spec.profiler
+        budget, key = iteration_budget(prof)
+        if max(s.num_steps for s in self.sweeps) >= budget:
+            return key
+        if prof.max_minutes is not None and self.cost.time_s >= 60.0 * prof.max_minutes:
+            return "profiler.max_minutes"
+        return None
+
     def sweep_summary(self) -> Dict[str, Any]:
-        """Where each stage's sweep stopped, how many clocks it swept, the iterations so far."""
+        """Where the sweeps stopped, the iterations so far, the budget, the cost so far.
+
+        ``stopped_by``: why profiling ended (``None`` while it runs): ``target`` (every row
+        re-measured to its target), ``stop_rule`` (the sweeps' stop rule, no re-measurement:
+        ``profiler.mode=sweep``), or the budget key that was spent. ``measured``: the sums of
+        :class:`~perseus.profiler.payback.ProfilingCost`; the summary sets them against max
+        speed.
+        """
+        prof = self.ctx.spec.profiler
+        budget, key = iteration_budget(prof)
         return {
             "stopped_at_mhz": [dict(s.stopped_at) for s in self.sweeps],
             "clocks_swept": [len(s.clocks_mhz) for s in self.sweeps],
             "iterations": max((s.num_steps for s in self.sweeps), default=0),
+            "budget": {"iterations": budget, "key": key, "minutes": prof.max_minutes},
+            "stopped_by": self.stopped_by,
+            "measured": self.cost.to_json(),
+            "update_period_s": self.ctx.update_period_s(),
         }
 
     def outcome(self) -> JobRecord:
@@ -291,11 +369,16 @@ class Profiling(JobPhase):
         return replace(self.record, profiling=ProfilingRecord(self.start_step, None, summary))
 
     def to_state(self) -> Dict[str, Any]:
-        """The first step and every stage's sweep (every step it assigned)."""
-        return {"start_step": self.start_step, "sweeps": [s.to_state() for s in self.sweeps]}
+        """The first step, every stage's sweep (every step it assigned) and the cost so far."""
+        return {
+            "start_step": self.start_step,
+            "sweeps": [s.to_state() for s in self.sweeps],
+            "cost": self.cost.to_json(),
+        }
 
     @classmethod
     def from_state(cls, ctx: JobContext, record: JobRecord, state: Dict[str, Any]) -> Profiling:
-        """The phase :meth:`to_state` described."""
+        """The phase :meth:`to_state` described (a state kept before the cost: none so far)."""
         sweeps = [StageSweep.from_state(ctx.orders[s], st) for s, st in enumerate(state["sweeps"])]
-        return cls(ctx, record, int(state["start_step"]), sweeps)
+        cost = ProfilingCost.from_json(state["cost"]) if "cost" in state else None
+        return cls(ctx, record, int(state["start_step"]), sweeps, cost)

@@ -21,7 +21,16 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Set
 
 from perseus.config.enums import ConfigChoice
-from perseus.profiler.comparison import MIN_PAIRS, PLAN, REFERENCE, Block, block_steps, compare
+from perseus.profiler.comparison import (
+    MIN_PAIRS,
+    PLAN,
+    REFERENCE,
+    Block,
+    ThermalBlock,
+    block_steps,
+    compare,
+    mean_temperature_c,
+)
 from perseus.server.jobs.record import JobRecord, PlanMeasurement
 from perseus.server.jobs.steps import JobStep, job_step_from_json, job_step_to_json, typical_step
 from perseus.server.phases.plan_check import judge_plan
@@ -146,7 +155,16 @@ class BlockSamples:
             assert arm is not None
             energy_j = sum(js.energy_j or 0.0 for js in steps)
             time_s = sum(js.iteration_time_s for js in steps)
-            out.append(Block(_COMPARISON_ARM[arm], len(steps), time_s, energy_j))
+            temperature_c = mean_temperature_c([js.temperature_c for js in steps])
+            out.append(
+                ThermalBlock(
+                    arm=_COMPARISON_ARM[arm],
+                    num_steps=len(steps),
+                    time_s=time_s,
+                    energy_j=energy_j,
+                    temperature_c=temperature_c,
+                )
+            )
         return out
 
     @property

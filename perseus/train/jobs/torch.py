@@ -3,10 +3,12 @@
 Each iteration runs ``parallelism.num_microbatches`` forward/backward passes (gradient
 accumulation) and one optimizer step; the Perseus hooks are called around them, so on the
 emulated GPU every pass lasts its profiled time. With ``energy=power_limit`` the power-limit
-optimizer (:mod:`perseus.power_limit`) walks the GPU power limits, measures each in repeated
-windows from the rank's energy sampler (the device's: no counter read on the training thread),
+optimizer (:mod:`perseus.power_limit`) searches the GPU power limits (down until the cost
+clearly rises, then the best candidates against the highest limit in interleaved rounds),
+measuring from the rank's energy sampler (the device's: no counter read on the training thread),
 and keeps the best one; its table and the chosen limit's saving with its 95 % interval go to
-``power_limit.json`` (the report's ``power_limit`` section).
+``power_limit.json`` (the report's ``power_limit`` section). Before step 1 the run logs what the
+search takes and refuses a ``train.max_steps`` under its least (:func:`check_step_budget`).
 
 Device placement: with CUDA, each rank uses CUDA device ``LOCAL_RANK`` (made current before
 the NCCL process group starts), its model and batches live there, DDP is given that device,
@@ -141,9 +143,12 @@ def run(cfg: PerseusConfig) -> int:
         return total
 
     done_fn = _power_limit_done(cfg, plo) if plo is not None else None
+    publisher = _power_limit_publisher(cfg, plo) if plo is not None and rank == 0 else None
     try:
         steps = run_loop(cfg, step, is_rank0=rank == 0, done_fn=done_fn)
     finally:
+        if publisher is not None:
+            publisher.close()
         if plo is not None:
             if rank == 0 and cfg.output_dir:
                 path = Path(cfg.output_dir) / "power_limit.json"
@@ -152,6 +157,22 @@ def run(cfg: PerseusConfig) -> int:
     if cfg.output_dir:
         write_rank_steps(Path(cfg.output_dir), rank)
     return steps
+
+
+def _power_limit_publisher(cfg: PerseusConfig, plo: Any) -> Any:
+    """Global rank 0's textfile of the power-limit optimizer (``metrics.textfile_dir``)."""
+    if not cfg.metrics.textfile_dir:
+        return None
+    from perseus.observability.optimizers import power_limit_snapshot
+    from perseus.observability.textfile import TextfilePublisher
+
+    name = f"{cfg.server.job_id or 'perseus'}/power_limit"
+    return TextfilePublisher(
+        Path(cfg.metrics.textfile_dir),
+        name,
+        lambda: power_limit_snapshot(name, plo.report()),
+        cfg.metrics.interval_s,
+    )
 
 
 def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
@@ -169,14 +190,49 @@ def _power_limit_optimizer(cfg: PerseusConfig, hooks: Any) -> Any:
     # The rank's device already samples the GPU's counter: the optimizer reads its series.
     sampler = hooks.device.sampler
     energy = None if sampler is None else EnergyMeter([sampler], gpu.now_s)
-    return PowerLimitOptimizer.for_gpus(
+    plo = PowerLimitOptimizer.for_gpus(
         [gpu],
         cfg.energy.power_limit,
         cfg.energy.eta,
         state_dir=state_dir,
         job_id=cfg.model.name,
         energy=energy,
+        max_steps=cfg.train.max_steps,
     )
+    try:
+        check_step_budget(cfg, plo)
+    except BaseException:
+        plo.close()
+        raise
+    return plo
+
+
+def check_step_budget(cfg: PerseusConfig, plo: Any) -> None:
+    """Before step 1: say what the search takes; refuse a run that can never finish it.
+
+    The search's steps depend on the step time, unknown before step 1: its least counts each
+    window and warm-up in its fewest steps, what any job needs. Once the first warm-up timed a
+    step the optimizer logs the steps in full, and warns when ``train.max_steps`` may not cover
+    them.
+
+    Raises:
+        ConfigError: ``train.max_steps`` is under the least the search takes.
+    """
+    if plo.state == "done":  # a saved profile: nothing to search
+        return
+    logger.info("%s (train.max_steps=%d)", plo.plan_words(), cfg.train.max_steps)
+    need = plo.needs()
+    least = need.steps[0]
+    if cfg.train.max_steps < least:
+        raise ConfigError(
+            f"train.max_steps={cfg.train.max_steps} is under the {least} steps the power-limit "
+            f"search takes at the least ({need.windows[0]} windows and {need.warmups[0]} "
+            f"warm-ups in their fewest steps, {need.seconds[0]:.0f} s of training), so it could "
+            f"never choose a limit: raise train.max_steps to {least + cfg.train.measure_steps} or "
+            f"more (the search, then train.measure_steps={cfg.train.measure_steps} at the chosen "
+            "limit), lower energy.power_limit.repeats, or give energy.power_limit.profile_path a "
+            "saved profile"
+        )
 
 
 def _power_limit_done(cfg: PerseusConfig, plo: Any) -> Callable[[int], bool]:

@@ -1,4 +1,4 @@
-"""scripts/power_limit_emulated.py: its choice matches the exhaustive best on every profile."""
+"""scripts/power_limit_emulated.py: its choice matches the exhaustive best (one profile here)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_script_matches_exhaustive_best_on_every_bundled_profile() -> None:
+def test_script_matches_exhaustive_best_on_a_bundled_profile() -> None:
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[3] / "scripts" / "power_limit_emulated.py"
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, str(script), "--profiles", "gpt3-175b+a100_sxm_bf16"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     )
-    assert out.stdout.strip().splitlines()[-1] == "all_match=True cases=32"
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "all_match=True cases=8"
+    assert lines[-2] == "kept_highest=0" and lines[-3].startswith("intervals_hold=")

@@ -32,7 +32,10 @@ def test_two_gloo_ranks_aggregate(tmp_path: Path) -> None:
     assert reports[0]["measurements"] == reports[1]["measurements"]
     assert reports[0]["chosen_power_limit_w"] == reports[1]["chosen_power_limit_w"]
     assert reports[0]["num_gpus"] == 2 and reports[0]["max_power_w"] == 600.0
-    assert reports[0]["state"] == "done" and reports[0]["num_retries"] == 3
+    assert reports[0]["state"] == reports[1]["state"] == "done"
+    assert reports[0]["epochs"] == reports[1]["epochs"]
+    assert reports[0]["num_retries"] == reports[1]["num_retries"] >= 1
+    assert reports[0]["search"] == reports[1]["search"]
     assert reports[0]["saving"] == reports[1]["saving"]
     ranks = [PowerModelGPU(VirtualClock(), demand_w=DEMAND_W[r]) for r in (0, 1)]
     for row in reports[0]["measurements"]:

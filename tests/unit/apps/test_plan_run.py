@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from perseus.apps.plan import run_plan, solver_options
-from perseus.apps.plan_stages import pp_on_command_line
+from perseus.apps.plan.stages import pp_on_command_line
 from perseus.config.schema import EnergyConfig, PerseusConfig, PlannerEffort
 from perseus.errors import ConfigError, ProfileError
 from perseus.formats.plan.document import check_plan_for_job, load_plan
@@ -105,7 +105,7 @@ def test_missing_and_bad_profiles(tmp_path: Path) -> None:
 
 
 def test_hint_when_nothing_saves_without_slowdown(tmp_path: Path, caplog) -> None:
-    from perseus.apps.plan import _hint_nearest_saving
+    from perseus.apps.plan.command import _hint_nearest_saving
     from perseus.planner.frontier import build_frontier
 
     problem = PlanningProblem(read_profile_csv(_write_profile(tmp_path / "p.csv")), 4, 40.0)

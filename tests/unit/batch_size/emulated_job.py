@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Protocol
 
 from perseus.batch_size import RecurringJob
+from perseus.config.schema import PowerLimitConfig
 from perseus.gpu.emulated.device import (
     EmulatedGPU,
     default_device_profile_path,
@@ -24,6 +25,19 @@ from perseus.profiler.virtual_run import VirtualClock, attach_meter
 PROFILE = load_device_profile(default_device_profile_path())
 # The device's highest (default) power limit: its heaviest instruction's power.
 TOP_MW = 482_000
+# The power-limit search for this device: it applies a limit per instruction (no settling time
+# to wait for) and has no limiter swings to average out (windows of the counter's fewest
+# updates); one candidate in one confirmation round, so that even the short runs of large
+# batch sizes finish profiling.
+LIMITS = PowerLimitConfig(
+    step_w=100,
+    warmup_steps=1,
+    profile_steps=2,
+    warmup_s=0.0,
+    repeats=1,
+    max_candidates=1,
+    target_error=0.1,
+)
 
 
 class SleepingClock(Protocol):

@@ -11,19 +11,16 @@ from typing import Dict, List, Optional
 import pytest
 
 from perseus.batch_size import RecurringJob
-from perseus.config.schema import GPUConfig, PowerLimitConfig
+from perseus.config.schema import GPUConfig
 from perseus.errors import BatchSizeError
 from perseus.gpu.emulated.device import EmulatedGPU
 from perseus.gpu.guard.owner import GPUGuard
-from tests.unit.batch_size.emulated_job import TOP_MW, emulated_gpu, job_energy, train
+from tests.unit.batch_size.emulated_job import LIMITS, TOP_MW, emulated_gpu, job_energy, train
 from tests.unit.power_limit.fakes import VirtualClock
 
 ROOT = Path(__file__).resolve().parents[3]
 # epochs to the target per batch size (None: never); an epoch is 1024 / batch size steps
 EPOCHS: Dict[int, Optional[int]] = {32: 6, 64: 4, 128: 3, 256: None}
-# The ideal emulated GPU applies a power limit per instruction: no settling time to wait for;
-# one window per limit, so that even the short runs of large batch sizes finish profiling.
-LIMITS = PowerLimitConfig(step_w=100, warmup_steps=1, profile_steps=2, warmup_s=0.0, repeats=1)
 
 
 def _job(tmp_path: Path, clock: VirtualClock, device: EmulatedGPU, **kwargs) -> RecurringJob:  # type: ignore[no-untyped-def]
@@ -76,11 +73,15 @@ def test_each_run_gets_its_batch_size_and_each_batch_size_its_power_limit(tmp_pa
     assert first["cost"] == pytest.approx(later["cost"], rel=0.002)
     assert first["measured_cost"] > later["measured_cost"] * 1.002
     assert later["measured_cost"] == pytest.approx(later["cost"], rel=1e-6)
-    # 64 and 32 profiled every limit; their tables agree (best 382 W) that 182 W costs over
-    # 1 % more than the best and is not next to it, so 128 (and 256) did not profile it
-    assert [p["profiled_power_limits_w"] for p in reports[:2]] == [[482.0, 382.0, 282.0, 182.0]] * 2
-    assert reports[2]["profiled_power_limits_w"] == [482.0, 382.0, 282.0]
-    assert "182 W not profiled" in reports[2]["shape"]
+    # 64 and 32 searched every limit; their tables agree (best 382 W) that 182 W costs well
+    # over 1 % more than the best, so the search of 128, between them, stopped above it; 256,
+    # two doublings beyond them, is too far for that to be sure
+    every = [482.0, 382.0, 282.0, 182.0]
+    assert [p["searched_power_limits_w"] for p in reports[:2]] == [every] * 2
+    assert reports[2]["searched_power_limits_w"] == [482.0, 382.0, 282.0]
+    assert [m["power_limit_w"] for m in reports[2]["measurements"]] == [482.0, 382.0, 282.0]
+    assert "182 W (P " in reports[2]["limits_prior"]
+    assert reports[3]["searched_power_limits_w"] == every
     assert reports[2]["chosen_power_limit_w"] == reports[0]["chosen_power_limit_w"] == 382.0
 
 

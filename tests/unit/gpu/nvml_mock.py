@@ -5,9 +5,9 @@ checks its signature — with pynvml's real constants and exception classes put 
 ``except pynvml.NVMLError`` and ``NVML_DEVICE_MIG_ENABLE`` behave), and plausible A100 answers.
 Handles are the strings ``"handle-<index>"``, so ``mock_calls`` compare exactly, even as reprs
 written by a child process. The instant power field answers 90 W, ``nvmlDeviceGetPowerUsage``
-85 W; the SM clock read back is the one locked (1410 MHz unlocked). Install it with
-``patched_pynvml(m)`` (Perseus imports pynvml lazily, so replacing the module in
-``sys.modules`` is the seam).
+85 W, no temperature (or 45 °C); the SM clock read back is the one locked (1410 MHz unlocked).
+Install it with ``patched_pynvml(m)`` (Perseus imports pynvml lazily, so replacing the module
+in ``sys.modules`` is the seam).
 
 Also used by other test packages (runtime NVML-sequence tests): keep the defaults stable.
 """
@@ -35,6 +35,7 @@ def uuid_of(index: int) -> str:
 
 
 INSTANT_POWER_MW = 90_000
+TEMPERATURE_C = 45
 
 
 def field_value(value: int, status: int = pynvml.NVML_SUCCESS) -> Any:
@@ -51,10 +52,13 @@ def make_pynvml_mock(
     mig_enabled: bool = False,
     power_limit_mw: int = DEFAULT_LIMIT_MW,
     names: Optional[List[str]] = None,
+    temperature_c: Optional[int] = None,
 ) -> Any:
     """An autospec'd pynvml with real constants/exceptions and fixed answers.
 
-    ``names``: the model of each GPU (default: all A100).
+    ``names``: the model of each GPU (default: all A100). ``temperature_c``: what the die
+    sensor reads (default: no sensor, ``NVML_ERROR_NOT_SUPPORTED``, so that jobs on these GPUs
+    are not held for their temperature to settle; :data:`TEMPERATURE_C` for one that reads).
     """
     m = mock.create_autospec(pynvml)
     for name in dir(pynvml):
@@ -100,6 +104,17 @@ def make_pynvml_mock(
         return mock.DEFAULT
 
     m.nvmlDeviceGetTotalEnergyConsumption.side_effect = read_energy
+    # The die temperature, read (like the counter) only by the device's sampler thread.
+    temperature_readers: List[str] = []
+    m.temperature_read_threads = temperature_readers
+
+    def read_temperature(handle: str, sensor: int) -> int:
+        temperature_readers.append(threading.current_thread().name)
+        if temperature_c is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return temperature_c
+
+    m.nvmlDeviceGetTemperature.side_effect = read_temperature
     m.nvmlDeviceGetPowerUsage.return_value = 85_000
     m.nvmlDeviceGetFieldValues.side_effect = lambda handle, ids: [field_value(INSTANT_POWER_MW)]
     m.nvmlDeviceGetPersistenceMode.return_value = pynvml.NVML_FEATURE_ENABLED
@@ -127,9 +142,19 @@ def energy_reads_off_sampler(m: Any) -> List[str]:
     return [t for t in m.energy_read_threads if not t.startswith(SAMPLER_THREAD_PREFIX)]
 
 
+def temperature_reads_off_sampler(m: Any) -> List[str]:
+    """Threads other than a device's sampler that read the temperature of ``m``."""
+    return [t for t in m.temperature_read_threads if not t.startswith(SAMPLER_THREAD_PREFIX)]
+
+
+# What a device's sampler reads at times of its own.
+SAMPLER_READS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperature")
+
+
 def calls_except_energy_reads(m: Any) -> List[Any]:
-    """``m.mock_calls`` without the energy counter reads (a sampler's, at times of its own)."""
-    return [c for c in m.mock_calls if c[0] != "nvmlDeviceGetTotalEnergyConsumption"]
+    """``m.mock_calls`` without the sampler's reads (energy counter and temperature, at times
+    of its own)."""
+    return [c for c in m.mock_calls if c[0] not in SAMPLER_READS]
 
 
 def patched_pynvml(m: Optional[Any] = None) -> Any:

@@ -41,7 +41,22 @@ def test_on_a_real_gpu_no_counter_read_comes_from_the_training_thread() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
-    pattern = r"real_gpu_hook_overhead_us tiny=-?\d+\.\d big=-?\d+\.\d training_thread_reads=(\d+)"
+    pattern = (
+        r"real_gpu_hook_overhead_us tiny=-?\d+\.\d big=-?\d+\.\d training_thread_reads=(\d+)"
+        r" temperature_readings=(\d+)"
+    )
     match = re.fullmatch(pattern, last)
     assert match, last
-    assert match.group(1) == "0"
+    assert match.group(1) == "0"  # neither the counter nor the temperature on that thread
+    assert int(match.group(2)) > 0  # the sampler recorded the temperature
+
+
+def test_the_sampler_reads_are_counted_by_thread() -> None:
+    from tests.unit.gpu.nvml_mock import make_pynvml_mock
+
+    bench = load_script("bench_real_gpu_hooks")
+    nvml = make_pynvml_mock(temperature_c=45)
+    reads = bench.count_sampler_reads(nvml)
+    nvml.nvmlDeviceGetTotalEnergyConsumption("handle-0")
+    assert nvml.nvmlDeviceGetTemperature("handle-0", 0) == 45
+    assert reads == {"MainThread": 2}

@@ -110,6 +110,20 @@ def test_emulated_settings_pass_through(tmp_path):
     assert build_gpu(GPUConfig(backend="emulated", emulated=em2)).blocking_power_w == 60.0
 
 
+def test_the_thermal_model_is_off_unless_asked_for():
+    plain = build_gpu(GPUConfig(backend="emulated", emulated=EmulatedGPUConfig(sleep=False)))
+    assert isinstance(plain, EmulatedGPU)
+    assert plain.thermal is None and plain.temperature_c() is None
+    em = EmulatedGPUConfig(sleep=False, thermal=True)
+    gpu = build_gpu(GPUConfig(backend="emulated", emulated=em))
+    assert isinstance(gpu, EmulatedGPU) and gpu.thermal is not None
+    # The defaults for its power limit: ~45 °C above a 30 °C inlet at that limit, the card
+    # starting at its idle temperature.
+    limit_w = gpu.default_power_limit_mw() / 1000
+    assert gpu.thermal.steady_c(limit_w) == pytest.approx(75.0)
+    assert gpu.temperature_c() == round(gpu.thermal.steady_c(gpu.idle_power_w))
+
+
 def test_unknown_backend():
     with pytest.raises(ConfigError, match="auto, nvml or emulated"):
         build_gpu(GPUConfig(backend="rocm"))

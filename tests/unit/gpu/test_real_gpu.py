@@ -7,6 +7,8 @@ runs without ``--apply``.
 from __future__ import annotations
 
 import io
+import threading
+import time
 
 import pytest
 
@@ -38,6 +40,8 @@ def test_read_only_queries(tmp_path):
         assert gpu.power_mw() > 0
         assert gpu.sm_clock_mhz() is None or gpu.sm_clock_mhz() > 0
         assert gpu.persistence_mode() in (True, False, None)
+        temperature_c = gpu.temperature_c()  # the die sensor, whole °C (None: none)
+        assert temperature_c is None or 0.0 < temperature_c < 120.0
         # A dry-run guard logs changes and makes none.
         with GPUGuard(gpu, state_dir=tmp_path) as guard:
             guard.lock_sm_clocks_mhz(sm[-1], sm[-1])
@@ -80,3 +84,35 @@ def test_doctor_read_only():
     assert status in (0, 1), text
     assert "NVIDIA GPU(s), driver" in text and "verdict" in text
     assert "dry run: would lock" in text
+
+
+def test_the_sampler_records_the_temperature_in_dry_run(tmp_path):
+    """A dry-run optimizer on the GPU: its sampler reads the temperature, the training thread
+    never does, each step record carries the last reading, nothing is changed."""
+    from perseus.records import RankInfo
+    from perseus.runtime.optimizer import PerseusOptimizer
+    from perseus.runtime.sources import MaxSpeedSource
+
+    gpu = NVMLGPU(0, dry_run=True)
+    if gpu.temperature_c() is None:
+        gpu.close()
+        pytest.skip("this GPU reports no temperature")
+    opt = PerseusOptimizer.on_gpu(
+        RankInfo(), gpu, MaxSpeedSource(gpu.supported_sm_clocks_mhz()[0]), state_dir=tmp_path
+    )
+    try:
+        temperatures = opt.temperatures
+        assert temperatures is not None
+        read = threading.Event()
+        deadline = time.monotonic() + 10.0  # the sampler reads at once, then about once a second
+        while temperatures.latest is None and time.monotonic() < deadline:
+            read.wait(0.01)
+        opt.on_step_begin()
+        opt.on_instruction_begin("forward")
+        opt.on_instruction_end("forward")
+        opt.on_step_end()
+        assert opt.last_step is not None and opt.last_step.temperature_c is not None
+        assert 0.0 < opt.last_step.temperature_c < 120.0
+    finally:
+        opt.close()
+    assert list(tmp_path.glob("*.state.json")) == []

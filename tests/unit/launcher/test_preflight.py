@@ -74,3 +74,43 @@ def test_job_the_server_would_refuse_is_refused_before_launch() -> None:
     cfg.server.url = "http://127.0.0.1:9"  # a server elsewhere: its limits are its own
     with pytest.raises(ServerError, match="does not answer"):
         check_job(cfg, num_local_ranks=2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "missing", "extra"),
+    [
+        ({"backend": "mlflow"}, "mlflow", "mlflow"),
+        ({"backend": "tensorboard"}, "tensorboard", "tensorboard"),
+        ({"backend": "wandb"}, "wandb", "wandb"),
+    ],
+)
+def test_a_tracker_without_its_package_is_refused_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, overrides: dict, missing: str, extra: str
+) -> None:
+    import importlib.util
+
+    from perseus.config.schema import LoggerConfig
+    from perseus.launcher.preflight import check_observability
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
+    )
+    cfg = PerseusConfig(logger=LoggerConfig(**overrides))
+    with pytest.raises(ConfigError, match=rf"perseus-energy\[{extra}\]'.*logger=none"):
+        check_observability(cfg)
+    check_observability(PerseusConfig())  # logger=none needs nothing
+
+
+def test_a_metrics_textfile_without_prometheus_client_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from perseus.config.schema import MetricsConfig
+    from perseus.launcher.preflight import check_observability
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    cfg = PerseusConfig(metrics=MetricsConfig(textfile_dir="/tmp/x"))
+    with pytest.raises(ConfigError, match=r"perseus-energy\[metrics\]"):
+        check_observability(cfg)

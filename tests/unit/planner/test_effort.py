@@ -52,6 +52,7 @@ def test_fast_solves_no_milp_and_thorough_searches_hardest() -> None:
     assert not fast.steady_pattern and fast.proof_milp_nodes == 0
     assert balanced.reoptimize_sweeps == 0 and balanced.steady_light and balanced.polish_light
     assert balanced.polish_windows is not None and balanced.polish_passes == 1
+    assert balanced.gap_milps == 0 < thorough.gap_milps  # the walks only: the MILPs do not pay
     assert thorough.reoptimize_sweeps > 0 and thorough.polish_windows is None
     assert not (thorough.steady_light or thorough.polish_light or thorough.gap_light)
     assert thorough.polish_passes > balanced.polish_passes

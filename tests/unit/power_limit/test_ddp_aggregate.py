@@ -29,9 +29,11 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         cfg = PowerLimitConfig(warmup_s=0.0, step_w=50, warmup_steps=1, profile_steps=2)
         opt = PowerLimitOptimizer([RecordingGuard(gpu)], cfg, eta=0.5, energy=sampled([gpu], clock))
         clock.sleep(0.02)  # the samplers run while the job sets up
-        for _ in range(4):
+        epochs = 0
+        while opt.state != "done" and epochs < 50:  # the same on every rank
             for _ in opt.steps(range(14)):  # windows cut at epoch ends on every rank alike
                 gpu.run_step()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(opt.report()))
+            epochs += 1
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({**opt.report(), "epochs": epochs}))
     finally:
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ from perseus.profiler.comparison import (
     PLAN,
     REFERENCE,
     Block,
+    ThermalBlock,
     arm_order,
     block_steps,
     compare,
@@ -133,3 +134,21 @@ def test_pairs_order_and_sizes() -> None:
     too_few = compare([Block(a, 1, 1.0, 1.0) for a in arm_order(2)])
     assert too_few.energy_saving is None and not too_few.energy_saving_measurable
     assert t975(1) == pytest.approx(12.706) and t975(200) == pytest.approx(1.972, abs=1e-3)
+
+
+def test_each_arm_reports_its_temperature_and_the_pairs_their_difference() -> None:
+    rng = random.Random(3)
+    blocks = []
+    for arm in arm_order(6):
+        warm_c = (70.0 if arm == REFERENCE else 66.0) + rng.gauss(0, 0.3)  # the plan runs cooler
+        blocks.append(
+            ThermalBlock(arm=arm, num_steps=2, time_s=2.0, energy_j=1000.0, temperature_c=warm_c)
+        )
+    result = compare(blocks)
+    assert result.reference["temperature_c"] == pytest.approx(70.0, abs=0.5)
+    assert result.plan["temperature_c"] == pytest.approx(66.0, abs=0.5)
+    difference = result.temperature_difference_c
+    assert difference is not None and difference.low < -4.0 < difference.high < 0.0
+    # Blocks without a reported temperature: none for the arms, no difference.
+    plain = compare([Block(a, 2, 2.0, 1000.0) for a in arm_order(6)])
+    assert plain.reference["temperature_c"] is None and plain.temperature_difference_c is None

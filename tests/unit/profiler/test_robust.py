@@ -8,7 +8,7 @@ import pytest
 
 from perseus.profiler import JobProfiler, StageSweep, sweep_clocks_mhz
 from perseus.profiler.estimation.smooth import fill_missing, ratio_rows, smoothness_rows
-from perseus.profiler.virtual_run import profile_virtually, virtual_gpu
+from perseus.profiler.virtual_run import profile_realistic, profile_virtually, virtual_gpu
 from perseus.records import InstructionRecord
 from perseus.records.energy import EnergyUpdate
 from perseus.schedule import stage_order
@@ -74,14 +74,18 @@ def test_short_instructions_give_a_complete_profile(seed: int, overrun_p: float)
 
 def test_refinement_remeasures_only_uncertain_rows_and_ends_when_none_is_left() -> None:
     """Once the first pass is over, the iterations left re-measure the clocks whose rows are
-    still uncertain, least certain first: what is still queued at the end is exactly the
-    uncertain rows' clocks. With a budget to spare, a sweep whose rows all reached the
-    target ends before it."""
+    still uncertain (a little inside the target, so that later data do not put them back
+    above it): what is still queued at the end holds every uncertain row's clock, and a
+    stage whose sweep ended early has none. With a budget to spare, a sweep whose rows all
+    reached the target ends before it."""
     job, _ = _profile(1, 0.1, 0.0)
     profile = job.profile()
     for stage, sweep in enumerate(job.sweeps):
         uncertain = {f for s, _, f in profile.uncertain if s == stage}
-        assert set(sweep.refine_priority or []) == uncertain
+        assert uncertain <= set(sweep.refine_priority or [])
+        if sweep.num_steps < 40:
+            assert uncertain == set() and sweep.refine_priority == []
+    assert any(s.num_steps < 40 for s in job.sweeps)
     roomy, _ = _profile(1, 0.1, 0.0, pp=2, budget=100, noise=0.003)
     assert not roomy.profile().uncertain
     for sweep in roomy.sweeps:
@@ -148,3 +152,18 @@ def test_priors_are_weighed_by_the_residual_noise() -> None:
     smooth = smoothness_rows(powers, rms_j=0.5, sigma=0.01)
     assert len(smooth) == 2  # one per kind and three neighbouring clocks
     assert ratio_rows(powers, 0.5, 0.0) == [] and smoothness_rows(powers, 0.5, 0.0) == []
+
+
+def test_the_realistic_counter_reaches_the_target_on_50_ms_instructions() -> None:
+    """The recorded H100's counter (100 ms updates, ~3 ms reads, lag), forwards of 50 ms, four
+    of each kind per iteration: with a budget that does not bind, every swept clock's rows
+    reach 2 % within eight iterations per clock (5-6 here), the sweep ends by itself, and every
+    row holds its truth within 4 standard errors."""
+    job, gpus = profile_realistic(0.05, 2, 4, frequency_step=10, budget=500, seed=3)
+    profile = job.profile()
+    assert not profile.uncertain
+    for sweep in job.sweeps:
+        assert sweep.refine_priority == [] and sweep.num_steps <= 8 * len(sweep.swept_mhz)
+    for stage, instruction, freq, _, energy_j in profile.rows():
+        truth = gpus[stage][0].true_measurement(stage, instruction, freq).energy_j
+        assert abs(energy_j - truth) <= 4 * profile.energy_se_j[(stage, instruction, freq)]

@@ -6,12 +6,14 @@ sequences below are every other call, exactly, and no energy read comes from the
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, List
 from unittest import mock
 
 import pytest
 
+from perseus.formats.plan.document import Plan
 from perseus.gpu.nvml.device import NVMLGPU
 from perseus.records import RankInfo
 from perseus.runtime.optimizer import PerseusOptimizer
@@ -23,6 +25,7 @@ from tests.unit.gpu.nvml_mock import (
     opening_calls,
     patched_pynvml,
     preflight_calls,
+    temperature_reads_off_sampler,
 )
 from tests.unit.runtime.fakes import make_plan, one_f_one_b
 
@@ -42,6 +45,17 @@ def _expected_plan_calls(freqs: List[int], num_iterations: int) -> List[Any]:
     return calls
 
 
+def _plan_optimizer(plan: Plan, stage: int, tmp_path: Path, synchronous: bool) -> PerseusOptimizer:
+    """Stage ``stage`` of ``plan`` on NVML GPU 0 (inside ``patched_pynvml``)."""
+    return PerseusOptimizer.on_gpu(
+        RankInfo(stage=stage, num_stages=2),
+        NVMLGPU(0),
+        PlanSource(plan, stage),
+        state_dir=tmp_path,
+        synchronous_clocks=synchronous,
+    )
+
+
 @pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "thread+flush"])
 @pytest.mark.parametrize("stage", [0, 1])
 def test_plan_over_two_iterations_exact_nvml_calls(
@@ -49,15 +63,9 @@ def test_plan_over_two_iterations_exact_nvml_calls(
 ) -> None:
     plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
     order = one_f_one_b(2, stage, 3)
-    nvml = make_pynvml_mock()
+    nvml = make_pynvml_mock(temperature_c=45)  # the sampler reads it too, at times of its own
     with patched_pynvml(nvml):
-        opt = PerseusOptimizer.on_gpu(
-            RankInfo(stage=stage, num_stages=2),
-            NVMLGPU(0),
-            PlanSource(plan, stage),
-            state_dir=tmp_path,
-            synchronous_clocks=synchronous,
-        )
+        opt = _plan_optimizer(plan, stage, tmp_path, synchronous)
         guard = opt.guard
         assert guard is not None
         for _ in range(2):
@@ -76,9 +84,68 @@ def test_plan_over_two_iterations_exact_nvml_calls(
     )
     assert calls_except_energy_reads(nvml) == expected
     assert energy_reads_off_sampler(nvml) == []  # never on the training thread
+    assert temperature_reads_off_sampler(nvml) == []
     assert len(state_files) == 1  # SIGKILL recovery record while clocks were locked
     assert list(tmp_path.glob("*.state.json")) == []  # removed by the clean restore
     assert not guard.acquired
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_the_controller_thread_follows_the_timeline_without_a_wake_per_change(
+    tmp_path: Path, stage: int
+) -> None:
+    """The NVML path without flushes: the iteration's clocks are handed over once, each change
+    lands after its instruction's mark (the device drained: never on the previous instruction's
+    work), in the same order and with the same calls as when applied in the calling thread."""
+    plan = make_plan(2, 3, clocks_mhz=CLOCKS_MHZ)
+    order = one_f_one_b(2, stage, 3)
+    freqs = plan.frequencies(stage)
+    nvml = make_pynvml_mock(temperature_c=45)
+    landed: List[Any] = []  # (clock, the instruction the hooks had marked) per lock
+    cond = threading.Condition()
+    with patched_pynvml(nvml):
+        opt = _plan_optimizer(plan, stage, tmp_path, False)
+        lock = nvml.nvmlDeviceSetGpuLockedClocks.side_effect
+
+        def marked_lock(handle: str, lo: int, hi: int) -> None:
+            lock(handle, lo, hi)
+            with cond:
+                landed.append((hi, opt._position - 1))  # the hooks count past the marked one
+                cond.notify_all()
+
+        def wait_for(num: int) -> None:
+            with cond:
+                assert cond.wait_for(lambda: len(landed) >= num, 60)
+
+        nvml.nvmlDeviceSetGpuLockedClocks.side_effect = marked_lock
+        expected: List[Any] = []
+        last = None
+        for _ in range(2):
+            opt.on_step_begin()
+            if freqs[0] != last:  # handed over with the iteration, applied ahead of it
+                expected.append((freqs[0], -1))
+                last = freqs[0]
+                wait_for(len(expected))
+            for position, (name, _mb) in enumerate(order):
+                opt.on_instruction_begin(name)
+                if freqs[position] != last:
+                    expected.append((freqs[position], position))
+                    last = freqs[position]
+                    wait_for(len(expected))
+                opt.on_instruction_end(name)
+            opt.on_step_end()
+        controller = opt.device.controller
+        assert controller is not None
+        wakes = controller.num_wakes
+        opt.close()
+    assert landed == expected
+    assert wakes == 2  # one hand-over per iteration, none per change
+    assert calls_except_energy_reads(nvml) == (
+        opening_calls(0)
+        + _expected_plan_calls(freqs, 2)
+        + [mock.call.nvmlDeviceResetGpuLockedClocks(H), mock.call.nvmlShutdown()]
+    )
+    assert energy_reads_off_sampler(nvml) == []
 
 
 def test_exception_mid_iteration_restores_with_exact_calls(tmp_path: Path) -> None:
@@ -121,6 +188,7 @@ atexit.register(lambda: open(out, "w").write("\\n".join(
     [repr(c) for c in calls_except_energy_reads(nvml)]
     + ["off-sampler energy reads: " + repr(energy_reads_off_sampler(nvml))])))
 from pathlib import Path
+from perseus.formats.plan.document import Plan
 from perseus.gpu.nvml.device import NVMLGPU
 from perseus.runtime.optimizer import PerseusOptimizer
 from perseus.runtime.sources import MaxSpeedSource

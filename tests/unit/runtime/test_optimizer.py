@@ -294,3 +294,40 @@ def test_close_closes_a_source_that_has_close(tmp_path: Path) -> None:
     opt.close()
     opt.close()
     assert src.closed == 1
+
+
+def test_each_step_record_carries_the_samplers_last_temperature_reading() -> None:
+    """The sampler reads the temperature (polled by hand here: a virtual clock); the hooks only
+    attach its last reading, never read the sensor."""
+    from perseus.gpu.emulated.device import EmulatedGPU, load_device_profile
+    from perseus.gpu.emulated.profiles import default_device_profile_path
+    from perseus.profiler.virtual_run import VirtualClock
+
+    clock = VirtualClock(0.0)
+    gpu = EmulatedGPU(
+        load_device_profile(default_device_profile_path()),
+        blocking_power_w=83.64,
+        clock=clock,
+        sleeper=clock.sleep,
+        thermal=True,
+    )
+    reads = []
+    read_c = gpu.temperature_c
+    gpu.temperature_c = lambda: reads.append(1) or read_c()  # type: ignore[method-assign]
+    opt = PerseusOptimizer.on_gpu(RankInfo(), gpu, MeasureSource(), sample_energy=False)
+    try:
+        sampler = opt.device.sampler
+        assert sampler is not None and opt.temperatures is sampler.temperatures
+        opt.on_step_begin()
+        opt.on_step_end()
+        assert opt.last_step is not None and opt.last_step.temperature_c is None  # none read yet
+        assert reads == []  # no hook read it
+        sampler.poll_temperature_once()
+        for _ in range(3):
+            opt.on_step_begin()
+            opt.on_instruction_begin("forward")
+            opt.on_instruction_end("forward")
+            opt.on_step_end()
+        assert opt.last_step.temperature_c == 33.0 and len(reads) == 1
+    finally:
+        opt.close()

@@ -146,7 +146,9 @@ def test_rank_0_says_perseus_is_active_and_that_the_gpu_is_emulated(
     context.configure(cfg)
     hooks = context.optimizer_for(RankInfo(num_stages=4, num_microbatches=8))
     assert isinstance(hooks, PerseusOptimizer)
-    (line,) = capsys.readouterr().err.splitlines()
+    # said once (a thread another test in this process left behind may write its own lines)
+    lines = capsys.readouterr().err.splitlines()
+    (line,) = [line for line in lines if "Perseus active" in line] or [lines]
     assert line.startswith("[perseus] Perseus active: mode max_speed")
     assert "emulated GPU — energy figures are synthetic" in line
 

@@ -45,6 +45,8 @@ class VirtualRanks:
         # (step, phase, every stage's clocks) -> extra seconds of that iteration (e.g. a plan
         # slower than predicted).
         self.delay: Optional[Callable[[int, str, List[Any]], float]] = None
+        # (rank, end of its iteration) -> its GPU's temperature then (°C), reported; None: none.
+        self.temperature: Optional[Callable[[int, float], float]] = None
         spec = {
             "job_id": job_id,
             "num_stages": pp,
@@ -119,6 +121,8 @@ class VirtualRanks:
                 "energies": energies,
                 "energy_updates": [asdict(u) for u in updates],
             }
+            if self.temperature is not None:
+                report["temperature_c"] = self.temperature(rank, end_s)
             assert self.post(f"/jobs/{self.job_id}/steps", report).status_code == 200
         return [a["phase"] for a in answers]
 

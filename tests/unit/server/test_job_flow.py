@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,29 @@ def test_phases_profile_plan_and_measure(client: TestClient, tmp_path: Path, mod
     # At least the settle and baseline steps (more while the estimates answer).
     assert s["profiling"]["baseline_iterations"] >= 4 and s["profiling"]["mode"] == mode
     assert 1 <= s["profiling"]["iterations"] <= 40
+    # Why profiling ended, the rows it left uncertain, what it cost against max speed (as
+    # measured beside the plan) and after how many plan iterations the saving repays it.
+    profiling = s["profiling"]
+    assert profiling["budget"] == {
+        "iterations": 40,
+        "key": "profiler.max_iterations",
+        "minutes": None,
+    }
+    expected = {"fast": ("target", "profiler.max_iterations"), "sweep": ("stop_rule",)}[mode]
+    assert profiling["stopped_by"] in expected
+    assert isinstance(profiling["uncertain_rows"], list) and profiling["rows"] > 0
+    cost = profiling["cost"]
+    assert cost["reference"] == "plan_measurement"
+    assert cost["iterations"] >= profiling["iterations"] - 2 and cost["time_s"] > 0
+    assert cost["extra_time_s"] > 0  # lower clocks: slower than max speed
+    assert cost["energy_iterations"] >= cost["iterations"] - 3
+    low_j, high_j = cost["extra_energy_ci95_j"]
+    assert low_j < cost["extra_energy_j"] < high_j and cost["energy_se_j"] > 0
+    payback = s["payback"]
+    assert payback["measurable"] and payback["reason"] is None
+    low, high = payback["iterations_ci95"]
+    assert 0 <= low <= payback["iterations"] <= high < math.inf
+    assert payback["saving_j"] > 0
     pred = s["predicted"]
     assert pred["iteration_time_s"] <= pred["allmax_iteration_time_s"] * (1 + 1e-6)
     assert 0.05 < pred["energy_saving_fraction"] < 0.3
@@ -112,3 +136,33 @@ def test_straggling_replica_slows_the_others_and_recovers(client: TestClient) ->
     cur = ranks.summary()["current"]
     assert cur["straggler_dp_ranks"] == [] and cur["reason"] == "drift_cleared"
     assert cur["plan_id"] == chosen
+
+
+@pytest.mark.parametrize(
+    ("budget", "spent"),
+    [
+        ({"max_iterations_fraction": 0.05, "job_iterations": 100}, "max_iterations_fraction"),
+        ({"max_minutes": 0.005}, "max_minutes"),
+    ],
+)
+def test_a_spent_budget_plans_with_what_it_has_and_names_the_uncertain_rows(
+    client: TestClient, tmp_path: Path, budget: dict, spent: str
+) -> None:
+    """Profiling stops at a fraction of the job's iterations (5 of 100) or at its minutes
+    (0.3 s of iterations), plans with the rows it has and says which stayed above the 2 %
+    target: in the events (with the key to raise) and the summary."""
+    ranks = VirtualRanks(client, f"budget-{spent.replace('_', '-')}", pp=2, profiler=budget)
+    ranks.run_until("watching")
+    profiling = ranks.summary()["profiling"]
+    assert profiling["stopped_by"] == f"profiler.{spent}"
+    if spent == "max_iterations_fraction":
+        assert profiling["budget"]["iterations"] == 5 and profiling["iterations"] <= 5
+    else:
+        assert profiling["budget"]["minutes"] == 0.005
+        assert profiling["cost"]["time_s"] < 0.3 + 0.5  # one iteration more at most
+    unsure = profiling["uncertain_rows"]
+    assert unsure and all(len(row) == 3 for row in unsure)
+    events = [json.loads(line) for line in (tmp_path / ranks.job_id / "events.jsonl").open()]
+    (said,) = [e for e in events if e["event"] == "profiling_budget_spent"]
+    assert said["uncertain_rows"] == unsure and f"raise profiler.{spent}" in said["message"]
+    assert any(e["event"] == "plan_ready" for e in events)

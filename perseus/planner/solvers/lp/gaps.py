@@ -78,6 +78,11 @@ def between_options(problem: PlanningProblem, fast: np.ndarray, slow: np.ndarray
     return out
 
 
+def times(a: FrontierPoint, b: FrontierPoint) -> Tuple[float, float]:
+    """The iteration times of two frontier points."""
+    return a.iteration_time_s, b.iteration_time_s
+
+
 def gap_deadlines(fast_s: float, slow_s: float, max_gap_rel: float) -> List[float]:
     """Deadlines splitting ``(fast_s, slow_s)`` geometrically into steps below ``max_gap_rel``."""
     steps = math.ceil(math.log(slow_s / fast_s) / math.log(1 + 0.8 * max_gap_rel))
@@ -166,16 +171,23 @@ def fill_gaps(
         if not gaps:
             break
         tried.update((a.iteration_time_s, b.iteration_time_s) for a, b in gaps)
+        # Done: the MILPs solved out of those still called for, plus one for what follows.
+        solved = max_milps - milps_left
         for k, (a, b) in enumerate(gaps):
-            report(progress, f"gap filling round {round_no + 1}: walk {k + 1}/{len(gaps)}", 1.0)
+            message = f"gap filling round {round_no + 1}: walk {k + 1}/{len(gaps)}"
+            report(progress, message, solved / (solved + milps_left + 1))
             added += _walks(problem, current, a, b, lp_at, round_at, max_gap_rel)
         current = build_frontier(problem, base + added)
         base = [current.choices(p) for p in current.points]
         added_before = len(added)
-        for k, (a, b) in enumerate(density_gaps(current, max_gap_rel)):
+        open_gaps = density_gaps(current, max_gap_rel)
+        wanted = sum(len(gap_deadlines(*times(a, b), max_gap_rel)) for a, b in open_gaps)
+        planned = solved + min(milps_left, wanted) + 1
+        for k, (a, b) in enumerate(open_gaps):
             if milps_left <= 0:
                 break
-            report(progress, f"gap filling round {round_no + 1}: MILPs in gap {k + 1}", 1.0)
+            message = f"gap filling round {round_no + 1}: MILPs in gap {k + 1}/{len(open_gaps)}"
+            report(progress, message, (max_milps - milps_left) / planned)
             found, used = _milps(problem, current, a, b, max_gap_rel, milps_left, milp_nodes, light)
             added += found
             milps_left -= used

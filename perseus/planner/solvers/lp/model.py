@@ -249,6 +249,16 @@ class HullLP:
             )
         return solution
 
+    def solve_cold(self, deadline_s: float) -> Optional[LPSolution]:
+        """Solve for ``deadline_s`` on a fresh HiGHS model (this one's basis is left alone).
+
+        Returns:
+            The optimum, or None if there is none.
+        """
+        h = self._new_instance()
+        self._set_deadline(h, deadline_s)
+        return self._run(h, deadline_s)
+
     def try_solve(self) -> Optional[LPSolution]:
         """Re-solve the main model at the current deadline (after :meth:`pin`).
 
@@ -280,7 +290,8 @@ class HullLP:
         for row, t0 in zip(self._sink_rows.tolist(), self._sink_t0.tolist()):
             h.changeRowBounds(row, lower, deadline_s - t0)
 
-    def _run(self, h: Highs) -> Optional[LPSolution]:
+    def _run(self, h: Highs, deadline_s: Optional[float] = None) -> Optional[LPSolution]:
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
         h.run()
         if h.getModelStatus() != self._highspy.HighsModelStatus.kOptimal:
             return None
@@ -294,10 +305,10 @@ class HullLP:
         durations = class_d[lay.node_class]
         objective = float(h.getInfo().objective_function_value)
         return LPSolution(
-            deadline_s=self.deadline_s,
+            deadline_s=deadline_s,
             durations_s=durations,
             finish_s=start + durations,
-            energy_j=objective + self.constant_j + self.deadline_s * self.total_power_w,
+            energy_j=objective + self.constant_j + deadline_s * self.total_power_w,
             fill=deltas / np.where(self.seg_len > 0, self.seg_len, 1.0),
             class_durations_s=class_d,
         )

@@ -20,12 +20,12 @@ shared along paths, cheaper instructions sped up), which single-instruction roun
 
 from __future__ import annotations
 
-import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.progress import Progress
 from perseus.planner.solvers.lp.hull import GroupHull, lower_hull
 from perseus.planner.solvers.lp.model import HullLP, LPSolution
 
@@ -67,8 +67,8 @@ class JumpRefiner:
         hulls: The groups' hulls (index = group).
         min_jump_rel: A segment is long when longer than this fraction of the node's
             fastest time.
-        max_trials: At most this many pin-and-re-solve trials per round.
-        time_budget_s: Stop trying after this much time per call.
+        max_trials: At most this many pin-and-re-solve trials per round (a count, never
+            seconds: the refinement is the same on a busy machine).
         rounds: Re-modelling rounds (see :meth:`refine`).
     """
 
@@ -78,7 +78,6 @@ class JumpRefiner:
         hulls: List[GroupHull],
         min_jump_rel: float = 0.02,
         max_trials: int = 2000,
-        time_budget_s: float = 20.0,
         rounds: int = 2,
     ) -> None:
         """Store the settings; hulls below a jump are built on demand and cached."""
@@ -86,7 +85,6 @@ class JumpRefiner:
         self.hulls = list(hulls)
         self.min_jump_rel = min_jump_rel
         self.max_trials = max_trials
-        self.time_budget_s = time_budget_s
         self.rounds = rounds
         self._cache: Dict[Tuple[int, int], int] = {}
         self.trials = 0
@@ -105,7 +103,9 @@ class JumpRefiner:
         cols = cols[order]
         return model.seg_class[cols], cols, fill[cols]
 
-    def refine(self, model: HullLP, solution: LPSolution) -> List[Tuple[LPSolution, np.ndarray]]:
+    def refine(
+        self, model: HullLP, solution: LPSolution, progress: Optional[Progress] = None
+    ) -> List[Tuple[LPSolution, np.ndarray]]:
         """LP solutions with long segments decided; empty when there is none to decide.
 
         Each round re-models the classes the last solution left inside a long segment of
@@ -114,13 +114,13 @@ class JumpRefiner:
         Args:
             model: The group-hull LP ``solution`` came from (its hulls are ``self.hulls``).
             solution: Its optimum for some deadline.
+            progress: Told the trials (the fraction: rounds and trials of this round done).
 
         Returns:
             Per round, ``(solution, node_hull)`` for the re-modelled LP's optimum before
             and (if a pin was kept) after the greedy pinning; ``node_hull`` maps every node
             to its hull in :attr:`hulls`.
         """
-        began = time.perf_counter()
         layout = model.layout
         groups = layout.class_group
         class_hull = groups.copy()
@@ -128,7 +128,7 @@ class JumpRefiner:
         pinned_s: List[float] = []
         out: List[Tuple[LPSolution, np.ndarray]] = []
         current = solution
-        for _ in range(self.rounds):
+        for round_no in range(self.rounds):
             classes, cols, _ = self.long_segments(model, current)
             fresh = class_hull[classes] == groups[classes]
             classes, cols = classes[fresh], cols[fresh]
@@ -145,7 +145,8 @@ class JumpRefiner:
             current = model.solve(solution.deadline_s)
             node_hull = class_hull[layout.node_class]
             out.append((current, node_hull))
-            kept, current = self._greedy(model, current, classes, slow_end, began)
+            tell = self._teller(progress, round_no, len(classes), solution.deadline_s)
+            kept, current = self._greedy(model, current, classes, slow_end, tell)
             if kept:
                 pinned += [int(classes[i]) for i in kept]
                 pinned_s += [float(slow_end[i]) for i in kept]
@@ -158,7 +159,7 @@ class JumpRefiner:
         current: LPSolution,
         classes: np.ndarray,
         slow_end: np.ndarray,
-        began: float,
+        tell: Callable[[int], None],
     ) -> Tuple[List[int], LPSolution]:
         """Pin ``classes`` one by one (in order) at ``slow_end``; keep pins not raising energy.
 
@@ -167,9 +168,10 @@ class JumpRefiner:
         """
         kept: List[int] = []
         for i in range(len(classes)):
-            if i >= self.max_trials or time.perf_counter() - began > self.time_budget_s:
+            if i >= self.max_trials:
                 break
             self.trials += 1
+            tell(i)
             one = classes[i : i + 1]
             model.pin(one, slow_end[i : i + 1])
             trial = model.try_solve()
@@ -179,6 +181,22 @@ class JumpRefiner:
             else:
                 model.unpin(one)
         return kept, current
+
+    def _teller(
+        self, progress: Optional[Progress], round_no: int, num_classes: int, deadline_s: float
+    ) -> Callable[[int], None]:
+        """``tell(trial)``: reports a round's trials to ``progress`` (every 16th)."""
+        trials = max(1, min(num_classes, self.max_trials))
+
+        def tell(trial: int) -> None:
+            if progress is not None and trial % 16 == 0:
+                progress(
+                    f"refining T <= {deadline_s:.4f} s: round {round_no + 1}, trial "
+                    f"{trial + 1}/{trials}",
+                    (round_no + trial / trials) / self.rounds,
+                )
+
+        return tell
 
     def _hull_index(self, group: int, slow_end_s: float) -> int:
         """Index in ``self.hulls`` of the group's hull below ``slow_end_s`` (cached)."""

@@ -22,6 +22,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.progress import WorkMeter
 from perseus.planner.simulate import simulate_choices
 from perseus.planner.solvers.base import Progress, report
 from perseus.planner.solvers.lp.effort import SearchSettings
@@ -80,15 +81,31 @@ class DeadlineSearch:
         model: HullLP,
         rounder: Rounder,
         solution: LPSolution,
-        progress: Optional[Progress] = None,
+        meter: Optional[WorkMeter] = None,
+        part: int = 0,
+        parts: int = 1,
     ) -> List[np.ndarray]:
-        """Refined, polished, spliced and re-optimised plans at ``solution``'s deadline."""
+        """Refined, polished, spliced and re-optimised plans at ``solution``'s deadline.
+
+        Args:
+            model: The sweep's LP.
+            rounder: The sweep's rounding.
+            solution: The LP optimum at the deadline.
+            meter: Gets each stage's progress (the stages of :data:`.cost.STAGES`).
+            part: This is the search at the ``part``-th of ``parts`` deadlines (progress).
+            parts: Deadlines searched in all.
+        """
         problem, settings = self.problem, self.settings
         deadline = solution.deadline_s
-        report(progress, f"refining T <= {deadline:.4f} s", 1.0)
+
+        def stage(name: str) -> Optional[Progress]:
+            return None if meter is None else meter.reporter(name, part, parts)
+
+        refining = stage("refinement")
+        report(refining, f"refining T <= {deadline:.4f} s", 0.0)
         refiner = JumpRefiner(problem, self.hulls, max_trials=self.refine_trials)
         plans = list(rounder.from_solutions([solution]))
-        for refined, node_hull in refiner.refine(model, solution):
+        for refined, node_hull in refiner.refine(model, solution, refining):
             plans += list(rounder.from_own_hulls(refined, refiner.hulls, node_hull))
         # The windowed LP bound every gap test compares with: solved once, when first needed.
         bound_j = functools.lru_cache(maxsize=1)(lambda: lp_bound(problem, deadline).energy_j)
@@ -96,19 +113,23 @@ class DeadlineSearch:
         reference_j = lp_node_energy(problem, self.hulls, solution)
         small = problem.num_nodes <= settings.polish_max_size
         if settings.polish_nodes > 0 and small and worth(plans):
-            plans += self._polish(plans, deadline, reference_j, progress)
+            plans += self._polish(plans, deadline, reference_j, stage("polish"))
         long_1f1b = settings.steady_pattern and steady.applies(problem)
         if long_1f1b and (not settings.steady_gap_test or worth(plans)):
             light = settings.steady_light
-            spliced = steady.improve(problem, plans, deadline, progress, light=light)
+            spliced = steady.improve(
+                problem, plans, deadline, stage("steady pattern"), light, stage("splice")
+            )
             plans += spliced
             # The spliced plans' seams get their own polish (up to the splice's size limit).
             if spliced and settings.polish_nodes > 0 and worth(plans):
-                plans += self._polish(spliced, deadline, reference_j, progress, steady.held_nodes)
+                seams = stage("seam polish")
+                plans += self._polish(spliced, deadline, reference_j, seams, steady.held_nodes)
         sweeps = settings.reoptimize_sweeps
         fits = problem.num_nodes <= self.reoptimize_max_size
         if sweeps > 0 and fits and worth(plans):
-            plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=progress)
+            optimising = stage("re-optimisation")
+            plans += reoptimize(problem, plans, deadline, sweeps=sweeps, progress=optimising)
         return plans
 
     def _polish(

@@ -47,17 +47,27 @@ import numpy as np
 
 from perseus.planner.frontier import build_frontier, density_gaps
 from perseus.planner.problem import PlanningProblem
+from perseus.planner.progress import WorkMeter, announce
 from perseus.planner.simulate import iteration_time
 from perseus.planner.solvers import register_solver
 from perseus.planner.solvers.base import ChoiceSolver, Progress, report
+from perseus.planner.solvers.lp import cost
 from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, effort_settings
-from perseus.planner.solvers.lp.gaps import MAX_GAP_REL, fill_gaps, prove_empty
+from perseus.planner.solvers.lp.gaps import (
+    MAX_GAP_REL,
+    fill_gaps,
+    gap_deadlines,
+    prove_empty,
+    times,
+)
 from perseus.planner.solvers.lp.hull import group_hulls
 from perseus.planner.solvers.lp.layout import default_layout
 from perseus.planner.solvers.lp.model import HullLP, LPSolution, fractional_classes
+from perseus.planner.solvers.lp.polish import WINDOW_NODES
 from perseus.planner.solvers.lp.reoptimize import MAX_SIZE
 from perseus.planner.solvers.lp.rounding import Rounder
 from perseus.planner.solvers.lp.search import DeadlineSearch
+from perseus.planner.solvers.lp.steady.splice import applies as steady_applies
 
 #: Up to this many instructions the LP is exact (no shared clocks).
 MAX_EXACT_NODES = 2048
@@ -163,7 +173,12 @@ class LPSolver(ChoiceSolver):
     def solve_choices(
         self, problem: PlanningProblem, progress: Optional[Progress] = None
     ) -> List[np.ndarray]:
-        """Candidate plans along the frontier as option indices (see the module docstring)."""
+        """Candidate plans along the frontier as option indices (see the module docstring).
+
+        ``progress`` gets the fraction of the expected work done (:mod:`.cost`,
+        :class:`perseus.planner.progress.WorkMeter`); one that has an ``expect`` method is
+        told the stages and their expected seconds first (:func:`.progress.announce`).
+        """
         began = time.perf_counter()
         report(progress, "building the LP", 0.0)
         hulls = group_hulls(problem)
@@ -172,11 +187,100 @@ class LPSolver(ChoiceSolver):
         model = HullLP(problem, hulls, layout=layout)
         rounder = Rounder(problem, hulls)
         deadlines, refine_at = self._deadlines(problem)
+        meter = WorkMeter(self._forecast(problem, model, rounder, deadlines, refine_at), progress)
+        announce(progress, meter.stages)
+        meter.finish("LP model")
+        plans, at_refine = self._sweep(model, rounder, deadlines, refine_at, meter)
+        if self._fills_gaps():
+            self._resize_gaps(problem, plans, layout.is_identity, meter)
+        search = DeadlineSearch(
+            problem,
+            hulls,
+            self.settings,
+            self.polish_gap,
+            self.refine_trials,
+            self.reoptimize_max_size,
+        )
+        for k, solution in enumerate(at_refine):
+            plans += search.run(model, rounder, solution, meter, k, len(at_refine))
+        if self._fills_gaps():
+            meter.update("gap filling", 0.0, "filling gaps between neighbouring plans")
+            frontier = build_frontier(problem, plans)
+            plans = [frontier.choices(p) for p in frontier.points]
+            plans += fill_gaps(
+                problem,
+                frontier,
+                model.solve,
+                lambda solution: list(rounder.from_solutions([solution])),
+                max_gap_rel=self.max_gap_rel,
+                max_milps=self.settings.gap_milps if layout.is_identity else 0,
+                progress=meter.reporter("gap filling"),
+                light=self.settings.gap_light,
+            )
+            if layout.is_identity and self.prove_gaps:
+                self.empty_gaps = self._prove_gaps(problem, plans, meter)
+        self.elapsed_s = time.perf_counter() - began
+        meter.finish(cost.STAGES[-1])
+        report(progress, f"{len(plans)} candidate plans in {self.elapsed_s:.1f} s", 1.0)
+        return plans
+
+    def _fills_gaps(self) -> bool:
+        return self.deadlines_s is None and self.max_gap_rel > 0
+
+    def _forecast(
+        self,
+        problem: PlanningProblem,
+        model: HullLP,
+        rounder: Rounder,
+        deadlines: List[float],
+        refine_at: List[float],
+    ) -> List[Tuple[str, float]]:
+        """Expected seconds of every stage (:mod:`.cost`; probed at the first refined deadline)."""
+        settings = self.settings
+        probed = cost.Probe(rounding_loss=0.0, long_classes=0)
+        if refine_at:
+            probed = cost.probe(problem, model, rounder, refine_at[0])
+        window_step = max(1, WINDOW_NODES // 2)
+        shape = cost.SolveShape(
+            num_nodes=problem.num_nodes,
+            lp_size=model.layout.num_classes,
+            num_deadlines=len(deadlines),
+            sweeps=self.deadlines_s is None,
+            num_refine=len(refine_at),
+            exact=model.layout.is_identity,
+            fill_gaps=self._fills_gaps(),
+            polish_windows=len(range(0, max(1, problem.num_nodes - window_step), window_step)),
+            steady=steady_applies(problem),
+        )
+        return cost.solve_stages(
+            shape,
+            settings,
+            probed,
+            self.polish_gap,
+            self.reoptimize_max_size,
+            self.refine_trials,
+        )
+
+    def _sweep(
+        self,
+        model: HullLP,
+        rounder: Rounder,
+        deadlines: List[float],
+        refine_at: List[float],
+        meter: WorkMeter,
+    ) -> Tuple[List[np.ndarray], List[LPSolution]]:
+        """The LP sweep: rounded plans, and the LP optima at the deadlines to refine."""
         plans: List[np.ndarray] = []
         pending: List[LPSolution] = []
         at_refine: List[LPSolution] = []
         self.bounds = []
         rises = 0
+        # A frontier's sweep stops when the LP's energy rises: expect the forecast's share.
+        per_deadline_s = meter.stage("LP sweep").expected_s / max(1, len(deadlines))
+        expected = len(deadlines)
+        if self.deadlines_s is None:
+            expected = min(len(deadlines), max(1, math.ceil(cost.SWEEP_SHARE * len(deadlines))))
+            per_deadline_s = meter.stage("LP sweep").expected_s / expected
         for i, deadline in enumerate(deadlines):
             solution = model.solve(deadline)
             pending += [solution, *self._dive(model, solution)]
@@ -188,50 +292,47 @@ class LPSolver(ChoiceSolver):
             rising = bool(self.bounds) and solution.energy_j > self.bounds[-1][1]
             self.bounds.append((deadline, solution.energy_j))
             rises = rises + 1 if rising else 0
-            report(
-                progress, f"LP sweep: deadline {i + 1}/{len(deadlines)}", (i + 1) / len(deadlines)
-            )
+            if i + 1 >= expected and i + 1 < len(deadlines):
+                # Longer than forecast: at least the rises still to come.
+                expected = min(len(deadlines), i + 1 + self.patience - rises)
+                meter.resize("LP sweep", expected * per_deadline_s)
+            meter.update("LP sweep", (i + 1) / expected, f"LP sweep: deadline {i + 1}/{expected}")
             if rises >= self.patience and self.deadlines_s is None:
                 break
         plans += list(rounder.from_solutions(pending))
-        search = DeadlineSearch(
-            problem,
-            hulls,
-            self.settings,
-            self.polish_gap,
-            self.refine_trials,
-            self.reoptimize_max_size,
-        )
-        for solution in at_refine:
-            plans += search.run(model, rounder, solution, progress)
-        if self.deadlines_s is None and self.max_gap_rel > 0:
-            report(progress, "filling gaps between neighbouring plans", 1.0)
-            frontier = build_frontier(problem, plans)
-            plans = [frontier.choices(p) for p in frontier.points]
-            plans += fill_gaps(
-                problem,
-                frontier,
-                model.solve,
-                lambda solution: list(rounder.from_solutions([solution])),
-                max_gap_rel=self.max_gap_rel,
-                max_milps=self.settings.gap_milps if layout.is_identity else 0,
-                progress=progress,
-                light=self.settings.gap_light,
-            )
-            if layout.is_identity and self.prove_gaps:
-                self.empty_gaps = self._prove_gaps(problem, plans, progress)
-        self.elapsed_s = time.perf_counter() - began
-        report(progress, f"{len(plans)} candidate plans in {self.elapsed_s:.1f} s", 1.0)
-        return plans
+        meter.resize("LP sweep", len(self.bounds) * per_deadline_s)
+        meter.finish("LP sweep")
+        return plans, at_refine
+
+    def _resize_gaps(
+        self, problem: PlanningProblem, plans: List[np.ndarray], exact: bool, meter: WorkMeter
+    ) -> None:
+        """The gap filling's and the proofs' expected seconds for the gaps the sweep left.
+
+        The gap MILPs (exact LP only) fill the gaps' deadlines up to the effort's count; the
+        proofs try the gaps that stay open (as many as there are now, at most
+        :data:`MAX_PROOFS`).
+        """
+        frontier = build_frontier(problem, plans)
+        gaps = density_gaps(frontier, self.max_gap_rel)
+        if exact and self.settings.gap_milps > 0:
+            count = sum(len(gap_deadlines(*times(a, b), self.max_gap_rel)) for a, b in gaps)
+            milps_s = cost.gap_milps_s(problem.num_nodes, min(count, self.settings.gap_milps))
+            meter.resize("gap filling", meter.stage("gap filling").expected_s + milps_s)
+        if exact and self.prove_gaps:
+            proofs = min(len(gaps), MAX_PROOFS)
+            meter.resize("gap proofs", cost.proofs_s(problem.num_nodes, proofs))
 
     def _prove_gaps(
-        self, problem: PlanningProblem, plans: List[np.ndarray], progress: Optional[Progress]
+        self, problem: PlanningProblem, plans: List[np.ndarray], meter: WorkMeter
     ) -> List[Tuple[float, float, str]]:
         """Steps still over ``max_gap_rel`` that hold no Pareto-optimal plan (see gaps)."""
         frontier = build_frontier(problem, plans)
         out = []
-        for k, (a, b) in enumerate(density_gaps(frontier, self.max_gap_rel)[:MAX_PROOFS]):
-            report(progress, f"proving gap {k + 1} empty", 1.0)
+        gaps = density_gaps(frontier, self.max_gap_rel)[:MAX_PROOFS]
+        meter.resize("gap proofs", cost.proofs_s(problem.num_nodes, len(gaps)))
+        for k, (a, b) in enumerate(gaps):
+            meter.update("gap proofs", k / len(gaps), f"proving gap {k + 1} empty")
             how = prove_empty(problem, a, b, self.settings.proof_milp_nodes)
             if how is not None:
                 out.append((a.iteration_time_s, b.iteration_time_s, how))

@@ -12,9 +12,8 @@ import hydra
 from omegaconf import DictConfig
 
 from perseus.batch_size import RecurringJob
-from perseus.config.schema import PowerLimitConfig
 from perseus.profiler.virtual_run import VirtualClock
-from tests.unit.batch_size.emulated_job import emulated_gpu, job_energy, train
+from tests.unit.batch_size.emulated_job import LIMITS, emulated_gpu, job_energy, train
 
 EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 
@@ -23,15 +22,12 @@ EPOCHS = {32: 6, 64: 4, 128: 3, 256: None}
 def main(cfg: DictConfig) -> None:
     clock = VirtualClock()
     device = emulated_gpu(clock, time_scale=0.1)
-    power_limit = PowerLimitConfig(
-        step_w=100, warmup_steps=1, profile_steps=2, warmup_s=0.0, repeats=1
-    )
     with RecurringJob(
         "ignored-under-the-sweeper",
         [32, 64, 128, 256],
         64,
         target_metric=1.0,
-        power_limit=power_limit,
+        power_limit=LIMITS,
         gpus=[device],
         clock=clock,
         synchronize=lambda: None,

@@ -157,7 +157,9 @@ def test_power_limit_optimizer_profiles_without_counter(tmp_path):
         meter = EnergyMeter.start([gpu], clock, threads=False, sleeper=clock.sleep)
         run_for(clock, 0.01, meter.samplers[0])
         opt = PowerLimitOptimizer([guard], cfg, aggregator=local_only, energy=meter)
-        for _ in opt.steps(range(40)):  # windows of 1 s at least: no update period to go by
+        for _ in opt.steps(range(400)):  # no update period to go by: a real GPU's assumed
+            if opt.state == "done":
+                break
             run_for(clock, 0.25 if power["w"] >= 250 else 0.5, meter.samplers[0])
         guard.release()
         gpu.close()

@@ -70,3 +70,63 @@ def test_a_gpu_without_counter_stops_the_thread() -> None:
     sampler.close(timeout_s=5.0)
     assert not sampler.running
     assert not sampler.available
+
+
+class _Sensor:
+    """A scripted temperature sensor on a clock the test moves."""
+
+    def __init__(self, answers) -> None:
+        self.answers = list(answers)
+        self.reads = 0
+
+    def __call__(self):
+        self.reads += 1
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def test_the_temperature_is_read_every_period_beside_the_counter() -> None:
+    now = [0.0]
+    sensor = _Sensor([41, 42, 43])
+    sampler = EnergySampler(
+        lambda: 0, lambda: now[0], read_temperature_c=sensor, temperature_period_s=1.0
+    )
+    assert sampler.temperatures is not None
+    assert sampler.temperature_due(0.0)
+    reading = sampler.poll_temperature_once()
+    assert reading is not None and reading.temperature_c == 41.0
+    now[0] = 0.5
+    assert not sampler.temperature_due(now[0])  # within the period: not read
+    now[0] = 1.0
+    assert sampler.temperature_due(now[0])
+    sampler.poll_temperature_once()
+    assert [r.temperature_c for r in sampler.temperatures.snapshot()] == [41.0, 42.0]
+
+
+@pytest.mark.parametrize("answer", [None, GPUNotSupportedError("no sensor")])
+def test_a_gpu_without_a_sensor_is_not_read_again(answer) -> None:
+    sensor = _Sensor([answer, 50])
+    sampler = EnergySampler(lambda: 0, lambda: 0.0, read_temperature_c=sensor)
+    assert sampler.poll_temperature_once() is None
+    assert not sampler.temperature_due(100.0)
+    assert sampler.poll_temperature_once() is None
+    assert sensor.reads == 1
+
+
+def test_a_sensor_hiccup_is_retried_and_energy_is_not_affected() -> None:
+    sensor = _Sensor([OSError("busy"), 47])
+    sampler = EnergySampler(lambda: 0, lambda: 0.0, read_temperature_c=sensor)
+    assert sampler.poll_temperature_once() is None
+    assert sampler.temperature_due(0.0)  # tried again
+    reading = sampler.poll_temperature_once()
+    assert reading is not None and reading.temperature_c == 47.0
+    assert sampler.available
+
+
+def test_without_a_sensor_reader_nothing_is_read() -> None:
+    sampler = EnergySampler(lambda: 0, lambda: 0.0)
+    assert sampler.temperatures is None
+    assert not sampler.temperature_due(0.0)
+    assert sampler.poll_temperature_once() is None

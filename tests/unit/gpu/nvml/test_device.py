@@ -20,6 +20,7 @@ from perseus.gpu.nvml.support import visible_devices
 from tests.unit.gpu.nvml_mock import (
     A100_SM_CLOCKS_MHZ,
     INSTANT_POWER_MW,
+    TEMPERATURE_C,
     field_value,
     make_pynvml_mock,
     no_permission,
@@ -88,6 +89,27 @@ def test_changes_call_nvml_exactly():
         call.nvmlDeviceGetFieldValues(H0, [pynvml.NVML_FI_DEV_POWER_INSTANT]),
         call.nvmlDeviceGetClockInfo(H0, pynvml.NVML_CLOCK_SM),
     ]
+
+
+def test_temperature_is_the_die_sensor_and_none_where_unsupported():
+    m = make_pynvml_mock(temperature_c=TEMPERATURE_C)
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0)
+        m.reset_mock()
+        assert gpu.temperature_c() == 45.0
+    plain = make_pynvml_mock()  # a GPU without a sensor
+    with patched_pynvml(plain):
+        assert NVMLGPU(0).temperature_c() is None
+    assert m.mock_calls == [call.nvmlDeviceGetTemperature(H0, pynvml.NVML_TEMPERATURE_GPU)]
+
+
+def test_dry_run_reads_the_temperature_and_changes_nothing():
+    m = make_pynvml_mock(temperature_c=TEMPERATURE_C)
+    with patched_pynvml(m):
+        gpu = NVMLGPU(0, dry_run=True)
+        gpu.lock_sm_clocks_mhz(1005, 1005)
+        assert gpu.temperature_c() == 45.0
+    assert m.nvmlDeviceSetGpuLockedClocks.call_count == 0
 
 
 def test_permission_error_says_how_to_fix():

@@ -202,3 +202,37 @@ def test_a_split_backwards_halves_are_swept_and_stopped_as_kinds_of_their_own() 
     assert swept.stopped_at == {"forward": None, "backward_input": 1395, "backward_weight": None}
     state = swept.to_state()
     assert StageSweep.from_state(order, state).to_state() == state
+
+
+def test_remeasurement_passes_alternate_direction_so_drift_does_not_line_up_with_clocks() -> None:
+    """One clock per iteration: the first pass walks down, the re-measurements walk up, then
+    down again. Over one pass each way every clock's mean position in time is the same, so a
+    steady drift (the GPU warming) adds the same to each; a clock that became certain leaves
+    the pass under way."""
+    order = stage_order("1f1b", 2, 4)[0]
+    clocks = [1410, 1395, 1380, 1365, 1350]
+    sweep = StageSweep(
+        order,
+        clocks,
+        mode="fast",
+        patience=10_000,
+        instruction_time_s={"forward": 0.05, "backward": 0.1},
+        min_window_s=10.0,  # the whole iteration is one block: one clock per iteration
+        max_steps=100,
+    )
+    ran = []
+    for step in range(15):
+        (clock,) = set(sweep.frequencies_for_step(step)[:1])
+        ran.append(clock)
+    assert ran[:5] == clocks
+    assert ran[5:10] == clocks[::-1]
+    assert ran[10:15] == clocks
+    mean_position = {c: (ran.index(c) + 9 - ran.index(c)) / 2 for c in clocks}
+    assert set(mean_position.values()) == {4.5}
+    sweep.prioritize([1395, 1365])  # the others are certain now
+    assert [sweep.frequencies_for_step(s)[0] for s in (15, 16, 17, 18)] == [1365, 1395, 1395, 1365]
+    assert sweep.frequencies_for_step(19)[0] == 1365  # a pass up: 1365, then 1395
+    sweep.prioritize([1365])  # 1395 became certain: it leaves the pass under way
+    assert sweep.frequencies_for_step(20)[0] == 1365
+    state = StageSweep.from_state(order, sweep.to_state())
+    assert state.frequencies_for_step(21) == sweep.frequencies_for_step(21)

@@ -68,3 +68,16 @@ def test_no_instructions_outside_baseline_and_profiling(phase: Optional[Phase]) 
     members = [Member(rank=0, dp_rank=0, tp_rank=0, clocks_mhz=[1005, 1410])]
     report = combined_report(0, members, record, "F0 F1 B0 B1", phase, [_payload(record)])
     assert report.instructions == []
+
+
+@pytest.mark.parametrize(
+    "reading, sent", [(61.0, 61.0), (None, None), (float("nan"), None), (900.0, None)]
+)
+def test_the_leaders_temperature_goes_with_the_report_when_it_is_a_reading(
+    reading: Optional[float], sent: Optional[float]
+) -> None:
+    record = _record()
+    record.temperature_c = reading
+    members = [Member(rank=0, dp_rank=0, tp_rank=0, clocks_mhz=[1005, 1410])]
+    report = combined_report(0, members, record, "F0 F1 B0 B1", Phase.running, [_payload(record)])
+    assert report.temperature_c == sent

@@ -119,11 +119,13 @@ def find_pattern(
     num_pairs: int = PATTERN_PAIRS,
     bands: Sequence[int] = BANDS,
     band_sweeps: int = BAND_SWEEPS,
+    progress: Optional[Progress] = None,
 ) -> Optional[CyclePattern]:
     """A good ``num_pairs``-pair pattern keeping ``period_s`` per pair (see the module).
 
     ``bands`` and ``band_sweeps``: the band search (``(2,)`` and one sweep find the same
     pattern as the default on the published 8 x 96 cases in a third of the time).
+    ``progress``: told each band's cyclic MILP (the fraction: of the band search's most).
 
     Returns:
         The pattern, or None when no staggered start could be completed.
@@ -152,10 +154,18 @@ def find_pattern(
             break
     if pattern is None:
         return None
+    most = band_sweeps * sum(num_stages - band + 1 for band in bands)
+    solved = 0
     for band in bands:
         for _ in range(band_sweeps):
             before = pattern.energy_j
             for first in range(num_stages - band + 1):
+                report(
+                    progress,
+                    f"steady-state pattern: band of {band} from stage {first}",
+                    solved / most,
+                )
+                solved += 1
                 free = np.zeros(start.shape, dtype=bool)
                 free[2 * first : 2 * (first + band)] = True
                 better = solve_cycle(problem, period_s, pattern.choices, free)
@@ -180,6 +190,7 @@ def splice(
     deadline_s: float,
     max_nodes: int = SPLICE_NODES,
     relaxed: bool = False,
+    progress: Optional[Progress] = None,
 ) -> List[np.ndarray]:
     """``base`` with ``pattern`` in its interior, once per phase, ends re-chosen by MILP.
 
@@ -192,6 +203,7 @@ def splice(
         relaxed: Solve each MILP's LP relaxation instead and round its schedule
             (:meth:`.rounding.Rounder.from_schedule`): a fraction of a second per phase where
             the MILP takes half a minute, for about 0.05 pp less (GPT-3/A40 8 x 96).
+        progress: Told each phase (with the fraction of the phases done).
 
     Returns:
         The plans found (each meets the deadline).
@@ -205,6 +217,12 @@ def splice(
     groups = problem.node_group
     out = []
     for phase in range(pattern.num_pairs):
+        report(
+            progress,
+            f"splicing the pattern ({pattern.saved_per_pair_j:.1f} J per pair): phase "
+            f"{phase + 1}/{pattern.num_pairs}",
+            phase / pattern.num_pairs,
+        )
         plan = base.copy()
         plan[interior] = pattern.choices[
             groups[interior], (pair[interior] - first + phase) % pattern.num_pairs
@@ -236,13 +254,15 @@ def improve(
     deadline_s: float,
     progress: Optional[Progress] = None,
     light: bool = False,
+    splice_progress: Optional[Progress] = None,
 ) -> List[np.ndarray]:
     """Plans with a steady-state pattern spliced into the best of ``plans`` at ``deadline_s``.
 
     The pattern keeps the all-max period, stretched by ``deadline_s`` over the all-max
     plan's iteration time when the deadline is longer. ``light``: the band search of
     :data:`LIGHT_BANDS` once, and the splice's relaxations rounded (seconds instead of
-    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40).
+    minutes at 8 x 96, for about 0.05 pp less on GPT-3/A40). ``progress`` is told the pattern
+    search's steps, ``splice_progress`` (default: ``progress``) each phase of the splice.
 
     Returns:
         The spliced plans (empty when ``problem`` has too few pairs or nothing was found).
@@ -250,17 +270,19 @@ def improve(
     best = best_within(problem, plans, deadline_s)
     if best is None or not applies(problem):
         return []
-    report(progress, f"steady-state pattern at T <= {deadline_s:.4f} s", 1.0)
+    report(progress, f"steady-state pattern at T <= {deadline_s:.4f} s", 0.0)
     allmax_s = iteration_time(
         problem, problem.opt_time[problem.node_group, problem.allmax_choices()]
     )
     stretch = max(1.0, deadline_s / allmax_s)
     period_s = allmax_period_s(problem) * stretch
     if light:
-        pattern = find_pattern(problem, period_s, bands=LIGHT_BANDS, band_sweeps=1)
+        pattern = find_pattern(
+            problem, period_s, bands=LIGHT_BANDS, band_sweeps=1, progress=progress
+        )
     else:
-        pattern = find_pattern(problem, period_s)
+        pattern = find_pattern(problem, period_s, progress=progress)
     if pattern is None:
         return []
-    report(progress, f"splicing the pattern ({pattern.saved_per_pair_j:.1f} J per pair)", 1.0)
-    return splice(problem, best, pattern, deadline_s, relaxed=light)
+    splicing = splice_progress or progress
+    return splice(problem, best, pattern, deadline_s, relaxed=light, progress=splicing)

@@ -1,4 +1,4 @@
-r"""``perseus-plan``: profile CSV -> every Pareto-optimal frequency plan, and the one to run.
+r"""The ``perseus-plan`` command: profile CSV -> every Pareto-optimal plan, and the one to run.
 
 Usage::
 
@@ -13,15 +13,16 @@ Writes into Hydra's run directory (``hydra.run.dir=...`` moves it), through
 * ``plans/<plan_id>.json``: every frontier plan (``perseus-plan/1``, plan 0 is the fastest);
 * ``plan.json``: the plan the energy policy chose;
 * ``summary.json``: ``allmax``, ``chosen``, ``least_energy``, ``solver``, ``solve_time_s``,
-  savings and the inputs, and a ``note`` when no plan saves energy without slowdown (why,
-  e.g. lowtime's time quantization, and which setting would pick the next plan);
+  savings and the inputs, the estimate (``estimate_s``) and each phase's seconds
+  (``timings_s``), and a ``note`` when no plan saves energy without slowdown (why, e.g.
+  lowtime's time quantization, and which setting would pick the next plan);
 * ``frontier.png``, ``timeline.png`` (``planner.plots=false`` skips them);
 * with ``planner.export_reference=true``, ``reference/freqs_pipeline_%05d.py`` per plan (the
   reference system's format; the number is the plan_id).
 
 :func:`run_plan` is the same pipeline as a function. Offline the profile is the job: every
 stage of it is planned unless ``parallelism.pp`` on the command line (or ``planner.stages``)
-asks for a subset (:mod:`perseus.apps.plan_stages`), and the result line says so.
+asks for a subset (:mod:`perseus.apps.plan.stages`), and the result line says so.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from perseus.apps.common import hydra_app
-from perseus.apps.plan_stages import (
+from perseus.apps.plan.outputs import MAX_TIMELINE_NODES, warm_up, write_outputs
+from perseus.apps.plan.progress import ProgressLog
+from perseus.apps.plan.stages import (
     build_problem,
     planned_profile,
     pp_on_command_line,
@@ -43,13 +46,8 @@ from perseus.formats.plan import outputs as plan_outputs
 
 if TYPE_CHECKING:
     from perseus.planner.frontier import Frontier, FrontierPoint
-    from perseus.planner.problem import PlanningProblem
 
 logger = logging.getLogger("perseus.plan")
-
-PROGRESS_PERIOD_S = 2.0
-#: Larger plans get no timeline.png (drawing 20,000 boxes takes about 20 s).
-MAX_TIMELINE_NODES = 20_000
 
 
 def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
@@ -81,8 +79,11 @@ def plan_scope(cfg: PerseusConfig, num_stages: int) -> str:
             policy.describe(),
         )
     else:
+        work = frontier if scope == "frontier" else policy
         logger.info(
-            "estimated %s for %s", (frontier if scope == "frontier" else policy).describe(), scope
+            "planning the %s (up to %.1f GB of memory)",
+            "full frontier" if scope == "frontier" else "energy policy's plan",
+            work.memory_bytes / 1e9,
         )
     return scope
 
@@ -93,24 +94,6 @@ def solver_options(name: str, cfg: PerseusConfig) -> Dict[str, Any]:
 
     offered = {"time_unit_s": cfg.planner.time_unit_s, "effort": str(cfg.planner.effort)}
     return {key: value for key, value in offered.items() if solver_accepts(name, key)}
-
-
-class ProgressLog:
-    """A solver progress callback that logs at most every ``period_s`` seconds."""
-
-    def __init__(self, period_s: float = PROGRESS_PERIOD_S) -> None:
-        """Start the clock."""
-        self.period_s = period_s
-        self._start_s = time.perf_counter()
-        self._last_s = -float("inf")
-
-    def __call__(self, message: str, fraction: float) -> None:
-        """Log ``message`` with the fraction done and the elapsed time."""
-        now_s = time.perf_counter()
-        if fraction < 1.0 and now_s - self._last_s < self.period_s:
-            return
-        self._last_s = now_s
-        logger.info("%s (%.0f %%, %.1f s)", message, 100 * fraction, now_s - self._start_s)
 
 
 def run_plan(
@@ -124,7 +107,8 @@ def run_plan(
     Args:
         cfg: The whole configuration (planner, parallelism, energy are read).
         out_dir: Output directory (created if needed).
-        progress: Solver progress callback; default logs every few seconds.
+        progress: Solver progress callback; default: the command's progress line
+            (:class:`perseus.apps.plan.progress.ProgressLog`).
         subset_by_pp: See :func:`planned_profile` (perseus-plan passes whether
             ``parallelism.pp`` is on its command line).
 
@@ -135,17 +119,21 @@ def run_plan(
         ConfigError, ProfileError, SolverError: with what to fix.
     """
     from perseus.planner import plan_frontier, plan_policy
+    from perseus.planner.limits import writing_seconds
     from perseus.planner.policies import choose
 
+    began = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = progress or ProgressLog()
     planned = planned_profile(cfg, subset_by_pp)
     scope = plan_scope(cfg, planned.profile.num_stages)
     name = cfg.planner.solver
     options = solver_options(name, cfg)
-    log("building the problem", 0.0)
+    log = progress_log(cfg, planned.profile.num_stages, scope)
+    log.stage("setup", "building the problem")
     problem = build_problem(cfg, planned)
+    if cfg.planner.plots:
+        warm_up()  # while the solver runs
     logger.info(
         "planning %d stages x %d microbatches (%s, %d instructions) with solver %r%s: %s",
         problem.num_stages,
@@ -156,25 +144,33 @@ def run_plan(
         f" {options}" if options else "",
         "every Pareto-optimal plan" if scope == "frontier" else "the energy policy's plan",
     )
+    setup_s = time.perf_counter() - began
+    solver_progress = progress or log
     start_s = time.perf_counter()
     if scope == "frontier":
-        frontier = plan_frontier(problem, name, log, **options)
+        frontier = plan_frontier(problem, name, solver_progress, **options)
     else:
-        frontier = plan_policy(problem, cfg.energy, name, log, **options)
+        frontier = plan_policy(problem, cfg.energy, name, solver_progress, **options)
     solve_time_s = time.perf_counter() - start_s
     chosen = choose(frontier, cfg.energy)
     note = None
     if chosen.is_allmax and cfg.energy.policy == "no_slowdown":
         note = _hint_nearest_saving(frontier, name, options.get("time_unit_s"))
-    log(f"writing {len(frontier)} plans", 1.0)
-    files = write_plans(frontier, chosen, cfg, out_dir)
-    if cfg.planner.plots:
-        log("drawing plots", 1.0)
-        files.update(write_plots(problem, frontier, chosen, out_dir))
+    log.resize_outputs(writing_seconds(problem.num_nodes, len(frontier)), log.plots_s)
+    log.outputs("write", 0.0, f"writing {len(frontier)} plans and the plots")
+    files, timings = write_outputs(problem, frontier, chosen, cfg, out_dir, log)
+    log.finish()
     summary = make_summary(cfg, frontier, chosen, name, solve_time_s, files)
     summary["scope"] = scope
     summary["profile_stages"] = planned.stages
     summary["profile_num_stages"] = planned.num_profile_stages
+    summary["estimate_s"] = log.estimate_s
+    summary["timings_s"] = {
+        "setup": setup_s,
+        "solve": solve_time_s,
+        **timings,
+        "total": time.perf_counter() - began,
+    }
     if name == "lp":
         summary["effort"] = str(cfg.planner.effort)
     if note:
@@ -203,6 +199,29 @@ def run_plan(
         out_dir,
     )
     return summary
+
+
+def progress_log(cfg: PerseusConfig, num_stages: int, scope: str) -> ProgressLog:
+    """The command's progress line, with the setup and the outputs' expected seconds."""
+    from perseus.planner.limits import (
+        BUILD_S_PER_NODE,
+        EXPECTED_FRONTIER_PLANS,
+        EXPECTED_POLICY_PLANS,
+        plotting_seconds,
+        writing_seconds,
+    )
+
+    par = cfg.parallelism
+    num_nodes = 2 * num_stages * par.num_microbatches * par.num_model_chunks
+    num_plans = EXPECTED_FRONTIER_PLANS if scope == "frontier" else EXPECTED_POLICY_PLANS
+    plots_s = 0.0
+    if cfg.planner.plots:
+        plots_s = plotting_seconds(num_nodes, num_stages, num_nodes <= MAX_TIMELINE_NODES)
+    return ProgressLog(
+        setup_s=BUILD_S_PER_NODE * num_nodes,
+        write_s=writing_seconds(num_nodes, num_plans),
+        plots_s=plots_s,
+    )
 
 
 def _hint_nearest_saving(
@@ -238,39 +257,6 @@ def _hint_nearest_saving(
         )
     logger.info("%s", note)
     return note
-
-
-def write_plans(
-    frontier: Frontier, chosen: FrontierPoint, cfg: PerseusConfig, out_dir: Path
-) -> Dict[str, str]:
-    """frontier.csv, plans/<plan_id>.json, plan.json and (optionally) the reference .py files."""
-    return plan_outputs.write_frontier_outputs(
-        out_dir,
-        frontier,
-        chosen,
-        plan_extra={"policy": str(cfg.energy.policy), "solver": cfg.planner.solver},
-        export_reference=cfg.planner.export_reference,
-    )
-
-
-def write_plots(
-    problem: PlanningProblem, frontier: Frontier, chosen: FrontierPoint, out_dir: Path
-) -> Dict[str, str]:
-    """frontier.png and (up to ``MAX_TIMELINE_NODES`` instructions) timeline.png."""
-    from perseus.planner.plots import plot_frontier, plot_timeline
-
-    plot_frontier(frontier, out_dir / "frontier.png", chosen=chosen)
-    files = {"frontier_plot": "frontier.png"}
-    if problem.num_nodes > MAX_TIMELINE_NODES:
-        logger.info(
-            "no timeline.png: %d instructions are too many boxes to draw (at most %d)",
-            problem.num_nodes,
-            MAX_TIMELINE_NODES,
-        )
-        return files
-    plot_timeline(problem, chosen.freqs, out_dir / "timeline.png")
-    files["timeline_plot"] = "timeline.png"
-    return files
 
 
 def _point(frontier: Frontier, point: FrontierPoint) -> Dict[str, Any]:
@@ -324,7 +310,3 @@ def main(cfg: PerseusConfig, out_dir: Path) -> None:
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     run_plan(cfg, out_dir, subset_by_pp=pp_on_command_line(overrides))
-
-
-if __name__ == "__main__":
-    main()
