@@ -444,15 +444,8 @@ class BatchSizeOptimizer(RunReporting):
         bound = self._cost_bound(run.run_id)
         if bound is not None:
             budget = min(budget, int(bound * (1.0 + 1e-9) // unit))
-        verdict = run_verdict(
-            posterior,
-            run.batch_size,
-            unit,
-            run.num_epochs,
-            budget,
-            best,
-            self.rule_out_probability,
-        )
+        judged = (posterior, run.batch_size, unit, run.num_epochs, budget, best)
+        verdict = run_verdict(*judged, threshold=self.rule_out_probability)
         if verdict is not None:
             return verdict
         other = defer_target(
@@ -460,16 +453,7 @@ class BatchSizeOptimizer(RunReporting):
         )
         if other is None:
             return None
-        return defer_verdict(
-            posterior,
-            run.batch_size,
-            unit,
-            run.num_epochs,
-            budget,
-            best,
-            other,
-            self.rule_out_probability,
-        )
+        return defer_verdict(*judged, other, threshold=self.rule_out_probability)
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:

@@ -12,7 +12,6 @@ steps). The selector's pick among the confirmed limits is kept when what it gain
 run of the same job skips profiling; the report gives its saving and slowdown against the highest
 limit with 95 % intervals, or says they are not measurable.
 
-What the search takes (:meth:`PowerLimitOptimizer.needs`, :mod:`perseus.power_limit.plan`) is
 A recurring job's new batch size may pass ``limits_prior``: from the saved tables of the job's
 other batch sizes it names the limits still worth measuring, and the descent stops at the lowest
 of them (the limits below it are pruned before it starts, as the descent would prune them once
@@ -43,20 +42,9 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    List,
-    Mapping,
-    Optional,
-    Protocol,
-    Sequence,
-    Tuple,
-    TypeVar,
-)
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from perseus.config.schema import PowerLimitConfig
 from perseus.errors import ConfigError
