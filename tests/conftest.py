@@ -8,13 +8,21 @@ servers wait for requests. So it runs more workers than the machine has cores
 after the other (an ``xdist_group``): the local Slurm cluster's two nodes. Everything else a test
 binds or writes is its own: free ports chosen by the kernel, ``tmp_path`` directories, GPU state
 directories under them, job ids made per run. ``-n 0`` runs the suite in one process.
+
+More workers than cores, each with OpenMP's or a BLAS's own pool of a thread per core, spinning
+while it waits for work, made CPU-bound tests hundreds of times slower (a tiny model's training
+step: 0.2 s alone, 112 s beside seven other workers). Each test process and what it starts uses one
+such thread unless the caller set the variable: the workers run side by side instead.
 """
 
 from __future__ import annotations
 
 import os
 
-import pytest
+for _pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_pool, "1")
+
+import pytest  # noqa: E402
 
 # Workers per CPU core: the tests mostly wait (sleeping emulated GPUs, ranks, servers).
 WORKERS_PER_CORE = 2
