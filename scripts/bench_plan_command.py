@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """The whole perseus-plan command on the published cases: wall time, estimate, saving, progress.
 
-Runs ``perseus-plan`` as a user does (README: ``planner.profile=perseus/data/sosp24/<case>.csv
-planner.p2p_power_w=<the GPU's> parallelism.num_microbatches=<n> energy=no_slowdown
-hydra.run.dir=<dir>``, default effort) on
+Runs ``perseus-plan`` as a user does (docs/perseus-plan.md:
+``planner.profile=perseus/data/sosp24/<case>.csv planner.p2p_power_w=<the GPU's>
+parallelism.num_microbatches=<n> energy=no_slowdown hydra.run.dir=<dir>``, default effort) on
 the 16 published cases (8 stages, 12/24/48/96 microbatches), each in its own process, and prints
 per case:
 
@@ -188,7 +188,7 @@ def command() -> List[str]:
 
 
 def overrides(case: Case, out_dir: Path, effort: Optional[str]) -> List[str]:
-    """The README's command line for ``case`` (and ``planner.effort`` when given).
+    """The documented command line for ``case`` (and ``planner.effort`` when given).
 
     With the GPU's measured blocking power (``planner.p2p_power_w``: the published case; the
     default is the A100's), so that the saving compares with the paper and the bounds.

@@ -201,8 +201,8 @@ class RankSession:
             self.announcer.warn_once(
                 f"Perseus is off for this run: {reason}. Training goes on unchanged at default "
                 "GPU clocks. Fix the problem above; settings go in a YAML file named by "
-                f"{CONFIG_ENV} (only the keys to change) — see the README, 'Your own "
-                "training script'."
+                f"{CONFIG_ENV} (only the keys to change) — see the documentation, 'Your "
+                "own training script' (docs/own-script.md)."
             )
         return DisabledHooks(rank, reason)
 

@@ -1,4 +1,5 @@
-"""The README's Slurm path on a real two-node Slurm cluster with accounting (scripts/local-slurm).
+"""docs/multi-node.md's Slurm path on a real two-node Slurm cluster with accounting
+(scripts/local-slurm).
 
 Both nodes (n1, n2) run on this machine, so every job here shares its host with others: sweeps
 whose runs share a node, a user's own DeepSpeed script and perseus-train on two nodes, a refused
@@ -22,6 +23,7 @@ from unittest.mock import call
 
 import pytest
 
+from tests.docs_commands import shown
 from tests.e2e._support.slurm_cluster import (
     NODES,
     NVML_SITE,
@@ -46,7 +48,8 @@ HOLD_GPUS = REPO / "tests" / "e2e" / "_support" / "hold_gpus.py"
 SWEEP_TIMEOUT_S = 840  # a hang guard (pytest stops a test at 900 s): four runs share two cores
 
 
-# The README's commands (its Slurm section shows them; test_readme_shows_the_tested_commands).
+# The documented commands (docs/multi-node.md, its Slurm section, shows them;
+# test_the_slurm_page_shows_the_tested_commands).
 def sweep_args(node: str) -> List[str]:
     """``perseus-train -m`` arguments of a sweep whose two runs share ``node``."""
     return [
@@ -65,7 +68,7 @@ OWN_SCRIPT = [
     "8",
 ]
 TRAIN_SCRIPT = ["examples/slurm/perseus_train.sbatch", *SMALL]
-README_COMMANDS = [
+DOCUMENTED_COMMANDS = [
     ["perseus-train", "-m", *sweep_args("n1")],
     ["sbatch", *TWO_NODES, *TRAIN_SCRIPT],
     ["sbatch", *TWO_NODES, *OWN_SCRIPT],
@@ -77,14 +80,9 @@ def in_repo(args: List[str]) -> List[str]:
     return [str(REPO / a) if (REPO / a).is_file() else a for a in args]
 
 
-def test_readme_shows_the_tested_commands() -> None:
-    readme = (REPO / "README.md").read_text()
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
-        joined = re.sub(r"\\\n\s*", " ", block)
-        commands += [" ".join(line.split()) for line in joined.splitlines()]
-    for command in README_COMMANDS:
-        assert " ".join(command) in commands
+def test_the_slurm_page_shows_the_tested_commands() -> None:
+    for command in DOCUMENTED_COMMANDS:
+        assert shown(command, "docs/multi-node.md"), " ".join(command)
 
 
 @pytest.fixture(scope="module")

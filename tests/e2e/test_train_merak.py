@@ -20,7 +20,11 @@ from tests.integration._support.merak_env import REPO, merak_python
 
 pytestmark = [pytest.mark.e2e, pytest.mark.merak]
 
-CPU_PYTHON = REPO / "tests" / "integration" / "_support" / "merak_cpu_python"
+# The main job with Merak on a machine without a GPU, as docs/frameworks/merak.md shows it (the
+# test adds a smaller job's settings and its output path; tests/unit/test_documented_commands.py).
+CPU_PYTHON_IN_REPO = "tests/integration/_support/merak_cpu_python"
+CPU_PYTHON = REPO / CPU_PYTHON_IN_REPO
+DOCUMENTED_MAIN_JOB = ["perseus-train", "framework=merak", f"train.python={CPU_PYTHON_IN_REPO}"]
 
 
 def test_merak_job_trains_and_writes_the_same_outputs(tmp_path: Path) -> None:
@@ -28,10 +32,10 @@ def test_merak_job_trains_and_writes_the_same_outputs(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_train(
         [
-            *SMALL,
             "framework=merak",
-            "model=gpt3-tiny",
             f"train.python={CPU_PYTHON}",
+            *SMALL,
+            "model=gpt3-tiny",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,

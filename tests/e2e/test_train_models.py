@@ -45,12 +45,17 @@ def test_tiny_models_train_in_a_deepspeed_pipeline(tmp_path: Path, model: str) -
     assert len(list(run_dir.glob("trace-rank*.csv"))) == 2
 
 
-# Plain DDP on two ranks searching four limits, three rounds (the fewest that give an interval).
-POWER_LIMIT_DDP = [
+# The power-limit job as docs/perseus-train.md and docs/power-limits-batch-size.md show it
+# (perseus-train's arguments; tests/unit/test_documented_commands.py checks the pages).
+DOCUMENTED_POWER_LIMIT = [
     "framework=torch",
-    "energy=power_limit",
     "parallelism.pp=1",
     "parallelism.dp=2",
+    "energy=power_limit",
+]
+# Plain DDP on two ranks searching four limits, three rounds (the fewest that give an interval).
+POWER_LIMIT_DDP = [
+    *DOCUMENTED_POWER_LIMIT,
     "parallelism.num_microbatches=2",
     "gpu=emulated",
     "gpu.emulated.time_scale=0.2",
@@ -117,10 +122,7 @@ def test_power_limit_with_plain_ddp(tmp_path: Path) -> None:
 def test_power_limit_refuses_a_run_too_short_for_its_search(tmp_path: Path) -> None:
     proc = run_train(
         [
-            "framework=torch",
-            "energy=power_limit",
-            "parallelism.pp=1",
-            "parallelism.dp=2",
+            *DOCUMENTED_POWER_LIMIT,
             "gpu=emulated",
             "train.max_steps=10",
             f"hydra.run.dir={tmp_path / 'run'}",

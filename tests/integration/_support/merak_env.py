@@ -3,8 +3,8 @@
 Merak needs Python 3.9, torch 1.10 and a clone of github.com/ml-energy/merak-zeus, which CI cannot
 download; ``scripts/merak-env`` builds the environment from a clone. Tests that need it call
 :func:`merak_python`: where the environment is incomplete they skip, or with
-``PERSEUS_REQUIRE_MERAK=1`` (the README's Merak test command, CI when the clone exists) they fail
-with what is missing and the fix.
+``PERSEUS_REQUIRE_MERAK=1`` (the test command of docs/frameworks/merak.md, CI when the clone
+exists) they fail with what is missing and the fix.
 """
 
 from __future__ import annotations
