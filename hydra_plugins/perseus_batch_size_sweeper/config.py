@@ -36,6 +36,9 @@ class BatchSizeSweeperConf:
     num_pruning_rounds: int = 1
     num_exploration: int = 1
     seed: int = 0
+    # Below this chance of being cheaper than the best, a batch size is ruled out (0: never; runs
+    # then stop only at the target, max_epochs or beta).
+    rule_out_probability: float = 0.025
     reset: bool = False
     retry_failed: bool = False
 

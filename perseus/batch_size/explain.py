@@ -1,13 +1,18 @@
-"""What the batch-size optimizer tells the user: bad settings, and a search that cannot go on.
+"""What the batch-size optimizer tells the user.
+
+Bad settings, a search that cannot go on, and why each run got its batch size and ended as it
+did.
 
 Standard library only; runs on Python 3.9.
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from perseus.batch_size.elimination import Standing
 from perseus.batch_size.pruning import PruningState
+from perseus.batch_size.store import REACHED, RUNNING, RunRow
 from perseus.errors import ConfigError
 
 REASONS = {
@@ -15,6 +20,10 @@ REASONS = {
     "cost_exceeded": "stopped: it would have cost more than beta x the cheapest converged run",
     "error": "the training job raised an error",
     "not_reported": "never reported (its process died)",
+    "deferred": "stopped early: its batch size looked dearer than the best so far, and the walk "
+    "explores the other side first (it may come back)",
+    "ruled_out": "stopped: its batch size was ruled out (too unlikely to be cheaper than the best)"
+    " and finishing the run would have cost more than a fresh run of the best",
 }
 
 
@@ -37,6 +46,61 @@ def exhausted_message(state: PruningState, optimizer: Any) -> str:
     )
 
 
+def explain_lines(
+    job_id: str,
+    runs: Sequence[RunRow],
+    reasons: Mapping[int, Tuple[Optional[str], Optional[str]]],
+    standing: Mapping[int, Standing],
+    summary: Dict[str, Any],
+) -> List[str]:
+    """The ``explain()`` text: the job, one line per run, one per batch size's standing.
+
+    Args:
+        job_id: The job.
+        runs: Its runs, oldest first.
+        reasons: ``{run_id: (why chosen, why stopped)}`` as recorded.
+        standing: Every batch size with a measured epoch cost against the best.
+        summary: The optimizer's ``summary()``.
+    """
+    skipped = len(runs) - summary["num_runs"]
+    not_run = f" (and {skipped} step(s) ruled out before running)" if skipped else ""
+    lines = [
+        f"job {job_id!r}: stage {summary['stage']}, {summary['num_runs']} run(s){not_run}, "
+        f"best batch size so far {summary['best_batch_size']}"
+    ]
+    for run in runs:
+        chosen, stopped = reasons.get(run.run_id, (None, None))
+        lines.append(
+            f"run {run.run_id}: batch size {run.batch_size} ("
+            f"{chosen or 'reason not recorded: an older run'}) -> {_outcome(run, stopped)}"
+        )
+    for batch_size, st in sorted(standing.items()):
+        if st.prob_cheaper is None:
+            lines.append(
+                f"batch size {batch_size}: the best, expected run cost {st.expected_cost:.4g}"
+            )
+            continue
+        verdict = "ruled out" if st.ruled_out else "in play"
+        lines.append(
+            f"batch size {batch_size}: expected run cost {st.expected_cost:.4g}, "
+            f"P(cheaper than the best) {st.prob_cheaper:.1%}: {verdict}"
+        )
+    return lines
+
+
+def _outcome(run: RunRow, stopped: Optional[str]) -> str:
+    if run.status == RUNNING:
+        return f"running ({run.num_epochs} epoch(s) so far)"
+    cost = "unknown cost" if run.cost is None else f"cost {run.cost:.4g}"
+    if run.status == REACHED:
+        return f"reached the target in {run.num_epochs} epoch(s), {cost}"
+    if run.num_epochs == 0 and run.cost is None and stopped:
+        return f"not run: {stopped}"
+    text = REASONS.get(run.reason or "", run.reason or "failed")
+    detail = f" [{stopped}]" if stopped else ""
+    return f"failed after {run.num_epochs} epoch(s), {cost}: {text}{detail}"
+
+
 def check_settings(
     batch_sizes: List[int],
     default_batch_size: int,
@@ -46,6 +110,7 @@ def check_settings(
     max_power_w: float,
     num_pruning_rounds: int,
     num_exploration: int,
+    rule_out_probability: float = 0.0,
 ) -> None:
     """Raise one ConfigError listing every bad setting (with what to use instead)."""
     problems: List[str] = []
@@ -67,5 +132,10 @@ def check_settings(
         problems.append(f"num_pruning_rounds={num_pruning_rounds}: must be >= 0")
     if num_exploration < 1:
         problems.append(f"num_exploration={num_exploration}: must be >= 1")
+    if not 0.0 <= rule_out_probability < 0.5:
+        problems.append(
+            f"rule_out_probability={rule_out_probability}: must be within [0, 0.5) (0.025 rules "
+            "a batch size out below a 2.5 % chance of being the cheaper; 0 never)"
+        )
     if problems:
         raise ConfigError("invalid batch-size optimizer settings:\n  - " + "\n  - ".join(problems))

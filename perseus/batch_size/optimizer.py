@@ -44,14 +44,31 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from perseus.batch_size import bandit
 from perseus.batch_size.bandit import BANDIT
-from perseus.batch_size.explain import check_settings, exhausted_message
-from perseus.batch_size.pruning import PRUNING, PruningState, pruning_state, start_batch_size
+from perseus.batch_size.elimination import (
+    RULE_OUT_PROBABILITY,
+    RULED_OUT,
+    RunVerdict,
+    Standing,
+    best_of,
+    defer_verdict,
+    run_verdict,
+    standings,
+)
+from perseus.batch_size.explain import check_settings, exhausted_message, explain_lines
+from perseus.batch_size.posterior import CostPosterior
+from perseus.batch_size.pruning import (
+    PRUNING,
+    PruningState,
+    defer_target,
+    pruning_state,
+    start_batch_size,
+)
 from perseus.batch_size.reporting import RunReporting
-from perseus.batch_size.store import REACHED, RunRow, Store, batch_sizes_key
+from perseus.batch_size.store import REACHED, RUNNING, RunRow, Store, batch_sizes_key
 from perseus.errors import BatchSizeError
 
 log = logging.getLogger(__name__)
@@ -84,6 +101,11 @@ class BatchSizeOptimizer(RunReporting):
         seed: Seeds the bandit's samples (decisions are reproducible from the database).
         stale_run_s: A run still unreported this long after it started is counted as failed
             (its process died); None keeps such runs pending forever.
+        rule_out_probability: A batch size whose posterior probability of being cheaper than
+            the best falls below this is ruled out: the pruning walk does not run it, the bandit
+            no longer samples it, and a run of it stops when finishing would cost more than a
+            fresh run of the best. 0 turns every posterior-driven stop off (no rule-out, no
+            deferral): runs stop only at the target, ``max_epochs`` or ``beta``.
     """
 
     def __init__(
@@ -103,6 +125,7 @@ class BatchSizeOptimizer(RunReporting):
         num_exploration: int = 1,
         seed: int = 0,
         stale_run_s: Optional[float] = 7 * 24 * 3600.0,
+        rule_out_probability: float = RULE_OUT_PROBABILITY,
     ) -> None:
         self.batch_sizes = batch_sizes_key(batch_sizes)
         check_settings(
@@ -114,6 +137,7 @@ class BatchSizeOptimizer(RunReporting):
             max_power_w,
             num_pruning_rounds,
             num_exploration,
+            rule_out_probability,
         )
         self.job_id = job_id
         self.default_batch_size = int(default_batch_size)
@@ -127,9 +151,15 @@ class BatchSizeOptimizer(RunReporting):
         self.num_exploration = num_exploration
         self.seed = seed
         self.stale_run_s = stale_run_s
+        self.rule_out_probability = rule_out_probability
         self.store = Store(Path(db_path))
         self.store.ensure_job(job_id, self._settings())
         self.run_id: Optional[int] = None
+        # The posterior of the finished runs it was fitted on (refitted when they change).
+        self._fitted: Optional[Tuple[Tuple[Any, ...], CostPosterior]] = None
+        self._standing: Optional[
+            Tuple[CostPosterior, Tuple[Optional[int], Dict[int, Standing]]]
+        ] = None
 
     @classmethod
     def from_db(cls, db_path: Union[str, Path], job_id: str, **kwargs: Any) -> BatchSizeOptimizer:
@@ -160,18 +190,20 @@ class BatchSizeOptimizer(RunReporting):
                     )
             runs = self.store.runs(conn, self.job_id)
             state = self._pruning(runs)
+            while state.skip:  # the walk's next step is ruled out: record it, go on
+                self._record_skip(conn, state, runs)
+                runs = self.store.runs(conn, self.job_id)
+                state = self._pruning(runs)
             if state.exhausted:
                 exhausted = state
             else:
-                batch_size, phase, pruning_round = self._decide(runs, state, conn)
+                batch_size, phase, pruning_round, why = self._decide(runs, state, conn)
                 self.run_id = self.store.add_run(
-                    conn, self.job_id, batch_size, phase, pruning_round
+                    conn, self.job_id, batch_size, phase, pruning_round, why
                 )
         if exhausted is not None:
             raise BatchSizeError(exhausted_message(exhausted, self))
-        log.info(
-            "run %d of job %s: batch size %d (%s)", self.run_id, self.job_id, batch_size, phase
-        )
+        log.info("run %d of job %s: batch size %d (%s)", self.run_id, self.job_id, batch_size, why)
         return batch_size
 
     def resume_run(self, run_id: int) -> int:
@@ -199,7 +231,7 @@ class BatchSizeOptimizer(RunReporting):
             "job_id": self.job_id,
             "stage": stage,
             "arms": state.candidates if state.done else [a.batch_size for a in arms],
-            "num_runs": len(runs),
+            "num_runs": sum(not _never_ran(r) for r in runs),
             "mean_cost": {a.batch_size: statistics.fmean(a.costs) for a in arms if a.costs},
             "best_batch_size": bandit.best_arm(arms),
         }
@@ -207,6 +239,37 @@ class BatchSizeOptimizer(RunReporting):
             out["message"] = exhausted_message(state, self)
             out["failed"] = {b: reason for b, (_, reason) in state.failed.items()}
         return out
+
+    def standings(self) -> Dict[int, Standing]:
+        """Every batch size still in the search, judged against the best one so far.
+
+        Each :class:`~perseus.batch_size.elimination.Standing` holds its expected run cost, the
+        posterior probability that it is cheaper than the best, and whether it is ruled out
+        (batch sizes never run are predicted from the others, while the pruning walk may still
+        reach them). Batch sizes the walk dropped (a failed run, or beyond one) are left out:
+        their failures are not in these figures.
+        """
+        runs = self.store.runs(None, self.job_id)
+        state = self._pruning(runs)
+        playing = set(state.candidates)
+        if not state.done:  # the walk may still reach the batch sizes never run
+            playing |= {b for b in self.batch_sizes if not any(r.batch_size == b for r in runs)}
+        return {b: st for b, st in self._standings(runs)[1].items() if b in playing}
+
+    def explain(self) -> List[str]:
+        """Why each run got its batch size and how it ended, then where every batch size stands.
+
+        One line per run (oldest first), then one per batch size with a measured epoch cost;
+        runs recorded before the reasons were kept say so.
+        """
+        runs = self.store.runs(None, self.job_id)
+        return explain_lines(
+            self.job_id,
+            runs,
+            self.store.explanations(self.job_id),
+            self.standings(),
+            self.summary(),
+        )
 
     def reset(self) -> None:
         """Start the search over; runs so far stay in the file but no longer count."""
@@ -246,6 +309,7 @@ class BatchSizeOptimizer(RunReporting):
             "num_exploration": self.num_exploration,
             "seed": self.seed,
             "stale_run_s": self.stale_run_s,
+            "rule_out_probability": self.rule_out_probability,
         }
 
     # -- internals -------------------------------------------------------------------------------
@@ -263,27 +327,133 @@ class BatchSizeOptimizer(RunReporting):
 
     def _pruning(self, runs: List[RunRow]) -> PruningState:
         return pruning_state(
-            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs
+            self.batch_sizes,
+            self.default_batch_size,
+            self.num_pruning_rounds,
+            runs,
+            self._ruled_out_predicate(runs),
         )
+
+    def _ruled_out_predicate(self, runs: List[RunRow]) -> Callable[[int], bool]:
+        """Whether a batch size is ruled out by the finished runs (before it runs again)."""
+        if self.rule_out_probability <= 0:
+            return lambda batch_size: False
+        standing = self._standings(runs)[1]
+        return lambda batch_size: batch_size in standing and standing[batch_size].ruled_out
+
+    def _standings(self, runs: List[RunRow]) -> Tuple[Optional[int], Dict[int, Standing]]:
+        """Every batch size against the best (computed once per fitted posterior)."""
+        posterior = self._posterior(runs)
+        if self._standing is None or self._standing[0] is not posterior:
+            self._standing = (
+                posterior,
+                standings(posterior, self.batch_sizes, self.rule_out_probability),
+            )
+        return self._standing[1]
+
+    def _record_skip(self, conn: Any, state: PruningState, runs: List[RunRow]) -> None:
+        """Record the walk's next step as failed without running it: it is ruled out."""
+        assert state.next_batch_size is not None
+        best, standing = self._standings(runs)
+        st = standing[state.next_batch_size]
+        why = (
+            f"ruled out before it ran: P(cheaper than {best}) = {st.prob_cheaper:.1%}, "
+            f"predicted run cost {st.expected_cost:.4g}"
+        )
+        run_id = self.store.add_skipped(
+            conn,
+            self.job_id,
+            state.next_batch_size,
+            PRUNING,
+            state.pruning_round,
+            reason=RULED_OUT,
+            why_chosen=_why_pruning(state, self.default_batch_size, runs),
+            why_stopped=why,
+        )
+        log.info("job %s: step %d, batch size %d %s", self.job_id, run_id, st.batch_size, why)
 
     def _decide(
         self, runs: List[RunRow], state: PruningState, conn: Any
-    ) -> Tuple[int, str, Optional[int]]:
+    ) -> Tuple[int, str, Optional[int], str]:
+        """``(batch size, phase, pruning round, why)`` of the next run."""
         if state.next_batch_size is not None:
-            return state.next_batch_size, PRUNING, state.pruning_round
+            return (
+                state.next_batch_size,
+                PRUNING,
+                state.pruning_round,
+                _why_pruning(state, self.default_batch_size, runs),
+            )
         if not state.done:
             # Every step of the round is handed out and some still run elsewhere: run the
             # cheapest batch size so far (or the start) meanwhile.
             best = bandit.best_arm(self._arms(runs, state, converged_only=True))
             fallback = start_batch_size(state.candidates, self.default_batch_size)
-            return (best if best is not None else fallback), BANDIT, None
+            why = "pruning round busy in other runs: the cheapest batch size so far meanwhile"
+            return (best if best is not None else fallback), BANDIT, None, why
         arms = self._arms(runs, state, converged_only=False)
-        unexplored = [a.batch_size for a in arms if len(a.costs) < self.num_exploration]
+        posterior = self._posterior(runs)
+        _, standing = standings(posterior, [a.batch_size for a in arms], self.rule_out_probability)
+        out = [b for b in sorted(standing) if standing[b].ruled_out]
+        playing = [a for a in arms if a.batch_size not in out]
+        ruled = ", ".join(f"{b} (P {standing[b].prob_cheaper:.1%})" for b in out)
+        why_out = f"; ruled out: {ruled}" if out else ""
+        unexplored = [a.batch_size for a in playing if len(a.costs) < self.num_exploration]
         if unexplored:
-            return start_batch_size(unexplored, self.default_batch_size), BANDIT, None
+            choice = start_batch_size(unexplored, self.default_batch_size)
+            why = f"bandit: {choice} has fewer than {self.num_exploration} run(s){why_out}"
+            return choice, BANDIT, None, why
         generation = self.store.generation(conn, self.job_id)
         rng = random.Random(f"{self.seed}:{self.job_id}:{generation}:{len(runs)}")
-        return bandit.thompson_choice(arms, rng), BANDIT, None
+        choice = bandit.thompson_choice(playing, rng, posterior)
+        names = ", ".join(str(a.batch_size) for a in playing)
+        why = f"bandit: Thompson sample among {names}{why_out}"
+        return choice, BANDIT, None, why
+
+    def _posterior(self, runs: List[RunRow]) -> CostPosterior:
+        """The posterior of the finished runs, and of the epoch costs of running ones too.
+
+        Refitted only when either changed.
+        """
+        finished = [r for r in runs if r.status != RUNNING and r.cost is not None]
+        running = [r for r in runs if r.status == RUNNING and r.epoch_cost is not None]
+        key = tuple((r.run_id, r.status, r.cost, r.num_epochs) for r in finished) + tuple(
+            (r.run_id, f"{r.epoch_cost:.4g}")
+            for r in running  # not refitted for rounding
+        )
+        if self._fitted is not None and self._fitted[0] == key:
+            return self._fitted[1]
+        arms = bandit.arms_from_runs(finished, self.batch_sizes, with_failures=True)
+        units = {a.batch_size: a.epoch_cost for a in arms if a.epoch_cost}
+        for b in {r.batch_size for r in running}:
+            measured = [r.epoch_cost for r in runs if r.batch_size == b and r.epoch_cost]
+            units[b] = statistics.fmean(measured)
+        posterior = CostPosterior([a.runs() for a in arms], units)
+        self._fitted = (key, posterior)
+        return posterior
+
+    def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:
+        if self.rule_out_probability <= 0 or run.num_epochs < 1 or not run.cost:
+            return None
+        runs = self.store.runs(None, self.job_id)
+        posterior = self._posterior(runs)
+        best = best_of(posterior, self.batch_sizes)
+        if best is None or best == run.batch_size:
+            return None
+        unit = run.cost / run.num_epochs
+        budget = self.max_epochs
+        bound = self._cost_bound(run.run_id)
+        if bound is not None:
+            budget = min(budget, int(bound * (1.0 + 1e-9) // unit))
+        judged = (posterior, run.batch_size, unit, run.num_epochs, budget, best)
+        verdict = run_verdict(*judged, threshold=self.rule_out_probability)
+        if verdict is not None:
+            return verdict
+        other = defer_target(
+            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs, run
+        )
+        if other is None:
+            return None
+        return defer_verdict(*judged, other, threshold=self.rule_out_probability)
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:
@@ -292,3 +462,28 @@ class BatchSizeOptimizer(RunReporting):
         else:
             names = sorted({r.batch_size for r in runs if r.status == REACHED})
         return bandit.arms_from_runs(runs, names, with_failures=not converged_only)
+
+
+def _why_pruning(state: PruningState, default_batch_size: int, runs: List[RunRow]) -> str:
+    """Why the pruning walk tries ``state.next_batch_size`` next."""
+    assert state.next_batch_size is not None
+    rnd = state.pruning_round
+    tried = [r for r in runs if r.phase == PRUNING and r.pruning_round == rnd]
+    if not tried:
+        origin = (
+            f"the default batch size {default_batch_size} or the nearest candidate"
+            if rnd == 0
+            else f"the cheapest batch size of round {rnd}"
+        )
+        return f"pruning round {rnd + 1} starts at {origin}"
+    start = tried[0].batch_size
+    side = "smaller" if state.next_batch_size < start else "larger"
+    return (
+        f"pruning round {rnd + 1}: next {side} batch size from {start} (that side is cheaper or "
+        "the other one ended)"
+    )
+
+
+def _never_ran(run: RunRow) -> bool:
+    """A step the walk recorded as ruled out without running it."""
+    return run.reason == RULED_OUT and run.num_epochs == 0 and run.cost is None

@@ -9,9 +9,14 @@ is already tight when the expensive side is tried. A direction ends at its first
 that fails — misses the target metric, or was stopped for costing too much — once a batch size
 has reached the target (the start, one before it in that direction, or one on the other side);
 until then (the start failed) failures do not end a direction, and the walk alternates between
-both until a batch size works. The batch sizes
-that reached the target form the next round's candidates; those of the last round become the
-bandit's arms, and every cost measured on the way is an observation.
+both until a batch size works. When the walk's
+next batch size is already ruled out (``ruled_out``, from
+:mod:`perseus.batch_size.elimination`: what its neighbours' epochs and epoch costs predict for
+it makes it too unlikely to be cheaper than the best batch size so far), the state says so
+(``skip``): the optimizer records it as a failed step that never ran, which ends that direction
+like any failure, so the walk does not pay a run to learn what the others already say. The
+batch sizes that reached the target form the next round's candidates; those of the last round
+become the bandit's arms, and every cost measured on the way is an observation.
 
 A round in which every batch size tried failed leaves the job *exhausted*: the state says which
 batch sizes failed and why, so the optimizer can tell the user and be reset or retried.
@@ -25,11 +30,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
 
 PRUNING = "pruning"
+# A pruning run stopped early to explore the other direction first (not a failure of its
+# batch size: the walk comes back to it).
+DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class PruningState:
         candidates: The batch sizes still in the running (this round's, or the arms).
         failed: When the round ended with no survivor (the job is exhausted): the failed runs
             of that round, ``{batch_size: (run_id, reason)}``; empty otherwise.
+        skip: ``next_batch_size`` is ruled out by the runs so far: record it as a failed step
+            (it ends its direction) instead of running it.
     """
 
     next_batch_size: Optional[int]
@@ -50,6 +60,7 @@ class PruningState:
     done: bool
     candidates: List[int]
     failed: Dict[int, Tuple[int, Optional[str]]] = field(default_factory=dict)
+    skip: bool = False
 
     @property
     def exhausted(self) -> bool:
@@ -62,12 +73,30 @@ def start_batch_size(candidates: Sequence[int], default_batch_size: int) -> int:
     return min(sorted(candidates), key=lambda b: (abs(b - default_batch_size), b))
 
 
-def _next_in_walk(
-    candidates: Sequence[int], start: int, results: Dict[int, RunRow]
-) -> Optional[int]:
-    """The next batch size of the walk; None when the walk is over or waits."""
+def _never(batch_size: int) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """Where one round's walk stands in each direction (0: smaller, 1: larger)."""
+
+    directions: Tuple[List[int], List[int]]
+    position: Tuple[int, int]
+    is_open: Tuple[bool, bool]
+    last_cost: Tuple[Optional[float], Optional[float]]
+
+    def next_step(self, d: int) -> Optional[int]:
+        """The next batch size of direction ``d`` (None when it ended)."""
+        if not self.is_open[d] or self.position[d] >= len(self.directions[d]):
+            return None
+        return self.directions[d][self.position[d]]
+
+
+def _walk(candidates: Sequence[int], start: int, results: Dict[int, RunRow]) -> _Walk:
+    """The walk's state from the round's results (the start's included)."""
     ordered = sorted(candidates)
-    directions = [[b for b in reversed(ordered) if b < start], [b for b in ordered if b > start]]
+    directions = ([b for b in reversed(ordered) if b < start], [b for b in ordered if b > start])
     # A failure ends a direction only once some batch size reached the target: the start,
     # one before it in this direction, or one in the other direction. Before that it says
     # nothing about the batch sizes beyond it, and the walk goes on.
@@ -87,16 +116,112 @@ def _next_in_walk(
                 seen_ok = True
                 last_cost[d] = run.cost
             position[d] += 1
-    choices = [d for d in (0, 1) if is_open[d] and position[d] < len(directions[d])]
+    return _Walk(
+        directions=directions,
+        position=(position[0], position[1]),
+        is_open=(is_open[0], is_open[1]),
+        last_cost=(last_cost[0], last_cost[1]),
+    )
+
+
+def _next_in_walk(
+    candidates: Sequence[int],
+    start: int,
+    results: Dict[int, RunRow],
+    deferred: Sequence[int] = (),
+) -> Optional[int]:
+    """The next batch size of the walk; None when the walk is over or waits.
+
+    A direction whose next step was deferred goes after the other one.
+    """
+    walk = _walk(candidates, start, results)
+    choices = [d for d in (0, 1) if walk.next_step(d) is not None]
     if not choices:
         return None
 
-    def key(d: int) -> Tuple[float, int, int]:
-        cost = last_cost[d]
-        return (math.inf if cost is None else cost, position[d], d)
+    def key(d: int) -> Tuple[bool, float, int, int]:
+        cost = walk.last_cost[d]
+        later = walk.next_step(d) in deferred
+        return (later, math.inf if cost is None else cost, walk.position[d], d)
 
-    d = min(choices, key=key)
-    return directions[d][position[d]]
+    return walk.next_step(min(choices, key=key))
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One pruning round as the runs show it."""
+
+    pruning_round: int
+    candidates: List[int]
+    start: int
+    results: Dict[int, RunRow]
+    deferred: List[int]
+
+
+def _rounds(
+    batch_sizes: Sequence[int], default_batch_size: int, num_rounds: int, runs: Sequence[RunRow]
+) -> Iterator[_Round]:
+    """The rounds, in order, each with its results.
+
+    A round is followed by the next one whatever its outcome; the caller stops where the state
+    is decided (a step to take, a wait, no survivor).
+    """
+    candidates = sorted(batch_sizes)
+    start = start_batch_size(candidates, default_batch_size)
+    for pruning_round in range(num_rounds):
+        results: Dict[int, RunRow] = {}
+        deferred: List[int] = []
+        for run in runs:
+            if run.phase != PRUNING or run.pruning_round != pruning_round:
+                continue
+            if run.reason == DEFERRED:
+                deferred.append(run.batch_size)
+            else:
+                results.setdefault(run.batch_size, run)
+        yield _Round(
+            pruning_round=pruning_round,
+            candidates=candidates,
+            start=start,
+            results=results,
+            deferred=[b for b in deferred if b not in results],
+        )
+        survivors = [b for b in candidates if b in results and results[b].status == REACHED]
+        candidates = survivors
+        start = min(survivors, key=lambda b: (results[b].cost or 0.0, b)) if survivors else start
+
+
+def defer_target(
+    batch_sizes: Sequence[int],
+    default_batch_size: int,
+    num_rounds: int,
+    runs: Sequence[RunRow],
+    run: RunRow,
+) -> Optional[int]:
+    """Where the walk would go if pruning run ``run`` (in progress) were deferred.
+
+    That is the next step of the walk's other direction, when ``run`` is not its round's
+    start, its batch size was not deferred in this round before, and that direction is open
+    with a step nobody took or deferred yet. None otherwise (the run cannot be deferred).
+    """
+    if run.phase != PRUNING or run.pruning_round is None:
+        return None
+    for rnd in _rounds(batch_sizes, default_batch_size, num_rounds, runs):
+        if rnd.pruning_round != run.pruning_round:
+            continue
+        if run.batch_size == rnd.start or rnd.start not in rnd.results:
+            return None
+        if any(
+            r.batch_size == run.batch_size and r.reason == DEFERRED
+            for r in runs
+            if r.phase == PRUNING and r.pruning_round == rnd.pruning_round
+        ):
+            return None
+        walk = _walk(rnd.candidates, rnd.start, rnd.results)
+        step = walk.next_step(1 if run.batch_size < rnd.start else 0)
+        if step is None or step in rnd.results or step in rnd.deferred:
+            return None  # nowhere else to go, or there too the walk already deferred
+        return step
+    return None
 
 
 def pruning_state(
@@ -104,15 +229,19 @@ def pruning_state(
     default_batch_size: int,
     num_rounds: int,
     runs: Sequence[RunRow],
+    ruled_out: Callable[[int], bool] = _never,
 ) -> PruningState:
-    """Derive the pruning stage's state from the job's runs (never raises on bad luck)."""
+    """Derive the pruning stage's state from the job's runs (never raises on bad luck).
+
+    ``ruled_out(batch_size)`` says whether a batch size not yet tried in the round is ruled out
+    by the others' runs: when the walk's next step is one, the state has ``skip`` set.
+    """
     candidates = sorted(batch_sizes)
-    start = start_batch_size(candidates, default_batch_size)
-    for pruning_round in range(num_rounds):
-        results: Dict[int, RunRow] = {}
-        for run in runs:
-            if run.phase == PRUNING and run.pruning_round == pruning_round:
-                results.setdefault(run.batch_size, run)
+    for rnd in _rounds(batch_sizes, default_batch_size, num_rounds, runs):
+        candidates, start, results = rnd.candidates, rnd.start, rnd.results
+        pruning_round = rnd.pruning_round
+        if not candidates or start not in candidates:
+            break
         if start not in results:
             return PruningState(
                 next_batch_size=start,
@@ -120,13 +249,14 @@ def pruning_state(
                 done=False,
                 candidates=candidates,
             )
-        next_batch_size = _next_in_walk(candidates, start, results)
+        next_batch_size = _next_in_walk(candidates, start, results, rnd.deferred)
         if next_batch_size is not None:
             return PruningState(
                 next_batch_size=next_batch_size,
                 pruning_round=pruning_round,
                 done=False,
                 candidates=candidates,
+                skip=ruled_out(next_batch_size),
             )
         if any(r.status == RUNNING for r in results.values()):
             return PruningState(
@@ -143,7 +273,6 @@ def pruning_state(
                 failed=failed,
             )
         candidates = survivors
-        start = min(survivors, key=lambda b: (results[b].cost or 0.0, b))
     return PruningState(
         next_batch_size=None, pruning_round=max(num_rounds - 1, 0), done=True, candidates=candidates
     )

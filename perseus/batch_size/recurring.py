@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
+from perseus.batch_size.elimination import RULE_OUT_PROBABILITY
 from perseus.batch_size.env import current_run
 from perseus.batch_size.optimizer import BatchSizeOptimizer
 from perseus.batch_size.reporting import REASON_ERROR
@@ -80,6 +81,9 @@ class RecurringJob:
         gpu: How to open this process's GPU (default: ``gpu.backend=auto``).
         gpus: Already opened GPUs of this process (then ``gpu`` is not used; not closed here).
         seed: Seeds the batch-size search.
+        rule_out_probability: A batch size less likely than this to be cheaper than the best is
+            ruled out, and runs stop early on that evidence (0: runs stop only at the target,
+            ``max_epochs`` or ``beta``); see :class:`BatchSizeOptimizer`.
         clock: Wall clock in seconds (tests pass a virtual one).
         synchronize: Waits for queued GPU work before an epoch's edge is stamped (default:
             CUDA's, when this process uses CUDA).
@@ -104,6 +108,7 @@ class RecurringJob:
         gpu: Optional[GPUConfig] = None,
         gpus: Optional[Sequence[GPU]] = None,
         seed: int = 0,
+        rule_out_probability: float = RULE_OUT_PROBABILITY,
         clock: Callable[[], float] = time.monotonic,
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
         energy: Optional[EnergyMeter] = None,
@@ -121,6 +126,7 @@ class RecurringJob:
         self.optimize_power_limit = optimize_power_limit
         self.gpu_cfg = gpu or GPUConfig()
         self.seed = seed
+        self.rule_out_probability = rule_out_probability
         self._devices = RunDevices(self.gpu_cfg, gpus, clock, synchronize, energy)
         self.rank, self.world_size = 0, 1
         self.batch_size = 0
@@ -285,6 +291,7 @@ class RecurringJob:
             higher_is_better=self.higher_is_better,
             max_power_w=self._devices.max_power_w(self.world_size),
             seed=self.seed,
+            rule_out_probability=self.rule_out_probability,
         )
         return self.optimizer.next_batch_size()
 

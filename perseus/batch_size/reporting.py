@@ -2,11 +2,13 @@
 
 This module owns the rules of one run: its cost (``eta * E + (1 - eta) * P_max * T``, at the
 batch size's chosen power limit), its early stop (the next epoch, predicted from its epochs so
-far, would take it past ``beta`` x the cheapest converged run; or ``max_epochs`` ran out), and
-its outcome (a run that reaches the target above that bound counts as failed,
-``cost_exceeded``). :class:`RunReporting` is the base of
-:class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`, which sets the attributes it
-declares, owns the store and chooses the batch size each run trains with.
+far, would take it past ``beta`` x the cheapest converged run; or ``max_epochs`` ran out; or
+its batch size is ruled out and finishing would cost more than a fresh run of the best one,
+``ruled_out``, judged by the optimizer: :mod:`perseus.batch_size.elimination`), and its outcome
+(a run that reaches the target above that bound counts as failed, ``cost_exceeded``).
+:class:`RunReporting` is the base of :class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`,
+which sets the attributes it declares, owns the store and chooses the batch size each run trains
+with.
 
 Standard library only.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
+from perseus.batch_size.elimination import RULED_OUT, RunVerdict
+from perseus.batch_size.pruning import DEFERRED
 from perseus.batch_size.store import FAILED, REACHED, RunRow, Store
 from perseus.errors import BatchSizeError
 
@@ -74,8 +78,9 @@ class RunReporting:
     def should_stop(self) -> bool:
         """True when the current run should end now.
 
-        That is when it reached the target, ran out of epochs, or its next epoch would take its
-        cost past ``beta`` x the cheapest converged run.
+        That is when it reached the target, ran out of epochs, its next epoch would take its
+        cost past ``beta`` x the cheapest converged run, or its batch size is ruled out and
+        finishing the run is expected to cost more than a fresh run of the best batch size.
         """
         return self._stop_reason(self._current_run()) is not None
 
@@ -114,7 +119,7 @@ class RunReporting:
         cost = self.cost_j(*steady)
         if reached_target is None:
             reached_target = self.metric_reaches_target(run.last_metric)
-        status, why = REACHED, None
+        status, why, detail = REACHED, None, None
         if reached_target:
             bound = self._cost_bound(run.run_id)
             if bound is not None and cost > bound * (1.0 + _BOUND_SLACK):
@@ -124,8 +129,17 @@ class RunReporting:
             why = reason or self._stop_reason(run) or REASON_TARGET_MISSED
             if why == REACHED:
                 why = REASON_TARGET_MISSED
+            if why in (RULED_OUT, DEFERRED):
+                verdict = self._run_verdict(run)
+                detail = verdict.describe() if verdict is not None else None
         self.store.finish_run(
-            run.run_id, status=status, reason=why, measured=measured, steady=steady, cost=cost
+            run.run_id,
+            status=status,
+            reason=why,
+            measured=measured,
+            steady=steady,
+            cost=cost,
+            why=detail,
         )
         self.run_id = None
         return {
@@ -173,6 +187,16 @@ class RunReporting:
             return REASON_COST
         if run.num_epochs >= self.max_epochs:
             return REASON_TARGET_MISSED
+        verdict = self._run_verdict(run)
+        if verdict is not None and verdict.stop:
+            return verdict.action
+        return None
+
+    def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:
+        """Whether ``run``'s batch size is ruled out and the run had better stop (None: no).
+
+        The optimizer judges it from the other runs; nothing is ruled out here.
+        """
         return None
 
     def _cost_bound(self, exclude_run_id: int) -> Optional[float]:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
+from perseus.batch_size.power_shape import limits_prior
 from perseus.config.schema import GPUConfig, PowerLimitConfig
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.base import GPU
@@ -113,6 +114,7 @@ class RunDevices:
                 clock=self._clock,
                 synchronize=self._synchronize,
                 energy=self.meter,
+                limits_prior=limits_prior(batch_size),
             )
         except PerseusError as exc:
             self._drop_power_limit(exc)

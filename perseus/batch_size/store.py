@@ -73,6 +73,9 @@ _ADDED_COLUMNS: Dict[str, List[Tuple[str, str]]] = {
         ("superseded", "INTEGER NOT NULL DEFAULT 0"),
         ("steady_time_s", "REAL NOT NULL DEFAULT 0"),
         ("steady_energy_j", "REAL NOT NULL DEFAULT 0"),
+        # Why the optimizer chose the run's batch size, and why the run stopped (explain()).
+        ("why_chosen", "TEXT"),
+        ("why_stopped", "TEXT"),
     ],
     "epochs": [("steady_time_s", "REAL"), ("steady_energy_j", "REAL")],
 }
@@ -272,11 +275,15 @@ class Store:
         batch_size: int,
         phase: str,
         pruning_round: Optional[int],
+        why: Optional[str] = None,
     ) -> int:
-        """Start a run (inside the caller's transaction); returns its id."""
+        """Start a run (inside the caller's transaction); returns its id.
+
+        ``why`` says why its batch size was chosen (kept for :meth:`explanations`).
+        """
         cur = conn.execute(
             "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, started_s,"
-            " generation) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " generation, why_chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 job_id,
                 batch_size,
@@ -285,6 +292,46 @@ class Store:
                 RUNNING,
                 time.time(),
                 self.generation(conn, job_id),
+                why,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def add_skipped(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        batch_size: int,
+        phase: str,
+        pruning_round: Optional[int],
+        *,
+        reason: str,
+        why_chosen: str,
+        why_stopped: str,
+    ) -> int:
+        """Record a step decided and not run (inside the caller's transaction); returns its id.
+
+        It is a failed run of no epochs and no cost: it counts where failures count (a
+        pruning direction ends at it) and never as an observation.
+        """
+        now = time.time()
+        cur = conn.execute(
+            "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, reason,"
+            " started_s, ended_s, generation, why_chosen, why_stopped)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                batch_size,
+                phase,
+                pruning_round,
+                FAILED,
+                reason,
+                now,
+                now,
+                self.generation(conn, job_id),
+                why_chosen,
+                why_stopped,
             ),
         )
         assert cur.lastrowid is not None
@@ -348,14 +395,31 @@ class Store:
         measured: Tuple[float, float],
         steady: Tuple[float, float],
         cost: float,
+        why: Optional[str] = None,
     ) -> None:
-        """Close a run with its final totals (``measured`` and ``steady`` as in add_epoch)."""
+        """Close a run with its final totals (``measured`` and ``steady`` as in add_epoch).
+
+        ``why`` says why it stopped where the reason alone does not (kept for
+        :meth:`explanations`).
+        """
         with self.transaction() as conn:
             conn.execute(
                 "UPDATE runs SET status=?, reason=?, time_s=?, energy_j=?, steady_time_s=?,"
-                " steady_energy_j=?, cost=?, ended_s=? WHERE run_id=? AND status=?",
-                (status, reason, *measured, *steady, cost, time.time(), run_id, RUNNING),
+                " steady_energy_j=?, cost=?, ended_s=?, why_stopped=? WHERE run_id=? AND status=?",
+                (status, reason, *measured, *steady, cost, time.time(), why, run_id, RUNNING),
             )
+
+    def explanations(self, job_id: str) -> Dict[int, Tuple[Optional[str], Optional[str]]]:
+        """``{run_id: (why chosen, why stopped)}`` of the runs that count for ``job_id``.
+
+        Runs recorded before these were kept have ``(None, None)``.
+        """
+        rows = self._conn.execute(
+            "SELECT run_id, why_chosen, why_stopped FROM runs WHERE job_id=? AND superseded=0"
+            " AND generation=(SELECT generation FROM jobs WHERE job_id=?)",
+            (job_id, job_id),
+        ).fetchall()
+        return {int(r[0]): (r[1], r[2]) for r in rows}
 
     def epochs(self, run_id: int) -> List[Dict[str, Any]]:
         """The epochs of a run, in order."""

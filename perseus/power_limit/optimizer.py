@@ -12,6 +12,11 @@ steps). The selector's pick among the confirmed limits is kept when what it gain
 run of the same job skips profiling; the report gives its saving and slowdown against the highest
 limit with 95 % intervals, or says they are not measurable.
 
+A recurring job's new batch size may pass ``limits_prior``: from the saved tables of the job's
+other batch sizes it names the limits still worth measuring, and the descent stops at the lowest
+of them (the limits below it are pruned before it starts, as the descent would prune them once
+the cost clearly rises; the limits above it are all measured, as the descent needs its steps).
+
 What the search takes (:meth:`PowerLimitOptimizer.needs`, :mod:`perseus.power_limit.plan`) is
 known before step 1 at its least, in steps once the first warm-up timed one (then a warning when
 ``max_steps`` cannot cover the longest search).
@@ -37,7 +42,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
@@ -49,11 +54,27 @@ from perseus.power_limit.saving import Decision, decide
 from perseus.power_limit.search import LimitSearch
 from perseus.power_limit.selectors import Criterion, PowerLimitMeasurement, table_rows
 from perseus.power_limit.sizing import DESCENT_ERROR, SearchNeeds, steps_needed
-from perseus.power_limit.store import ProfileKey, load_profile, save_profile
+from perseus.power_limit.store import (
+    ProfileKey,
+    load_other_batch_sizes,
+    load_profile,
+    save_profile,
+)
 from perseus.power_limit.windows import LimitWindows, check_config, limits_to_try
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Chooses the limits worth measuring from the job's other batch sizes' saved tables, the limits
+# (mW, highest first) and the selector's score of a row (lower is better); returns them (a subset
+# that keeps the highest) and why, in words.
+LimitsPrior = Callable[
+    [
+        Mapping[int, Sequence[PowerLimitMeasurement]],
+        Sequence[int],
+        Callable[[PowerLimitMeasurement], float],
+    ],
+    Tuple[Sequence[int], str],
+]
 
 # Seed of the confirmation rounds' warm-up jitter (the same on every rank).
 JITTER_SEED = 43
@@ -95,6 +116,11 @@ class PowerLimitOptimizer:
             a sampler per GPU when it profiles, and stops them in :meth:`close`.
         max_steps: The training steps the search may take (the run's budget); a warning says
             so once the step time is known if the longest search does not fit. None: no budget.
+        limits_prior: For a recurring job's new batch size (needs ``batch_size`` and
+            ``cfg.profile_path``): names the limits worth measuring from the saved tables of its
+            other batch sizes (e.g. :func:`perseus.batch_size.power_shape.limits_prior`); the
+            descent stops at the lowest of them. None: the descent may go down to the lowest
+            limit. Not used with ``max_slowdown`` (no one score to compare tables by).
 
     Attributes:
         state: ``warmup``, ``profiling`` or ``done``.
@@ -104,6 +130,9 @@ class PowerLimitOptimizer:
         failure: Why profiling was given up (the GPUs keep the highest limit); None otherwise.
         decision: The choice and why (None before, and after a failure).
         search_steps: Training steps the search took (None before it ended).
+        searched_limits_mw: The limits the descent may measure, highest first: every limit, or
+            those down to the lowest one ``limits_prior`` left open.
+        prior_note: Why, in words, when ``limits_prior`` was asked; None otherwise.
     """
 
     def __init__(
@@ -119,6 +148,7 @@ class PowerLimitOptimizer:
         synchronize: Callable[[], None] = aggregate.synchronize_devices,
         energy: Optional[EnergyMeter] = None,
         max_steps: Optional[int] = None,
+        limits_prior: Optional[LimitsPrior] = None,
     ) -> None:
         if not guards:
             raise ConfigError(
@@ -169,6 +199,10 @@ class PowerLimitOptimizer:
         self._warned_short = False
         self._num_cut = 0
         self._load_saved()
+        self.searched_limits_mw = list(self.power_limits_mw)
+        self.prior_note: Optional[str] = None
+        if self.state != DONE and limits_prior is not None:
+            self._apply_prior(limits_prior)
         if self.state != DONE:
             if self._meter is None:
                 gpus = [g.gpu for g in self.guards]
@@ -178,7 +212,7 @@ class PowerLimitOptimizer:
         search = None
         if self.state != DONE:  # a saved profile: nothing to measure
             search = LimitSearch(
-                len(self.power_limits_mw),
+                len(self.searched_limits_mw),
                 self.criterion,
                 repeats=cfg.repeats,
                 max_candidates=cfg.max_candidates,
@@ -357,14 +391,14 @@ class PowerLimitOptimizer:
         if per_step_s is not None:
             pace = dataclasses.replace(pace, per_step_s=per_step_s)
         return steps_needed(
-            len(self.power_limits_mw), self.cfg.max_candidates, self.cfg.repeats, pace
+            len(self.searched_limits_mw), self.cfg.max_candidates, self.cfg.repeats, pace
         )
 
     def plan_words(self) -> str:
         """What the search will do and take, in words (for the log before step 1)."""
         if self.state == DONE:
             return f"power limit: {(self.chosen_limit_mw or 0) // 1000} W from the saved profile"
-        return plan.plan_words(self.power_limits_mw, self.cfg, self.needs(), self.windows.pace)
+        return plan.plan_words(self.searched_limits_mw, self.cfg, self.needs(), self.windows.pace)
 
     def report(self) -> Dict[str, Any]:
         """The chosen limit and the measured table (``report.json``'s ``power_limit`` section)."""
@@ -377,6 +411,8 @@ class PowerLimitOptimizer:
             "chosen_power_limit_w": None if chosen is None else chosen / 1000.0,
             "decision": None if self.decision is None else self.decision.reason,
             "power_limits_w": [mw / 1000.0 for mw in self.power_limits_mw],
+            "searched_power_limits_w": [mw / 1000.0 for mw in self.searched_limits_mw],
+            "limits_prior": self.prior_note,
             "max_power_w": self.max_power_w,
             "num_gpus": self._world_size * len(self.guards),
             "num_retries": self.num_retries,
@@ -416,6 +452,33 @@ class PowerLimitOptimizer:
             power_limits_mw=self.power_limits_mw,
             batch_size=self.batch_size,
         )
+
+    def _apply_prior(self, prior: LimitsPrior) -> None:
+        """Stop the descent at the lowest limit ``prior`` leaves open (from the other batch sizes).
+
+        Raises:
+            ConfigError: When ``prior`` names a limit not tried, or drops the highest one.
+        """
+        if not self.cfg.profile_path or self.batch_size is None or self.criterion.bounds_time:
+            return
+        tables = load_other_batch_sizes(
+            Path(self.cfg.profile_path), self._profile_key(), self.criterion.searched_for()
+        )
+        criterion = self.criterion
+        limits, note = prior(
+            tables,
+            self.power_limits_mw,
+            lambda m: criterion.score(m.time_per_step_s, m.energy_per_step_j),
+        )
+        if not set(limits) <= set(self.power_limits_mw) or self.power_limits_mw[0] not in limits:
+            raise ConfigError(
+                f"limits_prior chose {sorted(limits, reverse=True)} mW: give a subset of "
+                f"{self.power_limits_mw} that keeps the highest limit"
+            )
+        lowest = max(i for i, mw in enumerate(self.power_limits_mw) if mw in limits)
+        self.searched_limits_mw = self.power_limits_mw[: lowest + 1]
+        self.prior_note = note
+        log.info("power limit: %s", note)
 
     def _load_saved(self) -> None:
         if not self.cfg.profile_path:

@@ -105,6 +105,31 @@ def save_profile(
     write_json_atomic(path, {"format": FORMAT, "profiles": entries}, indent=2)
 
 
+def load_other_batch_sizes(
+    path: Path, key: ProfileKey, searched_for: Optional[Dict[str, Any]] = None
+) -> Dict[int, List[PowerLimitMeasurement]]:
+    """The saved tables of ``key``'s job at its other batch sizes (same GPUs, same limits).
+
+    Only tables that answer ``searched_for`` (as in :func:`load_profile`) are returned.
+
+    Raises:
+        ConfigError: When the file exists but is not a power-limit profile file.
+    """
+    same = {k: v for k, v in key.to_dict().items() if k != "batch_size"}
+    out: Dict[int, List[PowerLimitMeasurement]] = {}
+    for entry in _read_entries(path):
+        other = dict(entry.get("key") or {})
+        batch_size = other.pop("batch_size", None)
+        saved_for = entry.get("searched_for")
+        if saved_for is not None and saved_for != searched_for:
+            continue
+        if other == same and batch_size is not None and batch_size != key.batch_size:
+            out[int(batch_size)] = [
+                PowerLimitMeasurement.from_dict(r) for r in entry["measurements"]
+            ]
+    return out
+
+
 def _read_entries(path: Path) -> List[Dict[str, Any]]:
     if not path.exists():
         return []

@@ -119,6 +119,10 @@ class ZeusReference:
         self.limits[batch_size] = best
         return best, True
 
+    def profiled_limits_w(self, batch_size: int) -> List[int]:
+        """Every limit of the batch size's table (the published method profiles them all)."""
+        return sorted(self.workload.epochs[batch_size], reverse=True)
+
     def starts(self, batch_size: int, steady: EpochCost) -> bool:
         """Whether the run starts (False: not even one epoch fits under the bound)."""
         epoch_cost = self.workload.cost_j(steady, self.eta)

@@ -29,15 +29,21 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.optimizer import BatchSizeOptimizer
+from perseus.batch_size.power_shape import OpenLimits, open_limits
 from perseus.batch_size.store import REACHED
 from perseus.batch_size.zeus.reference import ReferenceBroken
 from perseus.batch_size.zeus.trace import EpochCost, Workload
 from perseus.errors import BatchSizeError
-from perseus.power_limit.selectors import PowerLimitMeasurement, select_power_limit
-from perseus.power_limit.store import ProfileKey, load_profile, save_profile
+from perseus.power_limit.selectors import Criterion, PowerLimitMeasurement, select_power_limit
+from perseus.power_limit.store import (
+    ProfileKey,
+    load_other_batch_sizes,
+    load_profile,
+    save_profile,
+)
 
 try:
     from typing import Protocol
@@ -57,6 +63,9 @@ class ReplayPolicy(Protocol):
 
     def power_limit(self, batch_size: int) -> Tuple[int, bool]:
         """``(limit_w, profiled)``: the run's power limit, and whether this run profiles them."""
+
+    def profiled_limits_w(self, batch_size: int) -> Sequence[int]:
+        """The limits the profiling run of ``batch_size`` measured (after :meth:`power_limit`)."""
 
     def starts(self, batch_size: int, steady: EpochCost) -> bool:
         """Whether the run starts at all (``steady``: one epoch at the chosen limit)."""
@@ -89,6 +98,7 @@ class Attempt:
         time_s: Wall time.
         energy_j: Energy.
         cost: ``eta * E + (1 - eta) * MAXPOWER * T``.
+        profiled_limits_w: The limits its first epoch profiled (empty when it did not).
     """
 
     recurrence: int
@@ -101,6 +111,7 @@ class Attempt:
     time_s: float
     energy_j: float
     cost: float
+    profiled_limits_w: Tuple[int, ...] = ()
 
 
 @dataclass
@@ -151,9 +162,12 @@ def path_for(paths: List[Optional[int]], seed: int, recurrence: int, attempt: in
     return ordered[int(u * len(ordered))]
 
 
-def profiling_epoch(workload: Workload, batch_size: int) -> EpochCost:
-    """An epoch spent profiling every power limit in turn: the mean over the limits."""
-    table = workload.epochs[batch_size].values()
+def profiling_epoch(
+    workload: Workload, batch_size: int, limits_w: Optional[Sequence[int]] = None
+) -> EpochCost:
+    """An epoch spent profiling power limits in turn (every one by default): their mean."""
+    epochs = workload.epochs[batch_size]
+    table = [epochs[p] for p in (epochs if limits_w is None else limits_w)]
     return EpochCost(
         statistics.fmean(c.time_s for c in table), statistics.fmean(c.energy_j for c in table)
     )
@@ -205,7 +219,8 @@ def _one_run(
     if not policy.starts(batch_size, steady):
         return None
     path = path_for(workload.paths[batch_size], seed, *where)
-    first = profiling_epoch(workload, batch_size) if profiled else steady
+    limits_w = tuple(policy.profiled_limits_w(batch_size)) if profiled else ()
+    first = profiling_epoch(workload, batch_size, limits_w) if profiled else steady
     epochs, time_s, energy_j, reached = 0, 0.0, 0.0, False
     while True:
         measured = first if epochs == 0 else steady
@@ -223,6 +238,7 @@ def _one_run(
         batch_size=batch_size,
         power_limit_w=limit_w,
         profiled=profiled,
+        profiled_limits_w=limits_w,
         epochs=epochs,
         reached=reached,
         converged=converged,
@@ -274,6 +290,9 @@ class PerseusPolicy:
             **options,  # type: ignore[arg-type]
         )
         self.profile_path = Path(state_dir) / "power_limits.json"
+        # Which power limits each batch size's profiling measured, and why.
+        self.shapes: Dict[int, OpenLimits] = {}
+        self._criterion = Criterion("zeus_cost", eta=eta, max_power_w=workload.max_power_w)
 
     def next_batch_size(self) -> int:
         """:meth:`BatchSizeOptimizer.next_batch_size`."""
@@ -292,20 +311,34 @@ class PerseusPolicy:
         measurements = load_profile(self.profile_path, key)
         profiled = measurements is None
         if measurements is None:
+            # Only the limits the job's other batch sizes leave open (the shape carries).
+            others = load_other_batch_sizes(self.profile_path, key)
+            criterion = self._criterion
+            shape = open_limits(
+                others,
+                key.power_limits_mw,
+                lambda m: criterion.score(m.time_per_step_s, m.energy_per_step_j),
+                batch_size,
+            )
+            self.shapes[batch_size] = shape
             measurements = [
                 PowerLimitMeasurement(
-                    power_limit_mw=p * 1000,
-                    time_per_step_s=table[p].time_s,
-                    energy_per_step_j=table[p].energy_j,
+                    power_limit_mw=mw,
+                    time_per_step_s=table[mw // 1000].time_s,
+                    energy_per_step_j=table[mw // 1000].energy_j,
                     num_steps=1,
                 )
-                for p in sorted(table, reverse=True)
+                for mw in shape.limits_mw
             ]
             save_profile(self.profile_path, key, measurements)
         chosen = select_power_limit(
             measurements, "zeus_cost", eta=self.eta, max_power_w=self.workload.max_power_w
         )
         return chosen.power_limit_mw // 1000, profiled
+
+    def profiled_limits_w(self, batch_size: int) -> Sequence[int]:
+        """The limits its shape left open when the batch size was profiled."""
+        return [mw // 1000 for mw in self.shapes[batch_size].limits_mw]
 
     def starts(self, batch_size: int, steady: EpochCost) -> bool:
         """Runs always start."""

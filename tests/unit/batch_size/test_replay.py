@@ -124,10 +124,21 @@ def test_replay_accounts_runs_and_profiling_epochs() -> None:
     assert sorted(a.batch_size for a in first_runs) == squad.batch_sizes  # one each
     for attempt in result.attempts:
         steady = squad.epochs[attempt.batch_size][attempt.power_limit_w]
-        first = profiling_epoch(squad, attempt.batch_size) if attempt.profiled else steady
+        limits = attempt.profiled_limits_w
+        first = profiling_epoch(squad, attempt.batch_size, limits) if attempt.profiled else steady
+        # a profiling run measures the limits from the highest down, as the search's descent
+        every = tuple(sorted(squad.epochs[attempt.batch_size], reverse=True))
+        assert limits == (every[: len(limits)] if attempt.profiled else ())
         expected = first.time_s + (attempt.epochs - 1) * steady.time_s
         assert attempt.time_s == pytest.approx(expected)
-    assert [len(r) for r in result.recurrences()] == [1] * 98  # squad never fails
+    # every run of squad reaches the target in time: a recurrence has more than one run only
+    # where the optimizer stopped one early (a batch size deferred or ruled out)
+    for runs in result.recurrences():
+        assert [a.reached for a in runs] == [False] * (len(runs) - 1) + [True]
+        assert all(a.epochs < squad.job.max_epochs for a in runs[:-1])
+    # the first two batch sizes profiled know nothing of the others: they measure every limit
+    profiled = [a for a in result.attempts if a.profiled]
+    assert all(len(a.profiled_limits_w) == len(squad.epochs[a.batch_size]) for a in profiled[:2])
     assert result.total_cost == pytest.approx(sum(a.cost for a in result.attempts))
 
 

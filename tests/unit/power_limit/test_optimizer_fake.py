@@ -449,3 +449,45 @@ def test_rounds_begin_their_windows_at_random_points_after_a_change() -> None:
     assert set(rounds) <= {4, 5, 6} and len(set(rounds)) > 1
     # a window at the limit the last one ended on needs no warm-up
     assert any(steps == 0 for key, steps in warmups if key.pass_index > 0)
+
+
+def test_limits_prior_stops_the_descent_of_a_new_batch_size(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    cfg = PowerLimitConfig(
+        warmup_s=0.0, step_w=50, warmup_steps=1, profile_steps=2, profile_path=str(path)
+    )
+    asked: List[Tuple[List[int], List[int], float]] = []
+
+    def down_to_200_w(tables, limits_mw, score):  # type: ignore[no-untyped-def]
+        first = tables[min(tables)][0] if tables else None
+        asked.append((sorted(tables), list(limits_mw), 0.0 if first is None else score(first)))
+        return [mw for mw in limits_mw if mw >= 200_000], "below 200 W: ruled out"
+
+    first, gpu = _make(cfg, job_id="job", batch_size=64)
+    _until_done(first, gpu)
+    assert min(m.power_limit_mw for m in first.measurements) < 200_000  # unbounded, it goes on
+    second, gpu = _make(cfg, job_id="job", batch_size=256, limits_prior=down_to_200_w)
+    _until_done(second, gpu)
+    new, gpu = _make(cfg, job_id="job", batch_size=128, limits_prior=down_to_200_w)
+    assert "3 limits (300-200 W" in new.plan_words()
+    _until_done(new, gpu)
+    # it saw the other batch sizes' tables and scored a row as the selector does
+    assert [a[0] for a in asked] == [[64], [64, 256]]
+    assert asked[-1][1] == [300_000, 250_000, 200_000, 150_000, 100_000]
+    row = json.loads(path.read_text())["profiles"][0]["measurements"][0]
+    expected = 0.5 * row["energy_per_step_j"] + 0.5 * 300 * row["time_per_step_s"]
+    assert asked[-1][2] == pytest.approx(expected)
+    # the descent stopped at 200 W; the report says why
+    assert {m.power_limit_mw for m in new.measurements} <= {300_000, 250_000, 200_000}
+    report = new.report()
+    assert report["searched_power_limits_w"] == [300.0, 250.0, 200.0]
+    assert report["limits_prior"] == "below 200 W: ruled out"
+    # without a batch size there is nothing to carry across: every limit is searched
+    plain, _ = _make(cfg, job_id="job", limits_prior=down_to_200_w)
+    assert len(plain.searched_limits_mw) == 5 and plain.prior_note is None
+
+
+def test_a_limits_prior_that_drops_the_highest_limit_is_refused(tmp_path: Path) -> None:
+    cfg = PowerLimitConfig(step_w=50, profile_path=str(tmp_path / "profile.json"))
+    with pytest.raises(ConfigError, match="keeps the highest limit"):
+        _make(cfg, batch_size=64, limits_prior=lambda t, limits, s: (limits[1:], "no"))

@@ -1,0 +1,254 @@
+"""Ruling batch sizes out with confidence, and stopping a run that explores one already ruled out.
+
+A batch size is *ruled out* when the posterior probability that its runs cost less on average
+than those of the best batch size (the one with the lowest expected cost) falls below
+``threshold`` (:data:`RULE_OUT_PROBABILITY`). The probability comes from
+:class:`~perseus.batch_size.posterior.CostPosterior`: a batch size's own runs, what its
+neighbours' epochs say about it, how fast epochs change between batch sizes in this job, and its
+measured epoch cost (predicted from its neighbours' before it ran: a batch size whose one epoch
+would cost more than a run of the best is out before it is tried). Nothing is ruled out after a
+fixed number of runs: a batch size stays in play until the evidence says it is worse, and comes
+back if the best one's estimate gets worse.
+
+A run in progress at a batch size that is ruled out (from its first epoch on, its epoch cost is
+known) stops when finishing it is expected to cost more than a fresh run of the best batch size:
+the expected rest of the run (its remaining epochs given it has not reached the target yet, up to
+the epoch budget or the early-stop bound, and a fresh run on top when it would not converge)
+against the best one's expected run cost. A run close to its end goes on; a run that has only
+begun stops. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from perseus.batch_size.posterior import CostPosterior, normal_cdf
+from perseus.batch_size.pruning import DEFERRED
+
+RULED_OUT = "ruled_out"
+# Below this posterior probability of being cheaper than the best, a batch size is ruled out.
+RULE_OUT_PROBABILITY = 0.025
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One batch size against the best.
+
+    Attributes:
+        batch_size: The batch size.
+        expected_cost: Posterior mean of a run's cost.
+        prob_cheaper: Posterior probability that its runs cost less on average than the best
+            batch size's (None for the best itself).
+        ruled_out: ``prob_cheaper`` is below the threshold.
+    """
+
+    batch_size: int
+    expected_cost: float
+    prob_cheaper: Optional[float]
+    ruled_out: bool
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """Whether a run in progress should stop early, and why.
+
+    Attributes:
+        batch_size: The run's batch size.
+        action: ``ruled_out`` (the batch size is out) or ``deferred`` (the walk explores the
+            other direction first and may come back).
+        against: The batch size it was judged against: the best (ruled out), or the next one
+            on the walk's other side (deferred).
+        probability: P(cheaper than the best) (ruled out), or P(that next run rules this batch
+            size out) (deferred).
+        remaining_cost: Expected cost of finishing the run (a fresh run of the best included
+            when it would not converge).
+        other_cost: What stopping is expected to cost instead: a fresh run of the best (ruled
+            out), or a full run of this batch size later times the chance that it is still in
+            play then (deferred).
+        stop: Whether to stop the run now.
+    """
+
+    batch_size: int
+    action: str
+    against: int
+    probability: float
+    remaining_cost: float
+    other_cost: float
+    stop: bool
+
+    def describe(self) -> str:
+        """One sentence for the user."""
+        verb = "stopped" if self.stop else "went on"
+        if self.action == DEFERRED:
+            return (
+                f"batch size {self.batch_size} deferred: a run of {self.against} (the other "
+                f"side's next) would rule it out with P = {self.probability:.1%}; finishing it "
+                f"was expected to cost {self.remaining_cost:.4g}, coming back to it later "
+                f"{self.other_cost:.4g} (a full run x the chance it is still in play), so the "
+                f"run {verb}"
+            )
+        return (
+            f"batch size {self.batch_size} ruled out: P(cheaper than {self.against}) = "
+            f"{self.probability:.1%}; finishing it was expected to cost {self.remaining_cost:.4g}"
+            f" against {self.other_cost:.4g} for a fresh run of {self.against}, so the run {verb}"
+        )
+
+
+def standings(
+    posterior: CostPosterior,
+    candidates: Sequence[int],
+    threshold: float = RULE_OUT_PROBABILITY,
+) -> Tuple[Optional[int], Dict[int, Standing]]:
+    """The best of ``candidates`` (those with runs) and every candidate's standing against it.
+
+    Candidates never run are predicted from the others (when anything can be said of them).
+
+    Args:
+        posterior: The job's posterior.
+        candidates: The batch sizes to compare.
+        threshold: Rule-out probability.
+    """
+    best = best_of(posterior, candidates)
+    if best is None:
+        return None, {}
+    out: Dict[int, Standing] = {best: Standing(best, posterior.expected_cost(best), None, False)}
+    for b in candidates:
+        if b == best or not posterior.can_predict(b):
+            continue
+        p = posterior.prob_cheaper(b, best)
+        out[b] = Standing(b, posterior.expected_cost(b), p, p < threshold)
+    return best, out
+
+
+def best_of(posterior: CostPosterior, candidates: Sequence[int]) -> Optional[int]:
+    """The candidate with runs and the lowest expected cost (None when none has runs)."""
+    known = [b for b in candidates if _has_runs(posterior, b)]
+    if not known:
+        return None
+    return min(known, key=lambda b: (posterior.expected_log_cost(b), b))
+
+
+def run_verdict(
+    posterior: CostPosterior,
+    batch_size: int,
+    unit: float,
+    epochs_done: int,
+    max_epochs: int,
+    best: int,
+    threshold: float = RULE_OUT_PROBABILITY,
+) -> Optional[RunVerdict]:
+    """Judge a run of ``batch_size`` that has run ``epochs_done`` epochs without converging.
+
+    Returns None when the batch size is not ruled out (the run goes on to learn it).
+
+    Args:
+        posterior: The job's posterior from the finished runs.
+        batch_size: The run's batch size.
+        unit: Its epoch cost, measured in this run.
+        epochs_done: Epochs it ran so far.
+        max_epochs: Epochs it may run at most (epoch budget or early-stop bound).
+        best: The best batch size.
+        threshold: Rule-out probability.
+    """
+    if batch_size == best or not posterior.arms[batch_size].on_chain:
+        return None
+    p = posterior.prob_cheaper_running(batch_size, best, unit, epochs_done)
+    if p >= threshold:
+        return None
+    fresh = posterior.expected_cost(best)
+    epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
+    remaining = unit * epochs
+    return RunVerdict(
+        batch_size=batch_size,
+        action=RULED_OUT,
+        against=best,
+        probability=p,
+        remaining_cost=remaining,
+        other_cost=fresh,
+        stop=remaining > fresh,
+    )
+
+
+def defer_verdict(
+    posterior: CostPosterior,
+    batch_size: int,
+    unit: float,
+    epochs_done: int,
+    max_epochs: int,
+    best: int,
+    other: int,
+    threshold: float = RULE_OUT_PROBABILITY,
+) -> Optional[RunVerdict]:
+    """Judge a pruning run that the walk could leave for ``other``, its other side's next step.
+
+    Stopping now and coming back later costs a full run of the batch size, but only if it is
+    still in play by then. It is out then if the other side's next run costs less than the
+    ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
+    with a probability below ``threshold``); the posterior predicts that run. When a full run
+    times the chance of coming back is expected to cost less than finishing this run, the run
+    stops and the walk explores the other side first. Returns None when nothing can be said.
+    """
+    if batch_size == best or not posterior.arms[batch_size].on_chain:
+        return None
+    if not posterior.can_predict(other):
+        return None
+    quantile = posterior.cost_quantile(batch_size, threshold, unit)
+    ruled_out_later = posterior.prob_cost_below(other, quantile)
+    fresh = posterior.expected_cost(best)
+    epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
+    remaining = unit * epochs
+    full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
+    comeback = (1.0 - ruled_out_later) * full
+    return RunVerdict(
+        batch_size=batch_size,
+        action=DEFERRED,
+        against=other,
+        probability=ruled_out_later,
+        remaining_cost=remaining,
+        other_cost=comeback,
+        stop=comeback < remaining,
+    )
+
+
+def _has_runs(posterior: CostPosterior, batch_size: int) -> bool:
+    arm = posterior.arms[batch_size]
+    return bool(arm.log_units) and (batch_size in posterior.units or not arm.on_chain)
+
+
+def _remaining_epochs(
+    posterior: CostPosterior,
+    batch_size: int,
+    epochs_done: int,
+    max_epochs: int,
+    fresh_epochs: float,
+) -> float:
+    """Expected epochs still to pay for, given the target not reached after ``epochs_done``.
+
+    A run that would need more than ``max_epochs`` pays them all and then a fresh run
+    (``fresh_epochs``, in this batch size's epochs).
+    """
+    if epochs_done >= max_epochs:
+        return fresh_epochs
+    total = 0.0
+    mass = 0.0
+    for g in posterior.predictive_epochs(batch_size):
+        sd = math.sqrt(g.var)
+        below = normal_cdf((math.log(epochs_done + 0.5) - g.mean) / sd)
+        alive = 1.0 - below
+        if alive <= 0.0:
+            continue
+        cumulative = below
+        part = 0.0
+        for epoch in range(epochs_done + 1, max_epochs + 1):
+            upper = normal_cdf((math.log(epoch + 0.5) - g.mean) / sd)
+            part += (upper - cumulative) * (epoch - epochs_done)
+            cumulative = upper
+        tail = 1.0 - cumulative
+        part += tail * (max_epochs - epochs_done + fresh_epochs)
+        total += g.weight * part
+        mass += g.weight * alive
+    if mass <= 0.0:
+        return float(max_epochs - epochs_done) + fresh_epochs
+    return total / mass

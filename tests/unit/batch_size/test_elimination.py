@@ -1,0 +1,219 @@
+"""Confident elimination: standings, stopping a run of a ruled-out batch size, deferral, and
+the walk skipping what the others rule out; explain() says why."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from perseus.batch_size import BatchSizeOptimizer
+from perseus.batch_size.elimination import (
+    DEFERRED,
+    RULED_OUT,
+    defer_verdict,
+    run_verdict,
+    standings,
+)
+from perseus.batch_size.posterior import ArmRuns, CostPosterior
+from perseus.batch_size.pruning import PRUNING, pruning_state
+from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
+
+SIZES = [16, 32, 64, 128, 256, 512]
+
+
+def _posterior(epochs: Dict[int, List[int]], units: Dict[int, float]) -> CostPosterior:
+    arms = [ArmRuns(b, tuple(math.log(n) for n in epochs.get(b, ()))) for b in SIZES]
+    return CostPosterior(arms, units)
+
+
+def test_standings_rule_out_what_is_confidently_dearer_and_keep_what_is_close() -> None:
+    epochs = {64: [6, 6, 7, 6], 128: [4, 4, 4, 5, 4], 256: [4, 4, 5, 4]}
+    post = _posterior(epochs, {64: 1.0, 128: 1.0, 256: 1.02})
+    best, out = standings(post, SIZES)
+    assert best == 128
+    assert out[128].prob_cheaper is None and not out[128].ruled_out
+    assert out[64].ruled_out and out[64].prob_cheaper is not None
+    assert out[64].prob_cheaper < 0.025  # 6.25 epochs against 4.2 at the same epoch cost
+    assert not out[256].ruled_out  # 2 % dearer epochs, as many of them: still in play
+    # never run: predicted from the others (32 continues 64's trend: more epochs)
+    assert 32 in out and out[32].expected_cost > out[64].expected_cost
+    # a lower threshold rules out less
+    assert not standings(post, SIZES, threshold=1e-9)[1][64].ruled_out
+
+
+def test_a_ruled_out_run_stops_when_finishing_costs_more_than_a_fresh_run_of_the_best() -> None:
+    post = _posterior({128: [4, 4, 4, 5, 4], 256: [4, 4, 4, 4]}, {128: 1.0, 256: 1.1})
+    # a run of 64 whose epochs cost 3: its first epoch alone costs 3 of a ~4.2 run of 128
+    early = run_verdict(post, 64, 3.0, 1, 100, 128)
+    assert early is not None and early.action == RULED_OUT and early.stop
+    assert early.remaining_cost > early.other_cost
+    assert "ruled out: P(cheaper than 128)" in early.describe() and "stopped" in early.describe()
+    # a close batch size is not ruled out: its run goes on to learn it
+    assert run_verdict(post, 64, 1.05, 1, 100, 128) is None
+    # a ruled-out run near its likely end goes on: finishing is the cheaper way
+    late = run_verdict(post, 64, 1.3, 4, 100, 128)
+    assert late is not None and not late.stop and "went on" in late.describe()
+
+
+def test_deferral_weighs_the_chance_the_other_side_rules_the_batch_size_out() -> None:
+    # 1024 took 4 epochs; a run of 512 shows epochs 2.5x dearer, and the epoch cost's trend
+    # predicts 2048's cheaper still: a run of 2048 likely rules 512 out before the walk is back
+    sizes = [256, 512, 1024, 2048, 4096]
+    arms = [ArmRuns(b, (math.log(4),) if b == 1024 else ()) for b in sizes]
+    post = CostPosterior(arms, {1024: 1.0, 512: 2.5})
+    verdict = defer_verdict(post, 512, 2.5, 1, 100, 1024, 2048)
+    assert verdict is not None and verdict.action == DEFERRED and verdict.against == 2048
+    assert verdict.stop and verdict.other_cost < verdict.remaining_cost
+    assert "the other side's next" in verdict.describe()
+    # epochs as cheap as the best's: the other side is unlikely to rule it out, go on
+    even = CostPosterior(arms, {1024: 1.0, 512: 1.0})
+    kept = defer_verdict(even, 512, 1.0, 1, 100, 1024, 2048)
+    assert kept is not None and not kept.stop
+
+
+def _run(i: int, b: int, status: str, reason: Optional[str] = None, cost: float = 1.0) -> RunRow:
+    return RunRow(
+        run_id=i,
+        batch_size=b,
+        phase=PRUNING,
+        pruning_round=0,
+        status=status,
+        reason=reason,
+        num_epochs=1,
+        time_s=1.0,
+        energy_j=1.0,
+        cost=cost,
+        last_metric=None,
+    )
+
+
+def test_a_deferred_step_leaves_its_direction_open_and_goes_last() -> None:
+    runs = [_run(0, 64, REACHED), _run(1, 32, FAILED, DEFERRED)]
+    state = pruning_state(SIZES, 64, 1, runs)
+    assert state.next_batch_size == 128  # the other side first
+    runs += [_run(2, 128, REACHED, cost=2.0), _run(3, 256, FAILED)]
+    # the larger side ended at 256's failure: back to the deferred 32 (once more)
+    assert pruning_state(SIZES, 64, 1, runs).next_batch_size == 32
+    runs.append(_run(4, 32, REACHED, cost=0.5))
+    assert pruning_state(SIZES, 64, 1, runs).next_batch_size == 16
+    # a step the others rule out is reported for recording, not run
+    state = pruning_state(SIZES, 64, 1, runs, ruled_out=lambda b: b == 16)
+    assert state.next_batch_size == 16 and state.skip
+    # a running step is no failure: the walk goes on elsewhere meanwhile
+    busy = [_run(0, 64, REACHED), _run(1, 32, RUNNING)]
+    assert pruning_state(SIZES, 64, 1, busy).next_batch_size == 128
+
+
+# epochs to the target per batch size: 128 is best; below it epochs and epoch costs both grow
+EPOCHS: Dict[int, Optional[int]] = {16: 12, 32: 8, 64: 5, 128: 4, 256: 5, 512: 7}
+
+
+def _one_run(bso: BatchSizeOptimizer, epoch_cost: Dict[int, float]) -> dict:
+    batch_size = bso.next_batch_size()
+    needed = EPOCHS[batch_size]
+    for epoch in range(1, bso.max_epochs + 1):
+        reached = needed is not None and epoch >= needed
+        bso.report_epoch(1.0 if reached else 0.0, epoch_cost[batch_size], 0.0)
+        if bso.should_stop():
+            break
+    return bso.report_run()
+
+
+def _optimizer(tmp_path: Path, **kwargs) -> BatchSizeOptimizer:  # type: ignore[no-untyped-def]
+    args = dict(eta=0.0, max_epochs=20, max_power_w=1.0, seed=1)
+    args.update(kwargs)
+    return BatchSizeOptimizer(tmp_path / "bso.db", "job", SIZES, 128, **args)
+
+
+def test_the_optimizer_rules_out_skips_and_explains(tmp_path: Path) -> None:
+    # Epoch cost = epoch time (eta 0, 1 W): small batch sizes have dear epochs. Two pruning
+    # rounds: the second walks round 1's survivors again from the cheapest.
+    cost = {16: 4.0, 32: 2.2, 64: 1.4, 128: 1.0, 256: 0.9, 512: 0.85}
+    bso = _optimizer(tmp_path, num_pruning_rounds=2)
+    results = [_one_run(bso, cost) for _ in range(12)]
+    tried = [r["batch_size"] for r in results]
+    assert tried[:4] == [128, 64, 256, 512]
+    # below 64 epochs and epoch costs both grow: 32 is ruled out in its first epoch at the
+    # latest (never a whole run), which ends that side; 16 is never tried
+    assert [(r["status"], r["reason"]) for r in results if r["batch_size"] == 32] == [
+        ("failed", RULED_OUT)
+    ]
+    assert all(r["cost"] <= cost[32] * 1.0001 for r in results if r["batch_size"] == 32)
+    assert 16 not in tried
+    rows = (
+        sqlite3.connect(tmp_path / "bso.db")
+        .execute(
+            "SELECT batch_size, pruning_round, status, reason, cost, why_chosen, why_stopped"
+            " FROM runs ORDER BY run_id"
+        )
+        .fetchall()
+    )
+    # round 2: 64 (7 against 128's 4 at dearer epochs) is ruled out by its own round-1 run:
+    # recorded as a step never run (no cost), which ends round 2's smaller side
+    skipped = [r for r in rows if r[4] is None]
+    assert [(r[0], r[1], r[2], r[3]) for r in skipped][:1] == [(64, 1, "failed", RULED_OUT)]
+    assert all(r[5].startswith("pruning round 2") for r in skipped)
+    assert all("ruled out before it ran: P(cheaper than 128)" in r[6] for r in skipped)
+    assert all(r[5] for r in rows)  # every run says why it was chosen
+    assert bso.summary()["num_runs"] == 12  # steps never run are not runs
+    lines = bso.explain()
+    assert lines[0].startswith("job 'job': stage bandit, 12 run(s)")
+    assert any("not run: ruled out before it ran" in line for line in lines)
+    assert any("bandit: Thompson sample among" in line for line in lines)
+    assert any(line.startswith("batch size 128: the best") for line in lines)
+    assert bso.standings()[128].prob_cheaper is None
+
+
+def test_rule_out_probability_zero_stops_runs_only_at_target_budget_or_bound(
+    tmp_path: Path,
+) -> None:
+    cost = {16: 4.0, 32: 2.2, 64: 1.4, 128: 1.0, 256: 0.9, 512: 0.85}
+    bso = _optimizer(tmp_path, rule_out_probability=0.0)
+    results = [_one_run(bso, cost) for _ in range(10)]
+    assert {r["reason"] for r in results} <= {None, "cost_exceeded", "target_missed"}
+    assert bso.summary()["num_runs"] == 10
+    assert bso.standings()  # the posterior is still reported
+    with pytest.raises(Exception, match="rule_out_probability=0.6"):
+        _optimizer(tmp_path / "other", rule_out_probability=0.6)
+
+
+def test_state_files_from_before_the_reasons_load_and_explain(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.executescript(
+        """
+        CREATE TABLE jobs (job_id TEXT PRIMARY KEY, settings TEXT NOT NULL, created_s REAL,
+            generation INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
+            batch_size INTEGER NOT NULL, phase TEXT NOT NULL, pruning_round INTEGER,
+            status TEXT NOT NULL, reason TEXT, num_epochs INTEGER NOT NULL DEFAULT 0,
+            time_s REAL NOT NULL DEFAULT 0, energy_j REAL NOT NULL DEFAULT 0, cost REAL,
+            last_metric REAL, started_s REAL NOT NULL, ended_s REAL,
+            generation INTEGER NOT NULL DEFAULT 0, superseded INTEGER NOT NULL DEFAULT 0,
+            steady_time_s REAL NOT NULL DEFAULT 0, steady_energy_j REAL NOT NULL DEFAULT 0);
+        CREATE TABLE epochs (run_id INTEGER NOT NULL, epoch INTEGER NOT NULL, metric REAL,
+            time_s REAL NOT NULL, energy_j REAL NOT NULL, steady_time_s REAL,
+            steady_energy_j REAL, PRIMARY KEY (run_id, epoch));
+        """
+    )
+    settings = (
+        '{"batch_sizes": [16, 32, 64, 128, 256, 512], "default_batch_size": 128, "eta": 0.0,'
+        ' "higher_is_better": true, "max_power_w": 1.0, "num_pruning_rounds": 1,'
+        ' "target_metric": 1.0}'
+    )
+    con.execute("INSERT INTO jobs(job_id, settings, created_s) VALUES ('job', ?, 0)", (settings,))
+    con.execute(
+        "INSERT INTO runs(job_id, batch_size, phase, pruning_round, status, num_epochs, time_s,"
+        " energy_j, cost, started_s, steady_time_s) VALUES"
+        " ('job', 128, 'pruning', 0, 'reached', 4, 4, 0, 4, 0, 4)"
+    )
+    con.commit()
+    con.close()
+    bso = BatchSizeOptimizer(path, "job", SIZES, 128, eta=0.0, max_power_w=1.0)
+    lines = bso.explain()
+    assert "reason not recorded: an older run" in lines[1]
+    assert bso.next_batch_size() in (64, 256)  # the walk goes on from the old run
