@@ -5,7 +5,10 @@ The suite runs on pytest-xdist (``-n auto --dist loadgroup`` in ``pyproject.toml
 time is spent waiting: emulated GPUs sleep through their instructions, ranks wait on each other,
 servers wait for requests. So it runs more workers than the machine has cores
 (:func:`pytest_xdist_auto_num_workers`). Tests that share one resource run on one worker, one
-after the other (an ``xdist_group``): the local Slurm cluster's two nodes. Everything else a test
+after the other (an ``xdist_group``): the local Slurm cluster's two nodes; and the tests of a
+module marked ``one_worker``, which share what a fixture of that module builds once per module
+(a main job that a real Prometheus scrapes, a wheel, a Python 3.9 environment, ranks launched
+once): spread over the workers, each worker would build it again. Everything else a test
 binds or writes is its own: free ports chosen by the kernel, ``tmp_path`` directories, GPU state
 directories under them, job ids made per run. ``-n 0`` runs the suite in one process.
 
@@ -58,6 +61,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, group in SHARED.items():
             if item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("one_worker") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if any(item.get_closest_marker("gpu") for item in items) and not _nvidia_gpu_usable():
         skip = pytest.mark.skip(reason="needs a usable NVIDIA GPU")
         for item in items:

@@ -27,7 +27,7 @@ import pytest
 from tests import architecture as arch
 from tests.architecture import REPO, training_process_modules
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_worker]
 
 REQUIRE_PY39 = os.environ.get("PERSEUS_REQUIRE_PY39") == "1"
 # Not in the core: a training process must not need them.

@@ -14,6 +14,9 @@ from tests.integration._support.recording import (
     assert_plan_reached_gpu,
 )
 
+# The ranks run once per module (on one worker); its tests read what they recorded.
+pytestmark = pytest.mark.one_worker
+
 pytest.importorskip("deepspeed")
 
 NUM_MICROBATCHES = [1, 2, 3, 5]

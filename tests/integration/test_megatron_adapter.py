@@ -18,6 +18,9 @@ from tests.integration._support.recording import (
     assert_plan_reached_gpu,
 )
 
+# The ranks run once per module (on one worker); its tests read what they recorded.
+pytestmark = pytest.mark.one_worker
+
 pytest.importorskip("megatron.core")
 
 NUM_MICROBATCHES = [1, 2, 3, 5]

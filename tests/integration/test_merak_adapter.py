@@ -21,7 +21,7 @@ from tests.integration._support.launch import run_ranks
 from tests.integration._support.merak_env import merak_python
 from tests.integration._support.recording import assert_plan_reached_gpu
 
-pytestmark = [pytest.mark.integration, pytest.mark.merak]
+pytestmark = [pytest.mark.integration, pytest.mark.merak, pytest.mark.one_worker]
 
 NUM_MICROBATCHES = [1, 2, 3, 5]
 SCHEDULES = {

@@ -15,7 +15,7 @@ import pytest
 from tests.integration._support.launch import run_ranks
 from tests.integration._support.merak_env import merak_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.merak]
+pytestmark = [pytest.mark.integration, pytest.mark.merak, pytest.mark.one_worker]
 
 MODELS = [
     ("gpt3-tiny", "1f1b"),

@@ -16,7 +16,7 @@ from perseus.server.process import start_server_process
 from tests.integration._support.launch import run_ranks
 
 pytest.importorskip("deepspeed")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
 STEPS = 24
 

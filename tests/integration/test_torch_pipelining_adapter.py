@@ -23,7 +23,7 @@ from tests.integration._support.pipelining_model import SCHEDULES
 from tests.integration._support.pipelining_worker import STEPS, trace_rows
 from tests.integration._support.recording import assert_identical_training
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
 NAMES = [
     "Schedule1F1B",

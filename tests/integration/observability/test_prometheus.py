@@ -38,7 +38,7 @@ from tests.integration._support.live_stack import (
 )
 from tests.integration.observability.prometheus_run import Prometheus
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_worker]
 
 MAIN = "obs-main"
 POWER = "obs-power"

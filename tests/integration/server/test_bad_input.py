@@ -14,7 +14,7 @@ from perseus.config.schema import ServerConfig
 from perseus.runtime.online.client import ServerClient, ServerRefused
 from perseus.server.process import ServerHandle, start_server_process
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
 
 def test_a_256_mb_chunked_body_leaves_the_servers_memory_alone(server: ServerHandle) -> None:

@@ -25,7 +25,7 @@ from perseus.runtime.online.client import RequestTooLarge, ServerClient, ServerR
 from perseus.server.bodies import RequestBodies
 from perseus.server.process import ServerHandle, bind_socket, start_server_process
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
 MB = 1024 * 1024
 # The refused paths of the garbage round: no such route (404), a rank that cannot be (422).

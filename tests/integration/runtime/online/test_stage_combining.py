@@ -15,7 +15,7 @@ from perseus.runtime.online.client import ServerClient
 from perseus.server.process import ServerHandle, start_server_process
 from tests.unit.server.stage_ranks import order_of, run_ranks, spec_of, stage_sources
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
 
 def test_only_leaders_talk_and_every_rank_runs_its_stages_schedule(server: ServerHandle) -> None:
