@@ -34,6 +34,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
         "records",
         [
             "perseus.records",
+            "perseus.lazy_names",
             "perseus.config.numbers",
             "perseus.config.bounds",
             "perseus.config.checked",

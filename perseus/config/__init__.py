@@ -15,8 +15,9 @@ or ``perseus.config.bounds`` loads no configuration library.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Dict
+
+from perseus.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from perseus.config.enums import (
@@ -129,14 +130,4 @@ _MODULE_OF: Dict[str, str] = {
 __all__ = sorted(_MODULE_OF)
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'perseus.config' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted([*globals(), *_MODULE_OF])
+__getattr__, __dir__ = lazy_names("perseus.config", _MODULE_OF, globals())

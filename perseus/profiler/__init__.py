@@ -11,8 +11,9 @@ training command's outcome line needs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Dict
+
+from perseus.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from perseus.profiler.estimation.estimate import StageEstimator as StageEstimator
@@ -33,14 +34,4 @@ _MODULE_OF: Dict[str, str] = {
 __all__ = sorted(_MODULE_OF)
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'perseus.profiler' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted([*globals(), *_MODULE_OF])
+__getattr__, __dir__ = lazy_names("perseus.profiler", _MODULE_OF, globals())
