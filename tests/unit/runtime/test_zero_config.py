@@ -148,7 +148,9 @@ def test_rank_0_says_perseus_is_active_and_that_the_gpu_is_emulated(
     assert isinstance(hooks, PerseusOptimizer)
     # said once (a thread another test in this process left behind may write its own lines)
     lines = capsys.readouterr().err.splitlines()
-    (line,) = [line for line in lines if "Perseus active" in line] or [lines]
+    active = [line for line in lines if "Perseus active" in line]
+    assert len(active) == 1, lines
+    line = active[0]
     assert line.startswith("[perseus] Perseus active: mode max_speed")
     assert "emulated GPU — energy figures are synthetic" in line
 
