@@ -56,6 +56,7 @@ def _nvidia_gpu_usable() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for marker, group in SHARED.items():
