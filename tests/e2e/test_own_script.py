@@ -24,10 +24,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
+from tests.e2e._support.tensorboard_events import tensorboard_scalars
 from tests.e2e.test_train_e2e import processes_mentioning
 from tests.integration._support.launch import free_port
 
@@ -42,6 +43,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 # 4-microbatch job; the phases count iterations, so a busy machine needs no more of them
 # (planning, in a worker, may take a few more).
 FULL_LOOP_STEPS = 90
+CompletedRun = subprocess.CompletedProcess
 PHASES = ["baseline", "profiling", "planning", "running", "plan measured"]
 
 
@@ -155,30 +157,52 @@ def test_no_config_runs_the_whole_loop_and_trains_identically(
 
 
 PARTIAL_YAML = """\
-# Only the keys to change: shorter phases for a quick demo, and a trace of every instruction.
+# Only the keys to change: shorter phases for a quick demo, a trace of every instruction, and
+# the job's figures in TensorBoard.
 runtime:
   trace: true
 profiler:
   baseline_steps: 2
   max_iterations: 12
   measure_steps: 3
+logger:
+  backend: tensorboard
+  interval_s: 0.5
 """
+PARTIAL_YAML_STEPS = 45
+
+
+@pytest.fixture(scope="module")
+def partial_yaml_run(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, CompletedRun]:
+    """The script with ``PERSEUS_CONFIG`` naming :data:`PARTIAL_YAML`: its directory and run.
+
+    Its tests only read what it left (the trace, the job's files, the TensorBoard events).
+    """
+    cwd = tmp_path_factory.mktemp("partial-yaml")
+    config = cwd / "perseus.yaml"
+    config.write_text(PARTIAL_YAML)
+    return cwd, torchrun(cwd, PARTIAL_YAML_STEPS, env={"PERSEUS_CONFIG": str(config)})
+
+
+# The two tests reading the one run share a worker (the fixture is built once per worker).
+PARTIAL_YAML_READER = pytest.mark.xdist_group("own-script-partial-yaml")
 
 
 @pytest.mark.slow
-def test_partial_yaml_trace_shows_the_planned_clocks(tmp_path: Path, plain: List[str]) -> None:
-    config = tmp_path / "perseus.yaml"
-    config.write_text(PARTIAL_YAML)
-    steps = 45
-    proc = torchrun(tmp_path, steps, env={"PERSEUS_CONFIG": str(config)})
+@PARTIAL_YAML_READER
+def test_partial_yaml_trace_shows_the_planned_clocks(
+    partial_yaml_run: Tuple[Path, CompletedRun], plain: List[str]
+) -> None:
+    cwd, proc = partial_yaml_run
+    steps = PARTIAL_YAML_STEPS
     ok(proc)
     assert losses(proc) == plain[:steps]
-    (job_dir,) = job_dirs(tmp_path)
+    (job_dir,) = job_dirs(cwd)
     summary = json.loads((job_dir / "summary.json").read_text())
     plan = json.loads((job_dir / "plan.json").read_text())
     ready = next(e for e in events(job_dir) if e["event"] == "plan_ready")
     for stage in (0, 1):
-        rows = list(csv.DictReader((tmp_path / f"trace-rank{stage}.csv").open()))
+        rows = list(csv.DictReader((cwd / f"trace-rank{stage}.csv").open()))
         last = [r for r in rows if int(r["step"]) == steps - 1]
         ran = [(r["instruction"], int(r["microbatch"]), int(r["frequency_mhz"])) for r in last]
         planned = [
@@ -195,6 +219,26 @@ def test_partial_yaml_trace_shows_the_planned_clocks(tmp_path: Path, plain: List
         first = [r["frequency_mhz"] for r in rows if int(r["step"]) == 0]
         assert set(first) == {""}
     assert ready["start_step"] < steps - 1
+
+
+@pytest.mark.slow
+@PARTIAL_YAML_READER
+def test_partial_yaml_logs_the_job_to_tensorboard(
+    partial_yaml_run: Tuple[Path, CompletedRun],
+) -> None:
+    cwd, proc = partial_yaml_run
+    ok(proc)
+    (directory,) = (cwd / "perseus-runs").glob("*/tensorboard")
+    scalars = tensorboard_scalars(directory)
+    steps: List[int] = sorted(scalars["iteration_time_s"])
+    assert steps[0] == 0 and len(steps) >= PARTIAL_YAML_STEPS * 2 // 3
+    assert len(scalars["energy_j"]) >= PARTIAL_YAML_STEPS // 2
+    assert {"clock_mhz/stage_0", "clock_mhz/stage_1", "phase_index"} <= set(scalars)
+    summary = json.loads((directory.parent / "summary.json").read_text())
+    figures = {
+        k[len("report/") :]: v[max(v)] for k, v in scalars.items() if k.startswith("report/")
+    }
+    assert figures["slowdown"] == pytest.approx(summary["savings"]["slowdown_fraction"], rel=1e-6)
 
 
 def test_microbatch_mismatch_warns_once_and_trains_unchanged(

@@ -4,8 +4,8 @@
 run that MLflow's client and TensorBoard's event reader read back: every iteration's time and
 energy equal the job's iterations as the ranks measured them (``steps-rank*.json``: the slowest
 rank's time, the sum of the ranks' energies), and the report's figures equal ``report.json``.
-A tracker whose directory cannot be written costs one warning, never the run. A user's own
-DeepSpeed script gets the same through ``PERSEUS_CONFIG``.
+A tracker whose directory cannot be written costs one warning, never the run. (A user's own
+DeepSpeed script gets the same through ``PERSEUS_CONFIG``: ``tests/e2e/test_own_script.py``.)
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, Tuple
 
 import pytest
 
-from tests.e2e.test_own_script import FULL_LOOP_STEPS, torchrun
+from tests.e2e._support.tensorboard_events import tensorboard_scalars
 from tests.e2e.test_train_e2e import SMALL, run_train
 from tests.integration._support.live_stack import artifacts_dir
 
@@ -137,14 +136,6 @@ def draw_run(series: Dict[str, Series], figures: Series, path: Path) -> None:
     plt.close(fig)
 
 
-def tensorboard_scalars(directory: Path) -> Dict[str, Series]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-
-
 def test_perseus_train_logs_to_tensorboard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_train(
@@ -212,22 +203,3 @@ def test_a_tracker_that_cannot_write_costs_one_warning_and_never_the_run(tmp_pat
     ]
     assert len(warned) == 1, warned
     assert "the training goes on" in warned[0]
-
-
-def test_an_own_script_logs_through_perseus_config(tmp_path: Path) -> None:
-    config = tmp_path / "perseus.yaml"
-    config.write_text("logger:\n  backend: tensorboard\n  interval_s: 0.5\n")
-    proc = torchrun(tmp_path, FULL_LOOP_STEPS, env={"PERSEUS_CONFIG": str(config)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (directory,) = (tmp_path / "perseus-runs").glob("*/tensorboard")
-    scalars = tensorboard_scalars(directory)
-    steps: List[int] = sorted(scalars["iteration_time_s"])
-    assert steps[0] == 0 and len(steps) >= 60
-    assert len(scalars["energy_j"]) >= 40
-    assert {"clock_mhz/stage_0", "clock_mhz/stage_1", "phase_index"} <= set(scalars)
-    summary = json.loads((directory.parent / "summary.json").read_text())
-    figures = {
-        k[len("report/") :]: v[max(v)] for k, v in scalars.items() if k.startswith("report/")
-    }
-    assert figures["slowdown"] == pytest.approx(summary["savings"]["slowdown_fraction"], rel=1e-6)
-    assert sys.executable  # the script ran under this interpreter's torchrun
