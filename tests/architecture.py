@@ -11,6 +11,7 @@ arrow for a reader too. Only executed imports count for what a process needs at 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,9 +161,21 @@ def layer_of(module: str) -> Optional[int]:
     return None if best[1] < 0 else best[1]
 
 
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of one source file, parsed once per process while the file is unchanged
+    (the checks parse the package several times over; callers only read the tree)."""
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports_of(module: str, path: Path) -> Iterator[Import]:
     """Every import of one module (relative imports resolved), type-only ones marked."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     yield from _walk(tree, module, package, in_function=False, type_only=False)
 
@@ -384,7 +397,7 @@ def record_field_counts() -> Dict[str, int]:
     """``class name -> number of fields`` of every dataclass and NamedTuple of the packages."""
     counts: Dict[str, int] = {}
     for path in module_files().values():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ClassDef) and _is_record(node):
                 fields = [
                     s
@@ -412,7 +425,7 @@ def positional_wide_records(paths: List[Path]) -> List[str]:
     wide = {n for n, c in record_field_counts().items() if c >= WIDE_RECORD_FIELDS}
     found = []
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if not isinstance(node, ast.Call) or len(node.args) <= MAX_POSITIONAL_ARGS:
                 continue
             func = node.func

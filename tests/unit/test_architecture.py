@@ -4,12 +4,24 @@ training process that needs only the core dependencies."""
 from __future__ import annotations
 
 import warnings
+from typing import Dict, List
+
+import pytest
 
 from tests import architecture as arch
 
+# The checks read one import graph (and the trees :func:`arch.parse` keeps): one worker builds
+# them once.
+pytestmark = pytest.mark.one_worker
+Graph = Dict[str, List[arch.Import]]
 
-def _internal_edges() -> dict:
-    graph = arch.graph()
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return arch.graph()
+
+
+def _internal_edges(graph: Graph) -> dict:
     return {
         module: {i.target for i in imports if i.target in graph and i.target != module}
         for module, imports in graph.items()
@@ -54,14 +66,14 @@ def test_no_module_name_repeats_its_folder_as_a_prefix_family() -> None:
     assert {k: v for k, v in families.items() if len(v) >= 3} == {}
 
 
-def test_no_import_circle() -> None:
-    assert arch.cycles(_internal_edges()) == []
+def test_no_import_circle(graph: Graph) -> None:
+    assert arch.cycles(_internal_edges(graph)) == []
 
 
-def test_no_import_circle_through_a_package_init() -> None:
+def test_no_import_circle_through_a_package_init(graph: Graph) -> None:
     """Importing ``p.m`` runs ``p/__init__`` first: a circle through it fails at import time
     in whichever order the modules are first imported."""
-    assert arch.cycles(arch.package_edges(arch.graph())) == []
+    assert arch.cycles(arch.package_edges(graph)) == []
 
 
 def test_package_edges_see_the_init_a_target_runs() -> None:
@@ -81,8 +93,7 @@ def test_cycle_finder_finds_a_circle() -> None:  # the check above can fail
     assert arch.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_no_upward_import() -> None:
-    graph = arch.graph()
+def test_no_upward_import(graph: Graph) -> None:
     upward = [
         f"{imp.source}:{imp.line} ({arch.LAYERS[arch.layer_of(imp.source) or 0][0]}) imports "
         f"{imp.target} ({arch.LAYERS[arch.layer_of(imp.target) or 0][0]})"
@@ -94,8 +105,7 @@ def test_no_upward_import() -> None:
     assert upward == []
 
 
-def test_training_process_needs_only_core_dependencies() -> None:
-    graph = arch.graph()
+def test_training_process_needs_only_core_dependencies(graph: Graph) -> None:
     reached = arch.closure(arch.training_process_modules(), graph)
     foreign = sorted(
         f"{imp.source}:{imp.line} imports {imp.target}"
@@ -128,8 +138,7 @@ def test_optional_extras_are_pyproject_extras() -> None:
         assert any(r.replace("_", "-").startswith(wanted) for r in extras[extra]), (package, extra)
 
 
-def test_merak_rank_needs_only_what_merak_env_installs() -> None:
-    graph = arch.graph()
+def test_merak_rank_needs_only_what_merak_env_installs(graph: Graph) -> None:
     reached = arch.closure(arch.MERAK_RANK, graph)
     foreign = sorted(
         f"{imp.source}:{imp.line} imports {imp.target}"
@@ -158,11 +167,10 @@ def test_merak_rank_needs_only_what_merak_env_installs() -> None:
     assert above_runtime == []
 
 
-def test_configuration_validation_and_wire_import_in_one_direction() -> None:
+def test_configuration_validation_and_wire_import_in_one_direction(graph: Graph) -> None:
     """Validation imports the configuration, never the reverse; the wire knows no configuration
     (the runtime builds the job spec from it); the records import nothing of Perseus but the
     records layer."""
-    graph = arch.graph()
     config = {"perseus.config.schema", "perseus.config.validation"}
     wrong = sorted(
         f"{imp.source}:{imp.line} imports {imp.target}"

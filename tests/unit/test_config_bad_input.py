@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -25,10 +25,17 @@ from perseus.errors import ConfigError
 from perseus.wire import EnergySettings, JobSpec, ProfilerSettings
 
 
-def _compose(*overrides: str, name: str = "perseus_train") -> Any:
+@pytest.fixture(scope="module", autouse=True)
+def _hydra() -> Iterator[None]:
+    """The schema registered and Hydra set up once, as an app does once per run: each case
+    composes its own configuration with its overrides."""
     register_configs()
     with initialize_config_module("perseus.conf", version_base="1.3"):
-        return compose(name, overrides=list(overrides))
+        yield
+
+
+def _compose(*overrides: str, name: str = "perseus_train") -> Any:
+    return compose(name, overrides=list(overrides))
 
 
 def _error(*overrides: str) -> str:

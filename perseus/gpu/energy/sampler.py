@@ -23,8 +23,8 @@ A GPU without a sensor (the read answers ``None`` or not supported) is simply no
 
 from __future__ import annotations
 
+import bisect
 import logging
-import statistics
 import threading
 import time
 from collections import deque
@@ -54,6 +54,8 @@ QUIET_FRACTION = 0.85
 MAX_FAILURES = 50
 # Time between temperature reads (s): the card's temperature moves over tens of seconds.
 TEMPERATURE_PERIOD_S = 1.0
+# Recent reads whose median latency the pause before the next read allows for.
+LATENCY_WINDOW = 512
 
 
 class UpdateDetector:
@@ -98,6 +100,16 @@ def updates_from_polls(polls: Iterable[Poll]) -> List[EnergyUpdate]:
         if update is not None:
             out.append(update)
     return out
+
+
+def _median(sorted_values: List[float]) -> Optional[float]:
+    """The median of values given in ascending order (None when there is none)."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    if n % 2:
+        return sorted_values[n // 2]
+    return (sorted_values[n // 2 - 1] + sorted_values[n // 2]) / 2
 
 
 class EnergySampler:
@@ -149,7 +161,10 @@ class EnergySampler:
         self._detector = UpdateDetector()
         self._recent: Deque[EnergyUpdate] = deque(maxlen=PERIOD_WINDOW)
         self._since_estimate = 0
-        self._latencies: Deque[float] = deque(maxlen=512)
+        # The recent reads' latencies, oldest first, and the same values sorted (each poll asks
+        # for their median: kept sorted as they come, not sorted again on every read).
+        self._latencies: Deque[float] = deque()
+        self._sorted_latencies: List[float] = []
         self._max_latency_s = 0.0
         self._num_reads = 0
         self._failures = 0
@@ -169,7 +184,7 @@ class EnergySampler:
         t1 = self._clock()
         with self._lock:
             self._num_reads += 1
-            self._latencies.append(t1 - t0)
+            self._record_latency(t1 - t0)
             self._max_latency_s = max(self._max_latency_s, t1 - t0)
             update = self._detector.poll(t0, t1, float(value))
             if update is None:
@@ -224,8 +239,15 @@ class EnergySampler:
     def read_latency_s(self) -> Tuple[Optional[float], float]:
         """``(median, max)`` time one read blocked its caller, over the recent reads."""
         with self._lock:
-            median = statistics.median(self._latencies) if self._latencies else None
-            return median, self._max_latency_s
+            return _median(self._sorted_latencies), self._max_latency_s
+
+    def _record_latency(self, latency_s: float) -> None:
+        """Add one read's latency to the recent ones (the oldest drops out past a window)."""
+        if len(self._latencies) == LATENCY_WINDOW:
+            oldest = self._latencies.popleft()
+            del self._sorted_latencies[bisect.bisect_left(self._sorted_latencies, oldest)]
+        self._latencies.append(latency_s)
+        bisect.insort(self._sorted_latencies, latency_s)
 
     @property
     def num_reads(self) -> int:

@@ -18,16 +18,23 @@ from perseus.planner.solvers.lp.effort import DEFAULT_EFFORT, EFFORTS, effort_se
 from perseus.planner.solvers.lp.layout import steady_pair
 from perseus.planner.solvers.lp.solver import LPSolver
 from perseus.planner.solvers.lp.steady.cycle import allmax_period_s
-from perseus.planner.solvers.lp.steady.splice import MARGIN_PAIRS, find_pattern, held_nodes, splice
+from perseus.planner.solvers.lp.steady.splice import (
+    MARGIN_PAIRS,
+    applies,
+    find_pattern,
+    held_nodes,
+    splice,
+)
 
 from ._profiles import synthetic_profile
 
 
 @pytest.fixture(scope="module")
 def long_problem() -> PlanningProblem:
-    # 3 stages x 36 microbatches: a long enough steady state for the splice, and small enough
-    # for the polish and the re-optimisation of every level.
-    return PlanningProblem(synthetic_profile(3, seed=5), 36, p2p_power_w=60.0)
+    # 3 stages x 28 microbatches: the shortest steady state the splice takes at three stages
+    # (the levels differ in it), and small enough for the polish and the re-optimisation of
+    # every level.
+    return PlanningProblem(synthetic_profile(3, seed=5), 28, p2p_power_w=60.0)
 
 
 def _allmax_time(problem: PlanningProblem) -> float:
@@ -79,6 +86,7 @@ def test_each_level_meets_the_deadline_and_searching_more_never_loses(
     long_problem: PlanningProblem,
 ) -> None:
     problem = long_problem
+    assert applies(problem)  # balanced and thorough splice a pattern into it
     deadline = _allmax_time(problem)
     best = {}
     for level in ("fast", "balanced", "thorough"):

@@ -71,7 +71,7 @@ def test_the_cyclic_milp_is_exact_on_one_pair() -> None:
 
 @pytest.fixture(scope="module")
 def long_problem() -> PlanningProblem:
-    return PlanningProblem(synthetic_profile(3, seed=5), 36, p2p_power_w=60.0)
+    return PlanningProblem(synthetic_profile(3, seed=5), 28, p2p_power_w=60.0)
 
 
 def test_the_pattern_keeps_its_period_and_spliced_plans_meet_the_deadline(

@@ -14,9 +14,9 @@ from tests.unit.planner._profiles import synthetic_profile
 
 PROFILE = synthetic_profile(3, seed=5)
 BLOCKING_W = [60.0, 60.0, 60.0]
-# 3 stages x 36 microbatches: the balanced search finds more than the fast one (the server
+# 3 stages x 28 microbatches: the balanced search finds more than the fast one (the server
 # refines at thorough; the mechanism is the same whatever the two levels, and this is faster).
-SPEC = JobSpec(job_id="j", num_stages=3, num_microbatches=36)
+SPEC = JobSpec(job_id="j", num_stages=3, num_microbatches=28)
 
 
 def test_a_job_is_planned_at_the_default_effort(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,4 +60,4 @@ def test_a_refinement_replaces_a_plan_only_with_a_better_one(tmp_path: Path) -> 
     result, files = answer
     plan = load_plan(Path(files["plan"]))
     assert plan.predicted_energy_j == pytest.approx(result.chosen.energy_j)
-    assert plan.num_stages == 3 and plan.num_microbatches == 36
+    assert plan.num_stages == 3 and plan.num_microbatches == 28

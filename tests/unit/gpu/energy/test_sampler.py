@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import statistics
+
+import numpy as np
 import pytest
 
 from perseus.errors import GPUNotSupportedError
-from perseus.gpu.energy.sampler import EnergySampler, UpdateDetector, updates_from_polls
+from perseus.gpu.energy.sampler import (
+    LATENCY_WINDOW,
+    EnergySampler,
+    UpdateDetector,
+    updates_from_polls,
+)
 
 
 def test_an_update_is_placed_between_the_reads_around_it() -> None:
@@ -130,3 +138,26 @@ def test_without_a_sensor_reader_nothing_is_read() -> None:
     assert sampler.temperatures is None
     assert not sampler.temperature_due(0.0)
     assert sampler.poll_temperature_once() is None
+
+
+def test_the_read_latency_is_the_median_and_max_of_the_recent_reads() -> None:
+    rng = np.random.default_rng(3)
+    # Repeated values and a window that fills, then slides: odd and even counts alike.
+    latencies = [float(x) for x in rng.choice([0.001, 0.002, 0.003], 300)] + list(
+        rng.exponential(0.003, 2 * LATENCY_WINDOW)
+    )
+    now = [0.0]
+    answers = iter(latencies)
+
+    def read() -> int:
+        now[0] += next(answers)  # the read blocks for its latency
+        return 0
+
+    sampler = EnergySampler(read, lambda: now[0])
+    assert sampler.read_latency_s() == (None, 0.0)
+    for n in range(1, len(latencies) + 1):
+        sampler.poll_once()
+        recent = latencies[max(0, n - LATENCY_WINDOW) : n]
+        median, largest = sampler.read_latency_s()
+        assert median == pytest.approx(statistics.median(recent), rel=1e-9)
+        assert largest == pytest.approx(max(latencies[:n]), rel=1e-9)
