@@ -40,9 +40,9 @@ from perseus.planner.solvers.lp.model import HullLP
 from perseus.planner.solvers.lp.refine import JumpRefiner
 from perseus.planner.solvers.lp.rounding import Rounder
 
-#: The solver's stages, in the order they run.
+#: The solver's stages, in the order they run once the LP is built (the hulls, the model, the
+#: rounding tables and the probe are done before the forecast exists: not a stage of it).
 STAGES = (
-    "LP model",
     "LP sweep",
     "refinement",
     "polish",
@@ -53,8 +53,6 @@ STAGES = (
     "gap filling",
     "gap proofs",
 )
-#: Seconds per instruction: hulls, the LP model, the rounding tables, the probe.
-MODEL_S_PER_NODE = 1.0e-4
 #: One LP solve of a deadline (solve and dive, warm-started): ``LP_S * (size / 1000) ** 1.5``
 #: with ``size`` the LP's duration classes (instructions for the exact LP).
 LP_S = 0.028
@@ -189,7 +187,6 @@ def solve_stages(
     if shape.sweeps:
         solved = max(1, math.ceil(SWEEP_SHARE * shape.num_deadlines))
     cost = {name: 0.0 for name in STAGES}
-    cost["LP model"] = MODEL_S_PER_NODE * n
     cost["LP sweep"] = solved * deadline_s
     trials = min(refine_trials, probe.long_classes)
     trials += min(refine_trials, math.ceil(REFINE_SECOND * probe.long_classes))
