@@ -69,11 +69,14 @@ TRIAL_S_PER_1000 = 1.9e-3
 REFINE_S_PER_NODE = 5e-4
 #: The second refinement round tries about this share of the first's classes.
 REFINE_SECOND = 0.6
-#: One polish window's MILP (48 instructions; 0.19-0.36 s on the published cases): it grows
-#: with the probe's rounding loss (more to decide per window), ``WINDOW_S + WINDOW_S_PER_LOSS *
-#: rounding_loss`` fits them within 0.07 s.
-WINDOW_S = 0.15
-WINDOW_S_PER_LOSS = 20.0
+#: One polish window's MILP (48 instructions): it grows with the probe's rounding loss (more
+#: to decide per window), ``WINDOW_S + WINDOW_S_PER_LOSS * rounding_loss``. The plain plan's
+#: windows (0.20-0.25 s on the published cases) grow less with it than the spliced plan's
+#: seams (0.20-0.38 s); each fit is within 0.03 s of its own.
+POLISH_WINDOW_S = 0.19
+POLISH_WINDOW_S_PER_LOSS = 8.0
+SEAM_WINDOW_S = 0.15
+SEAM_WINDOW_S_PER_LOSS = 20.0
 #: The light pattern search (about 75 small cyclic MILPs; 0.8-2.2 s on the published
 #: profiles) and the full one.
 PATTERN_LIGHT_S = 1.5
@@ -196,11 +199,14 @@ def solve_stages(
     # the pattern then too, or whatever the distance (steady_gap_test off: thorough).
     search = probe.rounding_loss > SEARCH_LOSS * polish_gap
     seams = probe.rounding_loss > SEAM_LOSS * polish_gap
-    window_s = (WINDOW_S + WINDOW_S_PER_LOSS * probe.rounding_loss) * settings.polish_passes
     windows = shape.polish_windows
     if settings.polish_windows is not None:
         windows = min(windows, settings.polish_windows)
-    polish_s = window_s * windows if settings.polish_nodes > 0 else 0.0
+    if settings.polish_nodes <= 0:
+        windows = 0
+    num_windows = windows * settings.polish_passes
+    polish_s = num_windows * (POLISH_WINDOW_S + POLISH_WINDOW_S_PER_LOSS * probe.rounding_loss)
+    seams_s = num_windows * (SEAM_WINDOW_S + SEAM_WINDOW_S_PER_LOSS * probe.rounding_loss)
     per_refine = {
         "refinement": refine_s,
         "polish": polish_s if search and n <= settings.polish_max_size else 0.0,
@@ -213,7 +219,7 @@ def solve_stages(
         per_refine["steady pattern"] = PATTERN_LIGHT_S if settings.steady_light else PATTERN_S
         phase_s = SPLICE_S_PER_NODE if settings.steady_light else SPLICE_MILP_S_PER_NODE
         per_refine["splice"] = 4 * phase_s * n
-        per_refine["seam polish"] = polish_s if seams else 0.0
+        per_refine["seam polish"] = seams_s if seams else 0.0
     if settings.reoptimize_sweeps > 0 and n <= reoptimize_max_size and search:
         per_refine["re-optimisation"] = REOPTIMIZE_S_PER_NODE2 * n * n
     for name, seconds in per_refine.items():
