@@ -65,8 +65,11 @@ SWEEP_SHARE = 0.5
 #: One refinement trial (pin, warm re-solve): ``TRIAL_S + TRIAL_S_PER_1000 * size / 1000``.
 TRIAL_S = 2.5e-4
 TRIAL_S_PER_1000 = 1.9e-3
-#: The refinement's own models, cold LP solves and roundings, per instruction.
-REFINE_S_PER_NODE = 5e-4
+#: The refinement's own models, cold LP solves and roundings (two rounds): their cold solves
+#: dominate, so they grow as an LP solve does, ``REFINE_LP_S * (size / 1000) ** LP_EXPONENT``
+#: (0.05 s at 192 classes, 1.1 s at 1,536 on the published cases; per instruction they
+#: were 2.9e-4 s at 192 and 6-8e-4 s at 1,536).
+REFINE_LP_S = 0.58
 #: The second refinement round tries about this share of the first's classes.
 REFINE_SECOND = 0.6
 #: One polish window's MILP (48 instructions): it grows with the probe's rounding loss (more
@@ -194,7 +197,7 @@ def solve_stages(
     trials = min(refine_trials, probe.long_classes)
     trials += min(refine_trials, math.ceil(REFINE_SECOND * probe.long_classes))
     trial_s = TRIAL_S + TRIAL_S_PER_1000 * size / 1000.0
-    refine_s = trials * trial_s + REFINE_S_PER_NODE * n
+    refine_s = trials * trial_s + REFINE_LP_S * (size / 1000.0) ** LP_EXPONENT
     # The polish and the re-optimisation run when the plan is far enough above the bound,
     # the pattern then too, or whatever the distance (steady_gap_test off: thorough).
     search = probe.rounding_loss > SEARCH_LOSS * polish_gap
