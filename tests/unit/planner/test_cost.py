@@ -76,6 +76,16 @@ def test_the_seams_windows_grow_faster_with_the_loss_than_the_plain_plans() -> N
     assert unpolished["polish"] == unpolished["seam polish"] == 0.0 < unpolished["splice"]
 
 
+def test_the_refinements_own_solves_grow_as_the_lp_does() -> None:
+    nothing_long = cost.Probe(rounding_loss=0.0, long_classes=0)  # no trials: its own solves
+    small = dataclasses.replace(SHAPE, num_nodes=192, lp_size=192)
+    grown = stages(SHAPE, nothing_long)["refinement"] / stages(small, nothing_long)["refinement"]
+    assert grown == pytest.approx(8**cost.LP_EXPONENT)  # 8 times the size: more than 8 times
+    # A shared-clock layout's LP is what the refinement solves, whatever the instructions.
+    shared = dataclasses.replace(SHAPE, num_nodes=20_000, exact=False)
+    assert stages(shared, nothing_long)["refinement"] == stages(SHAPE, nothing_long)["refinement"]
+
+
 def test_the_probe_leaves_the_sweeps_model_alone() -> None:
     problem = case_problem("bloom+a100_sxm_bf16", 12)
     hulls = group_hulls(problem)

@@ -20,9 +20,15 @@ only where the sweep leaves the frontier too sparse, which shows after the sweep
 then re-sizes those stages (:class:`perseus.planner.progress.WorkMeter`), so the progress line
 follows, but the estimate printed before solving counts only the walks.
 
-Measured per stage (CPU seconds, one core) on the 16 published cases, the estimate is within
--25 % to +30 % of the solve, the search's cost varying most between profiles (the pattern
-search takes 0.8-2.2 s).
+The forecast is made once the LP is built and probed: its stages, and the estimate perseus-plan
+logs from them, hold only the work after it. Measured per stage (CPU seconds of one core) on
+the 16 published cases at the default effort, the refinement's own solves are within 0.2 s of
+their forecast, a polish window within 0.02 s (the plain plan's) and 0.06 s (the seams'), the
+pattern search varies most between profiles (0.8-2.2 s, forecast 1.5 s); the whole command's
+estimate (these stages, writing the plans and the plots, :mod:`perseus.planner.limits`) is
+0.83-1.14 times the work it covers (the command run in one process, two rounds at a load
+average of 3-5 on two cores). The estimate is in seconds of an idle core: where other work
+slows the command down, the estimate reads low by that factor.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ REFINE_SECOND = 0.6
 #: One polish window's MILP (48 instructions): it grows with the probe's rounding loss (more
 #: to decide per window), ``WINDOW_S + WINDOW_S_PER_LOSS * rounding_loss``. The plain plan's
 #: windows (0.20-0.25 s on the published cases) grow less with it than the spliced plan's
-#: seams (0.20-0.38 s); each fit is within 0.03 s of its own.
+#: seams (0.20-0.38 s): the plain fit is within 0.02 s, the seams' within 0.06 s.
 POLISH_WINDOW_S = 0.19
 POLISH_WINDOW_S_PER_LOSS = 8.0
 SEAM_WINDOW_S = 0.15
