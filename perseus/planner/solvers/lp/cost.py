@@ -26,9 +26,10 @@ the 16 published cases at the default effort, the refinement's own solves are wi
 their forecast, a polish window within 0.02 s (the plain plan's) and 0.06 s (the seams'), the
 pattern search varies most between profiles (0.8-2.2 s, forecast 1.5 s); the whole command's
 estimate (these stages, writing the plans and the plots, :mod:`perseus.planner.limits`) is
-0.83-1.14 times the work it covers (the command run in one process, two rounds at a load
-average of 3-5 on two cores). The estimate is in seconds of an idle core: where other work
-slows the command down, the estimate reads low by that factor.
+0.83-1.14 times the work it covers (per case the median of three rounds, single rounds
+0.82-1.23; the command run in one process, CPU seconds, at a load average of 3-6 on two
+cores). The estimate is in seconds of an idle core: where other work slows the command down,
+the estimate reads low by that factor.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ REFINE_LP_S = 0.58
 #: The second refinement round tries about this share of the first's classes.
 REFINE_SECOND = 0.6
 #: One polish window's MILP (48 instructions): it grows with the probe's rounding loss (more
-#: to decide per window), ``WINDOW_S + WINDOW_S_PER_LOSS * rounding_loss``. The plain plan's
-#: windows (0.20-0.25 s on the published cases) grow less with it than the spliced plan's
-#: seams (0.20-0.38 s): the plain fit is within 0.02 s, the seams' within 0.06 s.
+#: to decide per window), ``POLISH_WINDOW_S + POLISH_WINDOW_S_PER_LOSS * rounding_loss``. The
+#: plain plan's windows (0.20-0.25 s on the published cases) grow less with it than the spliced
+#: plan's seams (``SEAM_WINDOW_S...``, 0.20-0.38 s): the plain fit is within 0.02 s, the seams'
+#: within 0.06 s.
 POLISH_WINDOW_S = 0.19
 POLISH_WINDOW_S_PER_LOSS = 8.0
 SEAM_WINDOW_S = 0.15
