@@ -63,6 +63,29 @@ def test_small_problems_polish_the_plain_plan_and_thorough_reoptimises() -> None
     assert stages(small, FAR, "fast")["polish"] == 0.0  # fast solves no MILP
 
 
+def test_the_seams_windows_grow_faster_with_the_loss_than_the_plain_plans() -> None:
+    # 8 x 24: small enough to polish the plain plan, long enough to splice a pattern.
+    shape = dataclasses.replace(SHAPE, num_nodes=384, lp_size=384, polish_windows=15)
+    low, high = (cost.Probe(rounding_loss=loss, long_classes=60) for loss in (0.0035, 0.009))
+    at_low, at_high = stages(shape, low), stages(shape, high)
+    assert at_low["polish"] > 0 and at_low["seam polish"] > 0
+    polish_growth = at_high["polish"] - at_low["polish"]
+    assert 0 < polish_growth < at_high["seam polish"] - at_low["seam polish"]
+    no_polish = dataclasses.replace(effort_settings("balanced"), polish_nodes=0)
+    unpolished = dict(cost.solve_stages(shape, no_polish, high, 0.0015, 400, 400))
+    assert unpolished["polish"] == unpolished["seam polish"] == 0.0 < unpolished["splice"]
+
+
+def test_the_refinements_own_solves_grow_as_the_lp_does() -> None:
+    nothing_long = cost.Probe(rounding_loss=0.0, long_classes=0)  # no trials: its own solves
+    small = dataclasses.replace(SHAPE, num_nodes=192, lp_size=192)
+    grown = stages(SHAPE, nothing_long)["refinement"] / stages(small, nothing_long)["refinement"]
+    assert grown == pytest.approx(8**cost.LP_EXPONENT)  # 8 times the size: more than 8 times
+    # A shared-clock layout's LP is what the refinement solves, whatever the instructions.
+    shared = dataclasses.replace(SHAPE, num_nodes=20_000, exact=False)
+    assert stages(shared, nothing_long)["refinement"] == stages(SHAPE, nothing_long)["refinement"]
+
+
 def test_the_probe_leaves_the_sweeps_model_alone() -> None:
     problem = case_problem("bloom+a100_sxm_bf16", 12)
     hulls = group_hulls(problem)

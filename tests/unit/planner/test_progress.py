@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import List, Tuple
 
 import pytest
@@ -92,11 +93,17 @@ def test_the_lp_solver_forecasts_and_reports_every_stage_it_runs() -> None:
     plan_frontier(PlanningProblem(synthetic_profile(3), 6, 40.0), progress=recorder)
     ((forecast,),) = [recorder.forecast]
     assert [name for name, _ in forecast] == list(STAGES)
-    assert all(seconds >= 0 for _, seconds in forecast) and forecast[1][1] > 0
+    assert all(seconds >= 0 for _, seconds in forecast) and forecast[0][1] > 0
     fractions = [f for _, f in recorder.calls]
     assert fractions[-1] == 1.0
     # Nothing reads 100 % before the solver's last report, and the sweep's lines count up.
     assert all(f < 1.0 for f in fractions[:-1])
-    sweep = [f for m, f in recorder.calls if m.startswith("LP sweep")]
-    assert sweep == sorted(sweep) and 0 < sweep[0] < sweep[-1] < 1
+    sweep = [(m, f) for m, f in recorder.calls if m.startswith("LP sweep")]
+    shares = [f for _, f in sweep]
+    assert shares == sorted(shares) and 0 < shares[0] < shares[-1] < 1
+    # The forecast is of the work after it (the LP was built before): the first line after
+    # it is the share of the sweep's first deadline in the forecast, nothing done before.
+    expected = int(re.search(r"deadline 1/(\d+)", sweep[0][0]).group(1))
+    total_s = sum(seconds for _, seconds in forecast)
+    assert sweep[0][1] == pytest.approx(forecast[0][1] / expected / total_s)
     assert any(m.startswith("refining") for m, _ in recorder.calls)

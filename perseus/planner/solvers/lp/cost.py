@@ -20,9 +20,19 @@ only where the sweep leaves the frontier too sparse, which shows after the sweep
 then re-sizes those stages (:class:`perseus.planner.progress.WorkMeter`), so the progress line
 follows, but the estimate printed before solving counts only the walks.
 
-Measured per stage (CPU seconds, one core) on the 16 published cases, the estimate is within
--25 % to +30 % of the solve, the search's cost varying most between profiles (the pattern
-search takes 0.8-2.2 s).
+The forecast is made once the LP is built and probed: its stages, and the estimate perseus-plan
+logs from them, hold only the work after it. Measured per stage (CPU seconds of one core) on
+the 16 published cases at the default effort, the refinement's own solves are within 0.2 s of
+their forecast, a polish window within 0.02 s (the plain plan's) and 0.06 s (the seams'), the
+pattern search varies most between profiles (0.8-2.2 s, forecast 1.5 s); the whole command's
+estimate (these stages, writing the plans and the plots, :mod:`perseus.planner.limits`) is
+0.83-1.14 times the work it covers (per case the median of three rounds, single rounds
+0.82-1.23; the command run in one process, CPU seconds, at a load average of 3-6 on two
+cores); in wall-clock seconds of the command as a user starts it
+(``scripts/bench_plan_command.py`` at a load average of 2-3, its own run included), single
+runs read 1.01-1.17 at 8 x 12 and 8 x 24 and 0.76-1.21 at 8 x 48 and 8 x 96. The estimate is
+in seconds of an idle core: where other work slows the command down, the estimate reads low
+by that factor.
 """
 
 from __future__ import annotations
@@ -40,9 +50,9 @@ from perseus.planner.solvers.lp.model import HullLP
 from perseus.planner.solvers.lp.refine import JumpRefiner
 from perseus.planner.solvers.lp.rounding import Rounder
 
-#: The solver's stages, in the order they run.
+#: The solver's stages, in the order they run once the LP is built (the hulls, the model, the
+#: rounding tables and the probe are done before the forecast exists: not a stage of it).
 STAGES = (
-    "LP model",
     "LP sweep",
     "refinement",
     "polish",
@@ -53,8 +63,6 @@ STAGES = (
     "gap filling",
     "gap proofs",
 )
-#: Seconds per instruction: hulls, the LP model, the rounding tables, the probe.
-MODEL_S_PER_NODE = 1.0e-4
 #: One LP solve of a deadline (solve and dive, warm-started): ``LP_S * (size / 1000) ** 1.5``
 #: with ``size`` the LP's duration classes (instructions for the exact LP).
 LP_S = 0.028
@@ -67,15 +75,22 @@ SWEEP_SHARE = 0.5
 #: One refinement trial (pin, warm re-solve): ``TRIAL_S + TRIAL_S_PER_1000 * size / 1000``.
 TRIAL_S = 2.5e-4
 TRIAL_S_PER_1000 = 1.9e-3
-#: The refinement's own models, cold LP solves and roundings, per instruction.
-REFINE_S_PER_NODE = 5e-4
+#: The refinement's own models, cold LP solves and roundings (two rounds): their cold solves
+#: dominate, so they grow as an LP solve does, ``REFINE_LP_S * (size / 1000) ** LP_EXPONENT``
+#: (0.05 s at 192 classes, 1.1 s at 1,536 on the published cases; per instruction they
+#: were 2.9e-4 s at 192 and 6-8e-4 s at 1,536).
+REFINE_LP_S = 0.58
 #: The second refinement round tries about this share of the first's classes.
 REFINE_SECOND = 0.6
-#: One polish window's MILP (48 instructions; 0.19-0.36 s on the published cases): it grows
-#: with the probe's rounding loss (more to decide per window), ``WINDOW_S + WINDOW_S_PER_LOSS *
-#: rounding_loss`` fits them within 0.07 s.
-WINDOW_S = 0.15
-WINDOW_S_PER_LOSS = 20.0
+#: One polish window's MILP (48 instructions): it grows with the probe's rounding loss (more
+#: to decide per window), ``POLISH_WINDOW_S + POLISH_WINDOW_S_PER_LOSS * rounding_loss``. The
+#: plain plan's windows (0.20-0.25 s on the published cases) grow less with it than the spliced
+#: plan's seams (``SEAM_WINDOW_S...``, 0.20-0.38 s): the plain fit is within 0.02 s, the seams'
+#: within 0.06 s.
+POLISH_WINDOW_S = 0.19
+POLISH_WINDOW_S_PER_LOSS = 8.0
+SEAM_WINDOW_S = 0.15
+SEAM_WINDOW_S_PER_LOSS = 20.0
 #: The light pattern search (about 75 small cyclic MILPs; 0.8-2.2 s on the published
 #: profiles) and the full one.
 PATTERN_LIGHT_S = 1.5
@@ -189,21 +204,23 @@ def solve_stages(
     if shape.sweeps:
         solved = max(1, math.ceil(SWEEP_SHARE * shape.num_deadlines))
     cost = {name: 0.0 for name in STAGES}
-    cost["LP model"] = MODEL_S_PER_NODE * n
     cost["LP sweep"] = solved * deadline_s
     trials = min(refine_trials, probe.long_classes)
     trials += min(refine_trials, math.ceil(REFINE_SECOND * probe.long_classes))
     trial_s = TRIAL_S + TRIAL_S_PER_1000 * size / 1000.0
-    refine_s = trials * trial_s + REFINE_S_PER_NODE * n
+    refine_s = trials * trial_s + REFINE_LP_S * (size / 1000.0) ** LP_EXPONENT
     # The polish and the re-optimisation run when the plan is far enough above the bound,
     # the pattern then too, or whatever the distance (steady_gap_test off: thorough).
     search = probe.rounding_loss > SEARCH_LOSS * polish_gap
     seams = probe.rounding_loss > SEAM_LOSS * polish_gap
-    window_s = (WINDOW_S + WINDOW_S_PER_LOSS * probe.rounding_loss) * settings.polish_passes
     windows = shape.polish_windows
     if settings.polish_windows is not None:
         windows = min(windows, settings.polish_windows)
-    polish_s = window_s * windows if settings.polish_nodes > 0 else 0.0
+    if settings.polish_nodes <= 0:
+        windows = 0
+    num_windows = windows * settings.polish_passes
+    polish_s = num_windows * (POLISH_WINDOW_S + POLISH_WINDOW_S_PER_LOSS * probe.rounding_loss)
+    seams_s = num_windows * (SEAM_WINDOW_S + SEAM_WINDOW_S_PER_LOSS * probe.rounding_loss)
     per_refine = {
         "refinement": refine_s,
         "polish": polish_s if search and n <= settings.polish_max_size else 0.0,
@@ -216,7 +233,7 @@ def solve_stages(
         per_refine["steady pattern"] = PATTERN_LIGHT_S if settings.steady_light else PATTERN_S
         phase_s = SPLICE_S_PER_NODE if settings.steady_light else SPLICE_MILP_S_PER_NODE
         per_refine["splice"] = 4 * phase_s * n
-        per_refine["seam polish"] = polish_s if seams else 0.0
+        per_refine["seam polish"] = seams_s if seams else 0.0
     if settings.reoptimize_sweeps > 0 and n <= reoptimize_max_size and search:
         per_refine["re-optimisation"] = REOPTIMIZE_S_PER_NODE2 * n * n
     for name, seconds in per_refine.items():

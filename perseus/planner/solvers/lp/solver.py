@@ -189,7 +189,6 @@ class LPSolver(ChoiceSolver):
         deadlines, refine_at = self._deadlines(problem)
         meter = WorkMeter(self._forecast(problem, model, rounder, deadlines, refine_at), progress)
         announce(progress, meter.stages)
-        meter.finish("LP model")
         plans, at_refine = self._sweep(model, rounder, deadlines, refine_at, meter)
         if self._fills_gaps():
             self._resize_gaps(problem, plans, layout.is_identity, meter)
