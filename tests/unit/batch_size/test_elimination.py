@@ -75,6 +75,22 @@ def test_deferral_weighs_the_chance_the_other_side_rules_the_batch_size_out() ->
     assert kept is not None and not kept.stop
 
 
+def test_deferral_counts_the_other_sides_run_it_pays_now() -> None:
+    # The default 1024 took 90 of at most 100 epochs; a run of 512 shows epochs as cheap as
+    # 1024's. A run of 2048 rules 512 out now and then (P ~ 4 %), but it may well miss the
+    # target within the budget, and a 512 as cheap as the best would have left it to the end
+    # of the walk: finishing 512 first is the cheaper order.
+    sizes = [256, 512, 1024, 2048, 4096]
+    arms = [ArmRuns(b, (math.log(90),) if b == 1024 else ()) for b in sizes]
+    post = CostPosterior(arms, {1024: 1.0, 512: 0.99})
+    kept = defer_verdict(post, 512, 0.99, 1, 100, 1024, 2048, other_max_epochs=100, bound=180.0)
+    assert kept is not None and not kept.stop
+    assert 0.01 < kept.probability < 0.1
+    # without the detour, coming back later would have looked cheaper than finishing
+    assert kept.other_cost - kept.detour_cost < kept.remaining_cost < kept.other_cost
+    assert "for running 2048 first" in kept.describe() and "went on" in kept.describe()
+
+
 def _run(i: int, b: int, status: str, reason: Optional[str] = None, cost: float = 1.0) -> RunRow:
     return RunRow(
         run_id=i,
