@@ -15,7 +15,11 @@ known) stops when finishing it is expected to cost more than a fresh run of the 
 the expected rest of the run (its remaining epochs given it has not reached the target yet, up to
 the epoch budget or the early-stop bound, and a fresh run on top when it would not converge)
 against the best one's expected run cost. A run close to its end goes on; a run that has only
-begun stops. Standard library only.
+begun stops.
+
+A pruning run may also be *deferred* (:func:`defer_verdict`): stopped so that the walk explores
+the other side first, when the two orders' expected costs say so (the run of the other side it
+pays now included). Standard library only.
 """
 
 from __future__ import annotations
@@ -69,8 +73,8 @@ class RunVerdict:
             play then, plus the detour (deferred).
         stop: Whether to stop the run now.
         detour_cost: Deferred: the expected cost of the other side's run times the chance that
-            finishing this run would have spared it (this batch size is cheaper than the best);
-            0 for a ruled-out verdict.
+            finishing this run would have spared it (this batch size is cheaper than the best
+            and than the other side's); 0 for a ruled-out verdict.
     """
 
     batch_size: int
@@ -198,11 +202,13 @@ def defer_verdict(
       ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
       with a probability below ``threshold``).
     * **Finish**: the rest of this run now. When this batch size turns out dearer than the
-      best, the walk turns to ``other`` next all the same; when it turns out cheaper, the walk
-      goes on along this side, and what it learns there (the trend of the epochs, a tighter
-      early-stop bound) leaves ``other``'s run to the end of the walk, to be stopped early or
-      ruled out before it runs. Deferring pays that run now: its *detour*, the expected cost of
-      a run of ``other`` times the probability that this batch size is cheaper than the best.
+      best, the walk turns to ``other`` next all the same, and when ``other`` is the cheaper of
+      the two its run is worth having whenever it comes. But when this batch size turns out
+      cheaper than both, the walk goes on along this side, and what it learns there (the trend
+      of the epochs, a tighter early-stop bound) leaves ``other``'s run to the end of the walk,
+      to be stopped early or ruled out before it runs. Deferring pays that run now: its
+      *detour*, the expected cost of a run of ``other`` times the probability that this batch
+      size is cheaper than the best and than ``other`` (the two taken as independent).
 
     The run stops when deferring is expected to cost less than finishing. The posterior predicts
     both runs; each is capped as a run is (its epoch budget, the early-stop ``bound``; one that
@@ -232,7 +238,9 @@ def defer_verdict(
     remaining = unit * epochs
     full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
     comeback = (1.0 - ruled_out_later) * full
-    spared = posterior.prob_cheaper_running(batch_size, best, unit, epochs_done)
+    spared = posterior.prob_cheaper_running(
+        batch_size, best, unit, epochs_done
+    ) * posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
     detour_budget = max_epochs if other_max_epochs is None else other_max_epochs
     detour = spared * _expected_run_cost(posterior, other, detour_budget, bound, fresh)
     return RunVerdict(

@@ -69,6 +69,8 @@ def test_deferral_weighs_the_chance_the_other_side_rules_the_batch_size_out() ->
     assert verdict is not None and verdict.action == DEFERRED and verdict.against == 2048
     assert verdict.stop and verdict.other_cost < verdict.remaining_cost
     assert "the other side's next" in verdict.describe()
+    # 2048 likely the cheaper of the two: its run now is hardly a detour
+    assert 0.0 < verdict.detour_cost < 0.02 * verdict.remaining_cost
     # epochs as cheap as the best's: the other side is unlikely to rule it out, go on
     even = CostPosterior(arms, {1024: 1.0, 512: 1.0})
     kept = defer_verdict(even, 512, 1.0, 1, 100, 1024, 2048)
