@@ -242,7 +242,9 @@ def defer_verdict(
         batch_size, best, unit, epochs_done
     ) * posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
     detour_budget = max_epochs if other_max_epochs is None else other_max_epochs
-    detour = spared * _expected_run_cost(posterior, other, detour_budget, bound, fresh)
+    detour = 0.0
+    if spared > 0.0:
+        detour = spared * _expected_run_cost(posterior, other, detour_budget, bound, fresh)
     return RunVerdict(
         batch_size=batch_size,
         action=DEFERRED,
