@@ -74,7 +74,8 @@ class RunVerdict:
         stop: Whether to stop the run now.
         detour_cost: Deferred: the expected cost of the other side's run times the chance that
             finishing this run would have spared it (this batch size is cheaper than the best
-            and than the other side's); 0 for a ruled-out verdict.
+            and than the other side's); None when it was not weighed (a ruled-out verdict, or
+            finishing was the cheaper order without it).
     """
 
     batch_size: int
@@ -84,19 +85,24 @@ class RunVerdict:
     remaining_cost: float
     other_cost: float
     stop: bool
-    detour_cost: float = 0.0
+    detour_cost: Optional[float] = None
 
     def describe(self) -> str:
         """One sentence for the user."""
         verb = "stopped" if self.stop else "went on"
         if self.action == DEFERRED:
+            detour = (
+                f"and {self.detour_cost:.4g} for running {self.against} first, a run finishing "
+                "this one may spare"
+                if self.detour_cost is not None
+                else f"before the run of {self.against} it pays first"
+            )
             return (
                 f"batch size {self.batch_size} deferred: a run of {self.against} (the other "
                 f"side's next) would rule it out with P = {self.probability:.1%}; finishing it "
                 f"was expected to cost {self.remaining_cost:.4g}, deferring it "
-                f"{self.other_cost:.4g} (a full run later x the chance it is still in play, and "
-                f"{self.detour_cost:.4g} for running {self.against} first, a run finishing this "
-                f"one may spare), so the run {verb}"
+                f"{self.other_cost:.4g} (a full run later x the chance it is still in play, "
+                f"{detour}), so the run {verb}"
             )
         return (
             f"batch size {self.batch_size} ruled out: P(cheaper than {self.against}) = "
@@ -238,21 +244,24 @@ def defer_verdict(
     remaining = unit * epochs
     full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
     comeback = (1.0 - ruled_out_later) * full
-    spared = posterior.prob_cheaper_running(
-        batch_size, best, unit, epochs_done
-    ) * posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
-    detour_budget = max_epochs if other_max_epochs is None else other_max_epochs
-    detour = 0.0
-    if spared > 0.0:
-        detour = spared * _expected_run_cost(posterior, other, detour_budget, bound, fresh)
+    detour: Optional[float] = None  # not weighed when finishing is cheaper without it
+    if comeback < remaining:
+        detour = 0.0
+        spared = posterior.prob_cheaper_running(batch_size, best, unit, epochs_done)
+        if spared > 0.0:
+            spared *= posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
+        if spared > 0.0:
+            budget = max_epochs if other_max_epochs is None else other_max_epochs
+            detour = spared * _expected_run_cost(posterior, other, budget, bound, fresh)
+    other_cost = comeback + (detour or 0.0)
     return RunVerdict(
         batch_size=batch_size,
         action=DEFERRED,
         against=other,
         probability=ruled_out_later,
         remaining_cost=remaining,
-        other_cost=comeback + detour,
-        stop=comeback + detour < remaining,
+        other_cost=other_cost,
+        stop=other_cost < remaining,
         detour_cost=detour,
     )
 
