@@ -216,10 +216,10 @@ def defer_verdict(
       *detour*, the expected cost of a run of ``other`` times the probability that this batch
       size is cheaper than the best and than ``other`` (the two taken as independent).
 
-    The run stops when deferring is expected to cost less than finishing. The posterior predicts
-    both runs; each is capped as a run is (its epoch budget, the early-stop ``bound``; one that
-    would not converge pays a fresh run of the best on top). Returns None when nothing can be
-    said.
+    The run stops when deferring is expected to cost less than finishing (the detour is weighed
+    only when the rest already favours deferring). The posterior predicts both runs; each is
+    capped as a run is (its epoch budget, the early-stop ``bound``; one that would not converge
+    pays a fresh run of the best on top). Returns None when nothing can be said.
 
     Args:
         posterior: The job's posterior from the finished runs.
