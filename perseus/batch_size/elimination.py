@@ -15,7 +15,11 @@ known) stops when finishing it is expected to cost more than a fresh run of the 
 the expected rest of the run (its remaining epochs given it has not reached the target yet, up to
 the epoch budget or the early-stop bound, and a fresh run on top when it would not converge)
 against the best one's expected run cost. A run close to its end goes on; a run that has only
-begun stops. Standard library only.
+begun stops.
+
+A pruning run may also be *deferred* (:func:`defer_verdict`): stopped so that the walk explores
+the other side first, when the two orders' expected costs say so (the run of the other side it
+pays now included). Standard library only.
 """
 
 from __future__ import annotations
@@ -66,8 +70,12 @@ class RunVerdict:
             when it would not converge).
         other_cost: What stopping is expected to cost instead: a fresh run of the best (ruled
             out), or a full run of this batch size later times the chance that it is still in
-            play then (deferred).
+            play then, plus the detour (deferred).
         stop: Whether to stop the run now.
+        detour_cost: Deferred: the expected cost of the other side's run times the chance that
+            finishing this run would have spared it (this batch size is cheaper than the best
+            and than the other side's); None when it was not weighed (a ruled-out verdict, or
+            finishing was the cheaper order without it).
     """
 
     batch_size: int
@@ -77,17 +85,24 @@ class RunVerdict:
     remaining_cost: float
     other_cost: float
     stop: bool
+    detour_cost: Optional[float] = None
 
     def describe(self) -> str:
         """One sentence for the user."""
         verb = "stopped" if self.stop else "went on"
         if self.action == DEFERRED:
+            detour = (
+                f"and {self.detour_cost:.4g} for running {self.against} first, a run finishing "
+                "this one may spare"
+                if self.detour_cost is not None
+                else f"before the run of {self.against} it pays first"
+            )
             return (
                 f"batch size {self.batch_size} deferred: a run of {self.against} (the other "
                 f"side's next) would rule it out with P = {self.probability:.1%}; finishing it "
-                f"was expected to cost {self.remaining_cost:.4g}, coming back to it later "
-                f"{self.other_cost:.4g} (a full run x the chance it is still in play), so the "
-                f"run {verb}"
+                f"was expected to cost {self.remaining_cost:.4g}, deferring it "
+                f"{self.other_cost:.4g} (a full run later x the chance it is still in play, "
+                f"{detour}), so the run {verb}"
             )
         return (
             f"batch size {self.batch_size} ruled out: P(cheaper than {self.against}) = "
@@ -180,19 +195,47 @@ def defer_verdict(
     best: int,
     other: int,
     threshold: float = RULE_OUT_PROBABILITY,
+    *,
+    other_max_epochs: Optional[int] = None,
+    bound: Optional[float] = None,
 ) -> Optional[RunVerdict]:
     """Judge a pruning run that the walk could leave for ``other``, its other side's next step.
 
-    Stopping now and coming back later costs a full run of the batch size, but only if it is
-    still in play by then. It is out then if the other side's next run costs less than the
-    ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
-    with a probability below ``threshold``); the posterior predicts that run. When a full run
-    times the chance of coming back is expected to cost less than finishing this run, the run
-    stops and the walk explores the other side first. Returns None when nothing can be said.
+    The two orders of the walk are compared by what they are expected to cost:
+
+    * **Defer**: a run of ``other`` now, and a full run of this batch size later, but only if it
+      is still in play by then. It is out then if the run of ``other`` costs less than the
+      ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
+      with a probability below ``threshold``).
+    * **Finish**: the rest of this run now. When this batch size turns out dearer than the
+      best, the walk turns to ``other`` next all the same, and when ``other`` is the cheaper of
+      the two its run is worth having whenever it comes. But when this batch size turns out
+      cheaper than both, the walk goes on along this side, and what it learns there (the trend
+      of the epochs, a tighter early-stop bound) leaves ``other``'s run to the end of the walk,
+      to be stopped early or ruled out before it runs. Deferring pays that run now: its
+      *detour*, the expected cost of a run of ``other`` times the probability that this batch
+      size is cheaper than the best and than ``other`` (the two taken as independent).
+
+    The run stops when deferring is expected to cost less than finishing (the detour is weighed
+    only when the rest already favours deferring). The posterior predicts both runs; each is
+    capped as a run is (its epoch budget, the early-stop ``bound``; one that would not converge
+    pays a fresh run of the best on top). Returns None when nothing can be said.
+
+    Args:
+        posterior: The job's posterior from the finished runs.
+        batch_size: The run's batch size.
+        unit: Its epoch cost, measured in this run.
+        epochs_done: Epochs it ran so far.
+        max_epochs: Epochs this run may run at most (epoch budget or early-stop bound).
+        best: The best batch size.
+        other: The other side's next batch size.
+        threshold: Rule-out probability.
+        other_max_epochs: The epoch budget of a run of ``other`` (default ``max_epochs``).
+        bound: The early-stop bound on a run's cost (None: none yet).
     """
     if batch_size == best or not posterior.arms[batch_size].on_chain:
         return None
-    if not posterior.can_predict(other):
+    if not posterior.can_predict(other) or not posterior.arms[other].on_chain:
         return None
     quantile = posterior.cost_quantile(batch_size, threshold, unit)
     ruled_out_later = posterior.prob_cost_below(other, quantile)
@@ -201,15 +244,48 @@ def defer_verdict(
     remaining = unit * epochs
     full = unit * _remaining_epochs(posterior, batch_size, 0, max_epochs, fresh / unit)
     comeback = (1.0 - ruled_out_later) * full
+    detour: Optional[float] = None  # not weighed when finishing is cheaper without it
+    if comeback < remaining:
+        detour = 0.0
+        spared = posterior.prob_cheaper_running(batch_size, best, unit, epochs_done)
+        if spared > 0.0:
+            spared *= posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
+        if spared > 0.0:
+            budget = max_epochs if other_max_epochs is None else other_max_epochs
+            detour = spared * _expected_run_cost(posterior, other, budget, bound, fresh)
+    other_cost = comeback + (detour or 0.0)
     return RunVerdict(
         batch_size=batch_size,
         action=DEFERRED,
         against=other,
         probability=ruled_out_later,
         remaining_cost=remaining,
-        other_cost=comeback,
-        stop=comeback < remaining,
+        other_cost=other_cost,
+        stop=other_cost < remaining,
+        detour_cost=detour,
     )
+
+
+def _expected_run_cost(
+    posterior: CostPosterior, batch_size: int, max_epochs: int, bound: Optional[float], fresh: float
+) -> float:
+    """Expected cost of a run of ``batch_size`` never run before, capped as a run is.
+
+    Its epoch cost is the posterior's mean; the run stops at its epoch budget, or before the
+    epoch that passes ``bound``, and then pays a fresh run of the best (``fresh``) on top.
+    """
+    unit = posterior.expected_unit(batch_size)
+    if not math.isfinite(unit) or unit <= 0.0:
+        return math.inf
+    budget = run_budget(max_epochs, bound, unit)
+    return unit * _remaining_epochs(posterior, batch_size, 0, max(budget, 1), fresh / unit)
+
+
+def run_budget(max_epochs: int, bound: Optional[float], unit: float) -> int:
+    """Epochs a run may take at most: its epoch budget, or fewer under the early-stop ``bound``."""
+    if bound is None:
+        return max_epochs
+    return min(max_epochs, int(bound * (1.0 + 1e-9) // unit))
 
 
 def _has_runs(posterior: CostPosterior, batch_size: int) -> bool:

@@ -55,6 +55,7 @@ from perseus.batch_size.elimination import (
     Standing,
     best_of,
     defer_verdict,
+    run_budget,
     run_verdict,
     standings,
 )
@@ -440,11 +441,15 @@ class BatchSizeOptimizer(RunReporting):
         if best is None or best == run.batch_size:
             return None
         unit = run.cost / run.num_epochs
-        budget = self.max_epochs
         bound = self._cost_bound(run.run_id)
-        if bound is not None:
-            budget = min(budget, int(bound * (1.0 + 1e-9) // unit))
-        judged = (posterior, run.batch_size, unit, run.num_epochs, budget, best)
+        judged = (
+            posterior,
+            run.batch_size,
+            unit,
+            run.num_epochs,
+            run_budget(self.max_epochs, bound, unit),
+            best,
+        )
         verdict = run_verdict(*judged, threshold=self.rule_out_probability)
         if verdict is not None:
             return verdict
@@ -453,7 +458,13 @@ class BatchSizeOptimizer(RunReporting):
         )
         if other is None:
             return None
-        return defer_verdict(*judged, other, threshold=self.rule_out_probability)
+        return defer_verdict(
+            *judged,
+            other,
+            threshold=self.rule_out_probability,
+            other_max_epochs=self.max_epochs,
+            bound=bound,
+        )
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:

@@ -96,6 +96,8 @@ class CostPosterior:
         self.epochs = SmoothCurve(chain, epochs, EPOCHS_SLOPE_SDS)
         costs = {b: (math.log(u), EPOCH_COST_NOISE**2) for b, u in self.units.items() if b in chain}
         self.epoch_costs = SmoothCurve(chain, costs, EPOCH_COST_SLOPE_SDS)
+        # Probabilities already computed on this posterior (it never changes once fitted).
+        self._memo: Dict[Tuple[object, ...], float] = {}
 
     # -- one batch size --------------------------------------------------------------------------
     def noise(self, batch_size: int) -> float:
@@ -130,8 +132,11 @@ class CostPosterior:
             g.weight * _exp(g.mean + g.var / 2.0 + noise / 2.0)
             for g in self.mean_log_epochs(batch_size)
         )
-        unit = sum(g.weight * _exp(g.mean + g.var / 2.0) for g in self.log_unit(batch_size))
-        return epochs * unit
+        return epochs * self.expected_unit(batch_size)
+
+    def expected_unit(self, batch_size: int) -> float:
+        """Posterior mean of one epoch's cost at ``batch_size`` (measured, or predicted)."""
+        return sum(g.weight * _exp(g.mean + g.var / 2.0) for g in self.log_unit(batch_size))
 
     def expected_log_cost(self, batch_size: int) -> float:
         """Posterior mean of ``u_b + mu_b + noise_b / 2``: the log of a run's expected cost."""
@@ -183,6 +188,12 @@ class CostPosterior:
         of it costs more than a run of ``b``: the probability is never above that of the epoch
         costs alone.
         """
+        key = ("cheaper", a, b, unit_a)
+        if key not in self._memo:
+            self._memo[key] = self._prob_cheaper(a, b, unit_a)
+        return self._memo[key]
+
+    def _prob_cheaper(self, a: int, b: int, unit_a: Optional[float]) -> float:
         offset = self.noise(b) / 2.0 - self.noise(a) / 2.0
         mus = self._mu_difference(a, b)
         units_a = self._units(a, unit_a)
@@ -204,6 +215,12 @@ class CostPosterior:
         posterior is weighed by the chance of needing more, on a grid (:data:`_GRID_SD`), jointly
         with ``mu_b`` (their covariance on the curve kept).
         """
+        key = ("running", a, b, unit_a, epochs_done)
+        if key not in self._memo:
+            self._memo[key] = self._prob_cheaper_running(a, b, unit_a, epochs_done)
+        return self._memo[key]
+
+    def _prob_cheaper_running(self, a: int, b: int, unit_a: float, epochs_done: int) -> float:
         units_a = self._units(a, unit_a)
         if epochs_done < 1 or not (self.arms[a].on_chain and self.arms[b].on_chain):
             return self.prob_cheaper(a, b, unit_a)

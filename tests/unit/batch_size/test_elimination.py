@@ -69,10 +69,32 @@ def test_deferral_weighs_the_chance_the_other_side_rules_the_batch_size_out() ->
     assert verdict is not None and verdict.action == DEFERRED and verdict.against == 2048
     assert verdict.stop and verdict.other_cost < verdict.remaining_cost
     assert "the other side's next" in verdict.describe()
+    # 2048 likely the cheaper of the two: its run now is hardly a detour
+    assert verdict.detour_cost is not None
+    assert 0.0 < verdict.detour_cost < 0.02 * verdict.remaining_cost
     # epochs as cheap as the best's: the other side is unlikely to rule it out, go on
     even = CostPosterior(arms, {1024: 1.0, 512: 1.0})
     kept = defer_verdict(even, 512, 1.0, 1, 100, 1024, 2048)
     assert kept is not None and not kept.stop
+    # finishing is the cheaper order even before the other side's run: that run is not weighed
+    assert kept.detour_cost is None and kept.other_cost > kept.remaining_cost
+    assert "before the run of 2048 it pays first" in kept.describe()
+
+
+def test_deferral_counts_the_other_sides_run_it_pays_now() -> None:
+    # The default 1024 took 90 of at most 100 epochs; a run of 512 shows epochs as cheap as
+    # 1024's. A run of 2048 rules 512 out now and then (P ~ 4 %), but it may well miss the
+    # target within the budget, and a 512 as cheap as the best would have left it to the end
+    # of the walk: finishing 512 first is the cheaper order.
+    sizes = [256, 512, 1024, 2048, 4096]
+    arms = [ArmRuns(b, (math.log(90),) if b == 1024 else ()) for b in sizes]
+    post = CostPosterior(arms, {1024: 1.0, 512: 0.99})
+    kept = defer_verdict(post, 512, 0.99, 1, 100, 1024, 2048, other_max_epochs=100, bound=180.0)
+    assert kept is not None and not kept.stop
+    assert 0.01 < kept.probability < 0.1 and kept.detour_cost is not None
+    # without the detour, coming back later would have looked cheaper than finishing
+    assert kept.other_cost - kept.detour_cost < kept.remaining_cost < kept.other_cost
+    assert "for running 2048 first" in kept.describe() and "went on" in kept.describe()
 
 
 def _run(i: int, b: int, status: str, reason: Optional[str] = None, cost: float = 1.0) -> RunRow:

@@ -114,6 +114,13 @@ def test_a_run_that_has_not_converged_yet_says_its_batch_size_needs_more_epochs(
     assert p[0] == pytest.approx(post.prob_cheaper(32, 128, unit_a=0.85))
     assert p == sorted(p, reverse=True)  # every epoch without the target makes it less likely
     assert p[0] > 0.2 and p[-1] < 0.01
+    # answers are kept per fitted posterior, each under its own question
+    assert post.prob_cheaper_running(32, 128, 0.85, 16) == p[-1]
+    assert post.prob_cheaper_running(32, 128, 0.7, 16) > p[-1]
+    fresh = _posterior({64: [10, 11, 10], 128: [10, 10, 11]}, {64: 1.0, 128: 0.95})
+    assert fresh.prob_cheaper_running(32, 128, 0.7, 16) == post.prob_cheaper_running(
+        32, 128, 0.7, 16
+    )
 
 
 def test_noise_is_pooled_with_a_prior_and_identical_counts_do_not_make_it_zero() -> None:
