@@ -29,10 +29,11 @@ estimate (these stages, writing the plans and the plots, :mod:`perseus.planner.l
 0.83-1.14 times the work it covers (per case the median of three rounds, single rounds
 0.82-1.23; the command run in one process, CPU seconds, at a load average of 3-6 on two
 cores); in wall-clock seconds of the command as a user starts it
-(``scripts/bench_plan_command.py`` at a load average of 2-3, its own run included), single
-runs read 1.01-1.17 at 8 x 12 and 8 x 24 and 0.76-1.21 at 8 x 48 and 8 x 96. The estimate is
-in seconds of an idle core: where other work slows the command down, the estimate reads low
-by that factor.
+(``scripts/bench_plan_command.py --repeat 2`` on an otherwise idle machine, load average
+0.1-1.1 with its own runs), the medians read 0.86-1.21 on the 16 cases (1.03-1.14 at 8 x 12
+and 8 x 24, 0.86-1.21 at 8 x 48 and 8 x 96; at a load average of 2-3, single runs 0.76-1.21).
+The estimate is in seconds of an idle core: where other work slows the command down, the
+estimate reads low by that factor.
 """
 
 from __future__ import annotations
