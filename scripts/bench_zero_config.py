@@ -9,8 +9,10 @@ Two measurements:
    (CPU, gloo, emulated GPU), with the import and with the import line removed. A small driver
    loads the script, times every ``train_batch`` from outside (Perseus's hooks included), and
    after training rank 0 reads the rendezvous timings (finding / starting the server, the ranks'
-   agreement). From the job's ``events.jsonl``: seconds from rank 0's first hook to every rank
-   registered on the server (registration runs in the background: training does not wait).
+   agreement); each rank then ends as perseus-train ends it
+   (:func:`perseus.process_exit.exit_without_finalizing`). From the job's ``events.jsonl``:
+   seconds from rank 0's first hook to every rank registered on the server (registration runs
+   in the background: training does not wait).
 
 Usage: python scripts/bench_zero_config.py [--spawns N] [--steps N]
 Prints one line per figure (seconds), ``name=value``.
@@ -57,6 +59,10 @@ rank = int(__import__("os").environ["RANK"])
 with open(f"bench-rank{rank}.json", "w") as out:
     json.dump({"rank": rank, "steps": times,
                "timings": context.launch_timings() if context else {}}, out)
+# Ended as perseus-train ends a rank: exit hooks with the interpreter alive, then os._exit (a
+# gloo worker thread releasing a tensor during finalization may abort a successful run).
+from perseus.process_exit import exit_without_finalizing
+exit_without_finalizing(0)
 """
 
 
