@@ -19,14 +19,16 @@ begun stops.
 
 A pruning run may also be *deferred* (:func:`defer_verdict`): stopped so that the walk explores
 the other side first, when the two orders' expected costs say so (the run of the other side it
-pays now included). Standard library only.
+pays now included). Whether the walk will then find this batch size ruled out is judged on the
+posteriors it will see: one per likely outcome of the other side's run, with the deferred run
+counted as stopped short (:func:`prob_ruled_out_after`). Standard library only.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from perseus.batch_size.posterior import CostPosterior, normal_cdf
 from perseus.batch_size.pruning import DEFERRED
@@ -34,6 +36,8 @@ from perseus.batch_size.pruning import DEFERRED
 RULED_OUT = "ruled_out"
 # Below this posterior probability of being cheaper than the best, a batch size is ruled out.
 RULE_OUT_PROBABILITY = 0.025
+# Outcomes of the other side's run a deferral weighs (equal-probability points of its epochs).
+OUTCOMES = 5
 
 
 @dataclass(frozen=True)
@@ -198,15 +202,21 @@ def defer_verdict(
     *,
     other_max_epochs: Optional[int] = None,
     bound: Optional[float] = None,
+    after_other: Optional[Callable[[int], CostPosterior]] = None,
 ) -> Optional[RunVerdict]:
     """Judge a pruning run that the walk could leave for ``other``, its other side's next step.
 
     The two orders of the walk are compared by what they are expected to cost:
 
     * **Defer**: a run of ``other`` now, and a full run of this batch size later, but only if it
-      is still in play by then. It is out then if the run of ``other`` costs less than the
-      ``threshold`` quantile of this batch size's run cost (after such a run, it would be cheaper
-      with a probability below ``threshold``).
+      is still in play by then. With ``after_other`` (the posterior once this run is deferred
+      and a run of ``other`` took the given epochs), that chance is what the walk will find:
+      over equal-probability outcomes of ``other``'s run (:data:`OUTCOMES`), the share after
+      which this batch size is ruled out (an outcome past ``other``'s epoch budget or the
+      early-stop bound fails and rules nothing out). Without it, it is out then if the run of
+      ``other`` costs less than the ``threshold`` quantile of this batch size's run cost given
+      its runs so far (after such a run it would be cheaper with a probability below
+      ``threshold``, if ``other`` were then known exactly).
     * **Finish**: the rest of this run now. When this batch size turns out dearer than the
       best, the walk turns to ``other`` next all the same, and when ``other`` is the cheaper of
       the two its run is worth having whenever it comes. But when this batch size turns out
@@ -232,13 +242,21 @@ def defer_verdict(
         threshold: Rule-out probability.
         other_max_epochs: The epoch budget of a run of ``other`` (default ``max_epochs``).
         bound: The early-stop bound on a run's cost (None: none yet).
+        after_other: ``epochs -> posterior`` once this run is deferred and a run of ``other``
+            reached the target in that many epochs (its epoch cost as predicted now).
     """
     if batch_size == best or not posterior.arms[batch_size].on_chain:
         return None
     if not posterior.can_predict(other) or not posterior.arms[other].on_chain:
         return None
-    quantile = posterior.cost_quantile(batch_size, threshold, unit)
-    ruled_out_later = posterior.prob_cost_below(other, quantile)
+    budget = max_epochs if other_max_epochs is None else other_max_epochs
+    if after_other is not None:
+        ruled_out_later = prob_ruled_out_after(
+            posterior, batch_size, other, after_other, threshold, budget=budget, bound=bound
+        )
+    else:
+        quantile = posterior.cost_quantile_running(batch_size, threshold, unit, epochs_done)
+        ruled_out_later = posterior.prob_cost_below(other, quantile)
     fresh = posterior.expected_cost(best)
     epochs = _remaining_epochs(posterior, batch_size, epochs_done, max_epochs, fresh / unit)
     remaining = unit * epochs
@@ -251,7 +269,6 @@ def defer_verdict(
         if spared > 0.0:
             spared *= posterior.prob_cheaper_running(batch_size, other, unit, epochs_done)
         if spared > 0.0:
-            budget = max_epochs if other_max_epochs is None else other_max_epochs
             detour = spared * _expected_run_cost(posterior, other, budget, bound, fresh)
     other_cost = comeback + (detour or 0.0)
     return RunVerdict(
@@ -264,6 +281,58 @@ def defer_verdict(
         stop=other_cost < remaining,
         detour_cost=detour,
     )
+
+
+def prob_ruled_out_after(
+    posterior: CostPosterior,
+    batch_size: int,
+    other: int,
+    after_other: Callable[[int], CostPosterior],
+    threshold: float = RULE_OUT_PROBABILITY,
+    *,
+    budget: int,
+    bound: Optional[float] = None,
+) -> float:
+    """P(``batch_size`` is ruled out once a run of ``other``, never run yet, reached the target).
+
+    ``other``'s epochs are taken at :data:`OUTCOMES` equal-probability points of their
+    predictive distribution; each outcome's posterior (``after_other(epochs)``) judges
+    ``batch_size`` against its best, as the walk will. An outcome past ``budget`` epochs, or
+    whose cost passes the early-stop ``bound``, fails instead and rules nothing out. The
+    outcomes are judged from the fewest epochs up, and the first that leaves ``batch_size`` in
+    play ends the count: a run of ``other`` taking more epochs says less against it.
+    """
+    unit = posterior.expected_unit(other)
+    if not math.isfinite(unit) or unit <= 0.0:
+        return 0.0
+    out = 0.0
+    for epochs in sorted(_epoch_outcomes(posterior, other)):
+        if epochs > budget or (bound is not None and epochs * unit > bound):
+            break
+        after = after_other(epochs)
+        best = best_of(after, [b for b in after.arms if after.can_predict(b)])
+        if best is None or best == batch_size:
+            break
+        if after.prob_cheaper(batch_size, best) >= threshold:
+            break
+        out += 1.0 / OUTCOMES
+    return out
+
+
+def _epoch_outcomes(posterior: CostPosterior, batch_size: int) -> List[int]:
+    """Epochs of a run at the :data:`OUTCOMES` equal-probability points of their predictive."""
+    parts = posterior.predictive_epochs(batch_size)
+    out = []
+    for k in range(OUTCOMES):
+        prob = (k + 0.5) / OUTCOMES
+        low = min(g.mean - 10.0 * math.sqrt(g.var) for g in parts)
+        high = max(g.mean + 10.0 * math.sqrt(g.var) for g in parts)
+        for _ in range(50):
+            mid = 0.5 * (low + high)
+            below = sum(g.weight * normal_cdf((mid - g.mean) / math.sqrt(g.var)) for g in parts)
+            low, high = (mid, high) if below < prob else (low, mid)
+        out.append(max(1, math.floor(math.exp(0.5 * (low + high)) + 0.5)))
+    return out
 
 
 def _expected_run_cost(

@@ -19,6 +19,11 @@ A run's cost is ``epochs to the target x cost of one epoch``, modelled for each 
   (:data:`EPOCH_COST_NOISE` of spread per measurement), so that a batch size whose epochs alone
   would cost more than the best batch size's runs is recognised before it runs.
 
+A run that stopped before the target (early, deferred, out of epochs) is a censored
+observation: its batch size needs more epochs than it ran. The probabilities that compare a
+batch size weigh ``mu_b`` by the chance of needing more in each such run (and in a run still in
+progress), so what a stopped run showed is not lost once it ended.
+
 Batch sizes reported as totals only (no epoch cost) are off the curves: each is judged on its
 own runs. Standard library only.
 """
@@ -52,6 +57,8 @@ EPOCH_COST_SLOPE_SDS: Tuple[Tuple[float, float], ...] = ((0.35, 0.3), (0.7, 0.4)
 _MIN_VAR = 1e-12
 # Grid (in standard deviations) over which a running batch size's mean log epochs is weighed.
 _GRID_SD: Tuple[float, ...] = tuple(-5.0 + 0.25 * i for i in range(41))
+# A finer grid for quantiles of a batch size's cost given runs that stopped short.
+_FINE_GRID_SD: Tuple[float, ...] = tuple(-6.0 + 0.05 * i for i in range(241))
 # Above this many degrees of freedom Student's t is computed from a normal approximation.
 _NORMAL_DOF = 30.0
 
@@ -79,12 +86,26 @@ class CostPosterior:
     Args:
         arms: Every batch size of the job with its counted runs (none for those never run).
         units: Measured epoch cost of the batch sizes that ran at least one epoch.
+        censored: ``{batch_size: epochs of each run that stopped before the target}``: each
+            says its batch size needs more epochs than that (a censored observation), weighed
+            into the probabilities that compare it (:meth:`prob_cheaper`,
+            :meth:`prob_cheaper_running`, :meth:`cost_quantile_running`).
     """
 
-    def __init__(self, arms: Sequence[ArmRuns], units: Mapping[int, float]) -> None:
+    def __init__(
+        self,
+        arms: Sequence[ArmRuns],
+        units: Mapping[int, float],
+        censored: Optional[Mapping[int, Sequence[int]]] = None,
+    ) -> None:
         self.arms = {a.batch_size: a for a in arms}
         if len(self.arms) != len(arms):
             raise ValueError("each batch size may appear once")
+        self.censored = {
+            b: tuple(sorted(n for n in runs if n >= 1))
+            for b, runs in sorted((censored or {}).items())
+            if b in self.arms and self.arms[b].on_chain and any(n >= 1 for n in runs)
+        }
         self.units = {b: u for b, u in units.items() if b in self.arms and u > 0}
         self.noise_var, self.noise_dof = _pooled_noise([a.log_units for a in arms])
         chain = [a.batch_size for a in arms if a.on_chain]
@@ -167,6 +188,39 @@ class CostPosterior:
                 high = mid
         return 0.5 * (low + high)
 
+    def cost_quantile_running(
+        self, batch_size: int, prob: float, unit: float, epochs_done: int
+    ) -> float:
+        """:meth:`cost_quantile` given the runs of ``batch_size`` that stopped short of the target.
+
+        Those are its censored runs and the run in progress (``epochs_done`` epochs without the
+        target): each makes a mean log epochs at which it would have reached the target less
+        likely, so ``mu_b``'s posterior is weighed by the chance of needing more epochs (on a
+        fine grid per mixture component), as in :meth:`prob_cheaper_running`.
+        """
+        limits = self._limits(batch_size, epochs_done)
+        if not limits:
+            return self.cost_quantile(batch_size, prob, unit)
+        noise_sd = math.sqrt(self.noise_var)
+        shift = math.log(unit) + self.noise(batch_size) / 2.0
+        points: List[Tuple[float, float]] = []
+        for g in self.mean_log_epochs(batch_size):
+            sd = math.sqrt(max(g.var, _MIN_VAR))
+            for z in _FINE_GRID_SD:
+                mu = g.mean + sd * z
+                weight = g.weight * math.exp(-0.5 * z * z) * _survives(mu, limits, noise_sd)
+                if weight > 0.0:
+                    points.append((mu + shift, weight))
+        total = sum(w for _, w in points)
+        if total <= 0.0:
+            return self.cost_quantile(batch_size, prob, unit)
+        seen = 0.0
+        for value, weight in sorted(points):
+            seen += weight
+            if seen >= prob * total:
+                return value
+        return max(v for v, _ in points)
+
     def prob_cost_below(self, batch_size: int, log_cost: float) -> float:
         """P(the log of a run's expected cost at ``batch_size`` is below ``log_cost``)."""
         return sum(
@@ -190,7 +244,11 @@ class CostPosterior:
         """
         key = ("cheaper", a, b, unit_a)
         if key not in self._memo:
-            self._memo[key] = self._prob_cheaper(a, b, unit_a)
+            unit = unit_a if unit_a is not None else self.units.get(a)
+            if a in self.censored and unit is not None:  # its runs that stopped short count
+                self._memo[key] = self._prob_cheaper_running(a, b, unit, 0)
+            else:
+                self._memo[key] = self._prob_cheaper(a, b, unit_a)
         return self._memo[key]
 
     def _prob_cheaper(self, a: int, b: int, unit_a: Optional[float]) -> float:
@@ -211,9 +269,10 @@ class CostPosterior:
     def prob_cheaper_running(self, a: int, b: int, unit_a: float, epochs_done: int) -> float:
         """:meth:`prob_cheaper` for ``a`` while a run of it has not converged in ``epochs_done``.
 
-        That run says ``a`` needs more epochs than that (a censored observation): ``mu_a``'s
-        posterior is weighed by the chance of needing more, on a grid (:data:`_GRID_SD`), jointly
-        with ``mu_b`` (their covariance on the curve kept).
+        That run says ``a`` needs more epochs than that (a censored observation), and so does
+        each of ``a``'s runs that stopped short before: ``mu_a``'s posterior is weighed by the
+        chance of needing more in every one, on a grid (:data:`_GRID_SD`), jointly with ``mu_b``
+        (their covariance on the curve kept).
         """
         key = ("running", a, b, unit_a, epochs_done)
         if key not in self._memo:
@@ -222,16 +281,16 @@ class CostPosterior:
 
     def _prob_cheaper_running(self, a: int, b: int, unit_a: float, epochs_done: int) -> float:
         units_a = self._units(a, unit_a)
-        if epochs_done < 1 or not (self.arms[a].on_chain and self.arms[b].on_chain):
-            return self.prob_cheaper(a, b, unit_a)
-        limit = math.log(epochs_done + 0.5)
+        limits = self._limits(a, epochs_done)
+        if not limits or not (self.arms[a].on_chain and self.arms[b].on_chain):
+            return self._prob_cheaper(a, b, unit_a)
         noise_sd = math.sqrt(self.noise_var)
         alive = sum(
-            g.weight * (1.0 - normal_cdf((limit - g.mean) / math.sqrt(g.var)))
+            g.weight * (1.0 - normal_cdf((max(limits) - g.mean) / math.sqrt(g.var)))
             for g in self.predictive_epochs(a)
         )
-        if alive > 0.95:  # the run's progress says nothing new yet
-            return self.prob_cheaper(a, b, unit_a)
+        if alive > 0.95:  # the runs' progress says nothing new yet
+            return self._prob_cheaper(a, b, unit_a)
         offset = self.noise(b) / 2.0 - self.noise(a) / 2.0 - math.log(unit_a)
         num = den = 0.0
         for pair in self.epochs.pair(a, b):
@@ -244,7 +303,7 @@ class CostPosterior:
                 for z in _GRID_SD:
                     mu_a = pair.mean_a + sd_a * z
                     prior = pair.weight * ub.weight * math.exp(-0.5 * z * z)
-                    like = 1.0 - normal_cdf((limit - mu_a) / noise_sd)
+                    like = _survives(mu_a, limits, noise_sd)
                     # a is cheaper when mu_b > mu_a - (u_b + offset)
                     cond_mean = pair.mean_b + slope * (mu_a - pair.mean_a)
                     gap = (mu_a - ub.mean - offset - cond_mean) / math.sqrt(cond_var + ub.var)
@@ -276,6 +335,13 @@ class CostPosterior:
             for g in self.mean_log_epochs(batch_size)
         ]
 
+    def _limits(self, batch_size: int, epochs_done: int) -> List[float]:
+        """Log epochs that ``batch_size``'s runs stopped short of the target at (censored)."""
+        ends = list(self.censored.get(batch_size, ()))
+        if epochs_done >= 1:
+            ends.append(epochs_done)
+        return [math.log(n + 0.5) for n in ends]
+
     def _units(self, batch_size: int, unit: Optional[float]) -> List[Gaussian]:
         if unit is not None:
             return [Gaussian(1.0, math.log(unit), 0.0)]
@@ -306,6 +372,14 @@ class CostPosterior:
             for ga in self.mean_log_epochs(a)
             for gb in self.mean_log_epochs(b)
         ]
+
+
+def _survives(mu: float, limits: Sequence[float], noise_sd: float) -> float:
+    """P(runs with mean log epochs ``mu`` each need more than their ``limits``)."""
+    out = 1.0
+    for limit in limits:
+        out *= 1.0 - normal_cdf((limit - mu) / noise_sd)
+    return out
 
 
 def _pooled_noise(samples: Sequence[Sequence[float]]) -> Tuple[float, float]:

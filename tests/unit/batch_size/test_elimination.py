@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 import sqlite3
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
 from perseus.batch_size import BatchSizeOptimizer
 from perseus.batch_size.elimination import (
     DEFERRED,
+    OUTCOMES,
     RULED_OUT,
     defer_verdict,
+    prob_ruled_out_after,
     run_verdict,
     standings,
 )
@@ -95,6 +97,59 @@ def test_deferral_counts_the_other_sides_run_it_pays_now() -> None:
     # without the detour, coming back later would have looked cheaper than finishing
     assert kept.other_cost - kept.detour_cost < kept.remaining_cost < kept.other_cost
     assert "for running 2048 first" in kept.describe() and "went on" in kept.describe()
+
+
+def test_deferral_is_judged_by_what_the_walk_will_find_after_the_other_sides_run() -> None:
+    # 256 took 20 epochs; a run of 192 (epochs as dear) has gone 26 without the target, and
+    # 360 (never run) is the other side's next. That 192 needs 27 or more puts a run of 360
+    # near 20 below its 2.5 % cost quantile more often than not, which alone would say
+    # "defer". But once deferred and 360 run, the walk judges 192 on a posterior where 360
+    # itself is known from one run: at most outcomes 192 is still in play, the walk comes
+    # back, and the 26 epochs are lost. Judged by those posteriors, the run goes on.
+    sizes = [64, 128, 192, 256, 360]
+
+    def posterior(
+        epochs: Dict[int, List[int]], censored: Optional[Dict[int, List[int]]] = None
+    ) -> CostPosterior:
+        arms = [ArmRuns(b, tuple(math.log(n) for n in epochs.get(b, ()))) for b in sizes]
+        units = {b: 1.0 for b in epochs}
+        units[192] = 1.0
+        return CostPosterior(arms, units, censored)
+
+    now = posterior({256: [20]})
+
+    def after(epochs_done: int) -> Callable[[int], CostPosterior]:
+        return lambda n: posterior({256: [20], 360: [n]}, {192: [epochs_done]})
+
+    proxy = defer_verdict(now, 192, 1.0, 26, 40, 256, 360)
+    assert proxy is not None and proxy.stop and proxy.probability > 0.5
+    judged = defer_verdict(now, 192, 1.0, 26, 40, 256, 360, after_other=after(26))
+    assert judged is not None and not judged.stop
+    assert judged.probability * OUTCOMES == pytest.approx(round(judged.probability * OUTCOMES))
+    assert judged.probability < proxy.probability
+    # an outcome past the other side's epoch budget fails and rules nothing out
+    assert prob_ruled_out_after(now, 192, 360, after(26), budget=5) == 0.0
+
+
+def test_runs_stopped_short_keep_counting_after_they_ended() -> None:
+    # 32 was stopped after 6 epochs without the target (deferred); 64 took 4 and 128 took 4
+    # at the same epoch cost. Without that run, 32 is predicted near 4 epochs as well; with it,
+    # it needs 7 or more, and is out.
+    arms = [ArmRuns(b, (math.log(4),) if b in (64, 128) else ()) for b in SIZES]
+    units = {32: 1.0, 64: 1.0, 128: 1.0}
+    blind = CostPosterior(arms, units)
+    seen = CostPosterior(arms, units, {32: [6]})
+    assert blind.prob_cheaper(32, 64) > 0.2
+    assert seen.prob_cheaper(32, 64) < 0.01
+    assert standings(seen, SIZES)[1][32].ruled_out
+    # the same as a run in progress that has gone that far
+    assert seen.prob_cheaper(32, 64) == pytest.approx(blind.prob_cheaper_running(32, 64, 1.0, 6))
+    # and its cost quantiles move up with it (its mean may lie a little below 6.5 epochs: a
+    # run's own spread can take it past 6)
+    assert seen.cost_quantile_running(32, 0.025, 1.0, 0) > math.log(5.0)
+    assert blind.cost_quantile(32, 0.025, 1.0) < math.log(4.0)
+    # a totals-only batch size, or one with no such run, is judged as before
+    assert CostPosterior(arms, units, {32: [0]}).censored == {}
 
 
 def _run(i: int, b: int, status: str, reason: Optional[str] = None, cost: float = 1.0) -> RunRow:
