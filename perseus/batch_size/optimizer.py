@@ -479,7 +479,12 @@ class BatchSizeOptimizer(RunReporting):
         if verdict is not None:
             return verdict
         other = defer_target(
-            self.batch_sizes, self.default_batch_size, self.num_pruning_rounds, runs, run
+            self.batch_sizes,
+            self.default_batch_size,
+            self.num_pruning_rounds,
+            runs,
+            run,
+            self._ruled_out_predicate(runs),
         )
         if other is None:
             return None

@@ -14,7 +14,9 @@ next batch size is already ruled out (``ruled_out``, from
 :mod:`perseus.batch_size.elimination`: what its neighbours' epochs and epoch costs predict for
 it makes it too unlikely to be cheaper than the best batch size so far), the state says so
 (``skip``): the optimizer records it as a failed step that never ran, which ends that direction
-like any failure, so the walk does not pay a run to learn what the others already say. The
+like any failure, so the walk does not pay a run to learn what the others already say. A
+direction whose last batch size reached the target but is ruled out since ends too: what lies
+beyond it is predicted from it, and only its own uncertainty would keep the next one in play. The
 batch sizes that reached the target form the next round's candidates; those of the last round
 become the bandit's arms, and every cost measured on the way is an observation.
 
@@ -93,8 +95,17 @@ class _Walk:
         return self.directions[d][self.position[d]]
 
 
-def _walk(candidates: Sequence[int], start: int, results: Dict[int, RunRow]) -> _Walk:
-    """The walk's state from the round's results (the start's included)."""
+def _walk(
+    candidates: Sequence[int],
+    start: int,
+    results: Dict[int, RunRow],
+    ruled_out: Callable[[int], bool] = _never,
+) -> _Walk:
+    """The walk's state from the round's results (the start's included).
+
+    A direction also ends when its last batch size reached the target but is ruled out since
+    (``ruled_out``): what lies beyond it is predicted from it.
+    """
     ordered = sorted(candidates)
     directions = ([b for b in reversed(ordered) if b < start], [b for b in ordered if b > start])
     # A failure ends a direction only once some batch size reached the target: the start,
@@ -116,6 +127,10 @@ def _walk(candidates: Sequence[int], start: int, results: Dict[int, RunRow]) -> 
                 seen_ok = True
                 last_cost[d] = run.cost
             position[d] += 1
+        if is_open[d] and position[d] > 0:
+            last = results[direction[position[d] - 1]]
+            if last.status == REACHED and ruled_out(last.batch_size):
+                is_open[d] = False
     return _Walk(
         directions=directions,
         position=(position[0], position[1]),
@@ -129,12 +144,13 @@ def _next_in_walk(
     start: int,
     results: Dict[int, RunRow],
     deferred: Sequence[int] = (),
+    ruled_out: Callable[[int], bool] = _never,
 ) -> Optional[int]:
     """The next batch size of the walk; None when the walk is over or waits.
 
     A direction whose next step was deferred goes after the other one.
     """
-    walk = _walk(candidates, start, results)
+    walk = _walk(candidates, start, results, ruled_out)
     choices = [d for d in (0, 1) if walk.next_step(d) is not None]
     if not choices:
         return None
@@ -196,12 +212,14 @@ def defer_target(
     num_rounds: int,
     runs: Sequence[RunRow],
     run: RunRow,
+    ruled_out: Callable[[int], bool] = _never,
 ) -> Optional[int]:
     """Where the walk would go if pruning run ``run`` (in progress) were deferred.
 
     That is the next step of the walk's other direction, when ``run`` is not its round's
     start, its batch size was not deferred in this round before, and that direction is open
-    with a step nobody took or deferred yet. None otherwise (the run cannot be deferred).
+    (``ruled_out`` as for :func:`pruning_state`) with a step nobody took or deferred yet. None
+    otherwise (the run cannot be deferred).
     """
     if run.phase != PRUNING or run.pruning_round is None:
         return None
@@ -216,7 +234,7 @@ def defer_target(
             if r.phase == PRUNING and r.pruning_round == rnd.pruning_round
         ):
             return None
-        walk = _walk(rnd.candidates, rnd.start, rnd.results)
+        walk = _walk(rnd.candidates, rnd.start, rnd.results, ruled_out)
         step = walk.next_step(1 if run.batch_size < rnd.start else 0)
         if step is None or step in rnd.results or step in rnd.deferred:
             return None  # nowhere else to go, or there too the walk already deferred
@@ -249,7 +267,7 @@ def pruning_state(
                 done=False,
                 candidates=candidates,
             )
-        next_batch_size = _next_in_walk(candidates, start, results, rnd.deferred)
+        next_batch_size = _next_in_walk(candidates, start, results, rnd.deferred, ruled_out)
         if next_batch_size is not None:
             return PruningState(
                 next_batch_size=next_batch_size,
