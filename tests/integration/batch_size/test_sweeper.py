@@ -58,18 +58,26 @@ def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) 
     )
     assert out.returncode == 0, out.stderr
     runs = _runs(tmp_path)
-    # pruning: 64 (400), 32 (500) is dearer so up: 128 (300), 256 (never), then down: 16
-    assert [r[0] for r in runs[:5]] == [64, 32, 128, 256, 16]
-    assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 2
-    assert {r[0] for r in runs[5:]} <= {16, 32, 64, 128}
+    # pruning: 64 (400), 32 (500) is dearer so up: 128 (300), 256 (never); 32 is then ruled
+    # out against 128, which ends the smaller side: 16 is never tried
+    assert [r[0] for r in runs[:4]] == [64, 32, 128, 256]
+    assert 16 not in [r[0] for r in runs]
     # cost per epoch 0.5 * 100 J + 0.5 * 100 W * 1 s = 100; 128 converges in 3 epochs
     assert runs[2][3] == pytest.approx(300.0)
-    if report == "epochs":  # the job applied the sweeper's max_epochs=5 to 256 and to 16
-        assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed"] * 2
-        assert runs[3][3:] == (pytest.approx(500.0), "target_missed")
-    else:  # returned totals: 256 took 10 s and 1000 J; 16 converged at 600 (= 2 x 300)
-        assert [r[2] for r in runs[:5]] == ["reached"] * 3 + ["failed", "reached"]
+    if report == "epochs":
+        # per epoch: 32 is deferred after 4 epochs (as many as 64's whole run), the job applied
+        # the sweeper's max_epochs=5 to 256, and the walk's step back to 32 is recorded as ruled
+        # out without a run (a step, not one of the 7 runs)
+        assert [r[1] for r in runs] == ["pruning"] * 5 + ["bandit"] * 3
+        assert [r[2] for r in runs[:5]] == ["reached", "failed", "reached", "failed", "failed"]
+        assert [r[4] for r in runs[:5]] == [None, "deferred", None, "target_missed", "ruled_out"]
+        assert runs[1][3] == pytest.approx(400.0) and runs[4][3] is None
+        assert runs[3][3] == pytest.approx(500.0)
+    else:  # returned totals: 32 converged at 500; 256 took 10 s and 1000 J
+        assert [r[1] for r in runs] == ["pruning"] * 4 + ["bandit"] * 3
+        assert [r[2] for r in runs[:4]] == ["reached"] * 3 + ["failed"]
         assert runs[3][3] == pytest.approx(1000.0)
+    assert {r[0] for r in runs if r[1] == "bandit"} <= {64, 128}
     # the job saw its batch size as an override
     assert (tmp_path / "multirun" / "0" / ".hydra" / "overrides.yaml").read_text().count(
         "batch_size=64"
@@ -77,7 +85,7 @@ def test_sweeper_runs_the_job_choosing_batch_sizes(tmp_path: Path, report: str) 
     # a second multirun continues the same search from the database
     again = _multirun(tmp_path, "hydra.sweeper.num_runs=2", f"report={report}")
     assert again.returncode == 0, again.stderr
-    assert len(_runs(tmp_path)) == 9
+    assert len(_runs(tmp_path)) == len(runs) + 2
 
 
 def test_an_exhausted_search_stops_the_sweep_and_can_go_on(tmp_path: Path) -> None:
