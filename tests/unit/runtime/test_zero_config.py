@@ -153,6 +153,8 @@ def test_rank_0_says_perseus_is_active_and_that_the_gpu_is_emulated(
     line = active[0]
     assert line.startswith("[perseus] Perseus active: mode max_speed")
     assert "emulated GPU — energy figures are synthetic" in line
+    # close the emulated GPU's sampler while the captured stderr its log lines go to is open
+    context.reset()
 
 
 # -- the launch's own server -----------------------------------------------------------------
