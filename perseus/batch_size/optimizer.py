@@ -39,7 +39,6 @@ Standard library only; runs on Python 3.9.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import statistics
@@ -60,10 +59,10 @@ from perseus.batch_size.elimination import (
     run_verdict,
     standings,
 )
+from perseus.batch_size.evidence import fit_posterior, posterior_after
 from perseus.batch_size.explain import check_settings, exhausted_message, explain_lines
 from perseus.batch_size.posterior import CostPosterior
 from perseus.batch_size.pruning import (
-    DEFERRED,
     PRUNING,
     PruningState,
     defer_target,
@@ -71,7 +70,7 @@ from perseus.batch_size.pruning import (
     start_batch_size,
 )
 from perseus.batch_size.reporting import RunReporting
-from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow, Store, batch_sizes_key
+from perseus.batch_size.store import REACHED, RUNNING, RunRow, Store, batch_sizes_key
 from perseus.errors import BatchSizeError
 
 log = logging.getLogger(__name__)
@@ -425,37 +424,9 @@ class BatchSizeOptimizer(RunReporting):
         )
         if self._fitted is not None and self._fitted[0] == key:
             return self._fitted[1]
-        posterior = self._fit(runs)
+        posterior = fit_posterior(runs, self.batch_sizes, self.metric_reaches_target)
         self._fitted = (key, posterior)
         return posterior
-
-    def _fit(self, runs: List[RunRow]) -> CostPosterior:
-        """:meth:`_posterior` without the cache."""
-        finished = [r for r in runs if r.status != RUNNING and r.cost is not None]
-        running = [r for r in runs if r.status == RUNNING and r.epoch_cost is not None]
-        arms = bandit.arms_from_runs(finished, self.batch_sizes, with_failures=True)
-        units = {a.batch_size: a.epoch_cost for a in arms if a.epoch_cost}
-        for b in {r.batch_size for r in running}:
-            measured = [r.epoch_cost for r in runs if r.batch_size == b and r.epoch_cost]
-            units[b] = statistics.fmean(measured)
-        return CostPosterior([a.runs() for a in arms], units, self._censored(finished))
-
-    def _censored(self, finished: List[RunRow]) -> Dict[int, List[int]]:
-        """Epochs of each pruning run that stopped before the target, by batch size.
-
-        Such a run (stopped early, deferred, or out of epochs) says its batch size needs more
-        epochs than it ran; bandit runs that failed are counted by their cost instead.
-        """
-        out: Dict[int, List[int]] = {}
-        for r in finished:
-            if (
-                r.phase == PRUNING
-                and r.status == FAILED
-                and r.num_epochs >= 1
-                and not self.metric_reaches_target(r.last_metric)
-            ):
-                out.setdefault(r.batch_size, []).append(r.num_epochs)
-        return out
 
     def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:
         if self.rule_out_probability <= 0 or run.num_epochs < 1 or not run.cost:
@@ -501,19 +472,16 @@ class BatchSizeOptimizer(RunReporting):
         self, runs: List[RunRow], run: RunRow, other: int, epochs: int
     ) -> CostPosterior:
         """The posterior if ``run`` were deferred now and a run of ``other`` took ``epochs``."""
-        unit = self._posterior(runs).expected_unit(other)
-        deferred = dataclasses.replace(run, status=FAILED, reason=DEFERRED)
-        reached = dataclasses.replace(
+        return posterior_after(
+            runs,
             run,
-            run_id=-1,
-            batch_size=other,
-            status=REACHED,
-            reason=None,
-            num_epochs=epochs,
-            cost=unit * epochs,
-            last_metric=self.target_metric,
+            other,
+            epochs,
+            batch_sizes=self.batch_sizes,
+            reaches_target=self.metric_reaches_target,
+            target_metric=self.target_metric,
+            unit=self._posterior(runs).expected_unit(other),
         )
-        return self._fit([deferred if r.run_id == run.run_id else r for r in runs] + [reached])
 
     @staticmethod
     def _arms(runs: List[RunRow], state: PruningState, *, converged_only: bool) -> List[bandit.Arm]:
