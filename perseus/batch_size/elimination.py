@@ -202,7 +202,7 @@ def defer_verdict(
     *,
     other_max_epochs: Optional[int] = None,
     bound: Optional[float] = None,
-    after_other: Optional[Callable[[int], CostPosterior]] = None,
+    after_other: Optional[Callable[[int, float], CostPosterior]] = None,
 ) -> Optional[RunVerdict]:
     """Judge a pruning run that the walk could leave for ``other``, its other side's next step.
 
@@ -242,8 +242,9 @@ def defer_verdict(
         threshold: Rule-out probability.
         other_max_epochs: The epoch budget of a run of ``other`` (default ``max_epochs``).
         bound: The early-stop bound on a run's cost (None: none yet).
-        after_other: ``epochs -> posterior`` once this run is deferred and a run of ``other``
-            reached the target in that many epochs (its epoch cost as predicted now).
+        after_other: ``(epochs, epoch cost) -> posterior`` once this run is deferred and a run
+            of ``other`` reached the target in that many epochs, each of that cost (``other``'s
+            as predicted now).
     """
     if batch_size == best or not posterior.arms[batch_size].on_chain:
         return None
@@ -287,7 +288,7 @@ def prob_ruled_out_after(
     posterior: CostPosterior,
     batch_size: int,
     other: int,
-    after_other: Callable[[int], CostPosterior],
+    after_other: Callable[[int, float], CostPosterior],
     threshold: float = RULE_OUT_PROBABILITY,
     *,
     budget: int,
@@ -296,7 +297,8 @@ def prob_ruled_out_after(
     """P(``batch_size`` is ruled out once a run of ``other``, never run yet, reached the target).
 
     ``other``'s epochs are taken at :data:`OUTCOMES` equal-probability points of their
-    predictive distribution; each outcome's posterior (``after_other(epochs)``) judges
+    predictive distribution, each epoch at its predicted cost; each outcome's posterior
+    (``after_other(epochs, epoch cost)``) judges
     ``batch_size`` against its best, as the walk will. An outcome past ``budget`` epochs, or
     whose cost passes the early-stop ``bound``, fails instead and rules nothing out. The
     outcomes are judged from the fewest epochs up, and the first that leaves ``batch_size`` in
@@ -309,8 +311,8 @@ def prob_ruled_out_after(
     for epochs in sorted(_epoch_outcomes(posterior, other)):
         if epochs > budget or (bound is not None and epochs * unit > bound):
             break
-        after = after_other(epochs)
-        best = best_of(after, [b for b in after.arms if after.can_predict(b)])
+        after = after_other(epochs, unit)
+        best = best_of(after, list(after.arms))
         if best is None or best == batch_size:
             break
         if after.prob_cheaper(batch_size, best) >= threshold:
@@ -322,11 +324,12 @@ def prob_ruled_out_after(
 def _epoch_outcomes(posterior: CostPosterior, batch_size: int) -> List[int]:
     """Epochs of a run at the :data:`OUTCOMES` equal-probability points of their predictive."""
     parts = posterior.predictive_epochs(batch_size)
+    lowest = min(g.mean - 10.0 * math.sqrt(g.var) for g in parts)
+    highest = max(g.mean + 10.0 * math.sqrt(g.var) for g in parts)
     out = []
     for k in range(OUTCOMES):
         prob = (k + 0.5) / OUTCOMES
-        low = min(g.mean - 10.0 * math.sqrt(g.var) for g in parts)
-        high = max(g.mean + 10.0 * math.sqrt(g.var) for g in parts)
+        low, high = lowest, highest
         for _ in range(50):
             mid = 0.5 * (low + high)
             below = sum(g.weight * normal_cdf((mid - g.mean) / math.sqrt(g.var)) for g in parts)

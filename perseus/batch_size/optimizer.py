@@ -465,22 +465,16 @@ class BatchSizeOptimizer(RunReporting):
             threshold=self.rule_out_probability,
             other_max_epochs=self.max_epochs,
             bound=bound,
-            after_other=lambda epochs: self._posterior_after(runs, run, other, epochs),
-        )
-
-    def _posterior_after(
-        self, runs: List[RunRow], run: RunRow, other: int, epochs: int
-    ) -> CostPosterior:
-        """The posterior if ``run`` were deferred now and a run of ``other`` took ``epochs``."""
-        return posterior_after(
-            runs,
-            run,
-            other,
-            epochs,
-            batch_sizes=self.batch_sizes,
-            reaches_target=self.metric_reaches_target,
-            target_metric=self.target_metric,
-            unit=self._posterior(runs).expected_unit(other),
+            after_other=lambda epochs, unit: posterior_after(
+                runs,
+                run,
+                other,
+                epochs,
+                batch_sizes=self.batch_sizes,
+                reaches_target=self.metric_reaches_target,
+                target_metric=self.target_metric,
+                unit=unit,
+            ),
         )
 
     @staticmethod

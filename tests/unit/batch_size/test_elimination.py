@@ -109,17 +109,21 @@ def test_deferral_is_judged_by_what_the_walk_will_find_after_the_other_sides_run
     sizes = [64, 128, 192, 256, 360]
 
     def posterior(
-        epochs: Dict[int, List[int]], censored: Optional[Dict[int, List[int]]] = None
+        epochs: Dict[int, List[int]],
+        censored: Optional[Dict[int, List[int]]] = None,
+        unit_360: float = 1.0,
     ) -> CostPosterior:
         arms = [ArmRuns(b, tuple(math.log(n) for n in epochs.get(b, ()))) for b in sizes]
         units = {b: 1.0 for b in epochs}
         units[192] = 1.0
+        if 360 in epochs:
+            units[360] = unit_360
         return CostPosterior(arms, units, censored)
 
     now = posterior({256: [20]})
 
-    def after(epochs_done: int) -> Callable[[int], CostPosterior]:
-        return lambda n: posterior({256: [20], 360: [n]}, {192: [epochs_done]})
+    def after(epochs_done: int) -> Callable[[int, float], CostPosterior]:
+        return lambda n, unit: posterior({256: [20], 360: [n]}, {192: [epochs_done]}, unit)
 
     proxy = defer_verdict(now, 192, 1.0, 26, 40, 256, 360)
     assert proxy is not None and proxy.stop and proxy.probability > 0.5
