@@ -75,7 +75,8 @@ def posterior_after(
 
     The run of ``other`` reached the target in ``epochs`` epochs of cost ``unit`` each.
     """
-    deferred = dataclasses.replace(run, status=FAILED, reason=DEFERRED)
+    # A run deferred before its first epoch ended keeps its price (its cost is then 0).
+    deferred = dataclasses.replace(run, status=FAILED, reason=DEFERRED, cost=run.cost or 0.0)
     reached = dataclasses.replace(
         run,
         run_id=-1,

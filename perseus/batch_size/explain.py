@@ -98,6 +98,11 @@ def _outcome(run: RunRow, stopped: Optional[str]) -> str:
         return f"not run: {stopped}"
     text = REASONS.get(run.reason or "", run.reason or "failed")
     detail = f" [{stopped}]" if stopped else ""
+    if run.num_epochs == 0 and run.priced_epoch_cost is not None:
+        return (
+            f"stopped on its price (an epoch {run.priced_epoch_cost:.4g}) before its first "
+            f"epoch ended, {cost}: {text}{detail}"
+        )
     return f"failed after {run.num_epochs} epoch(s), {cost}: {text}{detail}"
 
 

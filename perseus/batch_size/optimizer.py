@@ -429,14 +429,14 @@ class BatchSizeOptimizer(RunReporting):
         return posterior
 
     def _run_verdict(self, run: RunRow) -> Optional[RunVerdict]:
-        if self.rule_out_probability <= 0 or run.num_epochs < 1 or not run.cost:
+        unit = run.epoch_cost
+        if self.rule_out_probability <= 0 or unit is None or unit <= 0.0:
             return None
         runs = self.store.runs(None, self.job_id)
         posterior = self._posterior(runs)
         best = best_of(posterior, self.batch_sizes)
         if best is None or best == run.batch_size:
             return None
-        unit = run.cost / run.num_epochs
         bound = self._cost_bound(run.run_id)
         judged = (
             posterior,

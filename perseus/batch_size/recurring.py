@@ -137,6 +137,10 @@ class RecurringJob:
         self._epoch = 0
         self._started = False
         self._warned_metric = False
+        # Whether this run's first epoch is still to be priced, and whether its price stopped it.
+        self._price_pending = False
+        self._stopped_on_price = False
+        self._partial: Optional[aggregate.WindowTotals] = None
 
     @property
     def gpus(self) -> List[GPU]:
@@ -178,6 +182,7 @@ class RecurringJob:
             self.close(failed=True)
             raise
         self._started = True
+        self._price_pending = self.world_size == 1 and self.optimizer is not None
         log.info(
             "job %s: batch size %d (%d per rank), power limit %s",
             self.job_id,
@@ -218,8 +223,20 @@ class RecurringJob:
         self.result = aggregate.broadcast_object(self.result)  # type: ignore[assignment]
 
     def steps(self, iterable: Iterable[T]) -> Iterator[T]:
-        """One epoch of a data loader, with the power-limit optimizer around each step."""
-        yield from self._devices.steps(iterable)
+        """One epoch of a data loader, with the power-limit optimizer around each step.
+
+        In a run's first epoch, once the power-limit profile chose a limit, the epoch is priced
+        (the chosen limit's per-step time and energy x the loader's length) and the search
+        judges the run on that price: a run it stops (a batch size ruled out by its price, left
+        for the walk's other side, or whose one epoch passes the early-stop bound) ends here,
+        before paying the rest of the epoch. Single-process jobs with a sized loader only;
+        others are judged at their first epoch's end.
+        """
+        num_steps = _length(iterable) if self._price_pending and self._epoch == 1 else None
+        for item in self._devices.steps(iterable):
+            yield item
+            if num_steps is not None and self._stop_on_price(num_steps):
+                return
 
     def report_metric(self, metric: float) -> None:
         """The validation metric after this epoch (every rank may call it; rank 0's counts)."""
@@ -295,9 +312,32 @@ class RecurringJob:
         )
         return self.optimizer.next_batch_size()
 
+    def _stop_on_price(self, num_steps: int) -> bool:
+        """Price the first epoch once a limit is chosen; whether the search stops the run."""
+        price = self._devices.epoch_price(num_steps)
+        if price is None or price[0] <= 0.0:
+            return False
+        self._price_pending = False
+        assert self.optimizer is not None
+        self.optimizer.report_epoch_cost(*price)
+        if not self.optimizer.should_stop():
+            return False
+        self._stopped_on_price = True
+        log.info(
+            "job %s: batch size %d stops in its first epoch, on its price (%.4g s, %.4g J an "
+            "epoch at the chosen power limit)",
+            self.job_id,
+            self.batch_size,
+            *price,
+        )
+        return True
+
     def _end_epoch(self) -> bool:
         """Measure and report the epoch; returns whether the run stops (same on every rank)."""
         total, steady = self._devices.end_epoch()
+        if self._stopped_on_price:
+            self._partial = total
+            return True
         stop = False
         if self.rank == 0 and self.optimizer is not None and self.optimizer.run_id is not None:
             if self._metric is None and not self._warned_metric:
@@ -319,8 +359,25 @@ class RecurringJob:
 
     def _finish(self, reason: Optional[str] = None) -> None:
         assert self.optimizer is not None
-        summary = self.optimizer.report_run(reason=reason)
+        partial = self._partial
+        if partial is not None:  # stopped on its price: no whole epoch, what it spent
+            summary = self.optimizer.report_run(
+                time_s=partial.time_s,
+                energy_j=partial.energy_j,
+                reached_target=False,
+                reason=reason,
+            )
+        else:
+            summary = self.optimizer.report_run(reason=reason)
         if self.power_limit is not None:
             summary["power_limit"] = self.power_limit.report()
         self.result = summary
         log.info("job %s: run %s", self.job_id, summary)
+
+
+def _length(iterable: Iterable[Any]) -> Optional[int]:
+    """The number of items of a sized iterable (a data loader: its steps); None otherwise."""
+    try:
+        return len(iterable)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -75,6 +75,32 @@ class RunReporting:
         cost = (run.cost or 0.0) + self.cost_j(*steady)
         self.store.add_epoch(run.run_id, metric, (time_s, energy_j), steady, cost)
 
+    def report_epoch_cost(self, time_s: float, energy_j: float) -> None:
+        """Price one epoch of the current run before its first epoch ends.
+
+        A job that knows what one epoch will take at the batch size's chosen power limit
+        before running it (from the power-limit profile's steps, or its first steps, times the
+        steps of an epoch) says so here; :meth:`should_stop` then judges the run on that
+        price, so a batch size whose epochs alone rule it out (or that the walk had better
+        leave for its other side first) stops before paying a whole epoch. Later epochs are
+        judged on their measured cost, as before.
+
+        Args:
+            time_s: One epoch's wall time at the chosen power limit.
+            energy_j: Its energy (all GPUs of the job).
+
+        Raises:
+            BatchSizeError: When no run is in progress, or the price is not positive.
+        """
+        run = self._current_run()
+        cost = self.cost_j(time_s, energy_j)
+        if not (math.isfinite(cost) and cost > 0.0):
+            raise BatchSizeError(
+                f"job {self.job_id!r}: an epoch priced at {time_s!r} s and {energy_j!r} J costs "
+                "nothing; pass one epoch's measured time and energy (both positive)"
+            )
+        self.store.price_run(run.run_id, cost)
+
     def should_stop(self) -> bool:
         """True when the current run should end now.
 
@@ -177,12 +203,12 @@ class RunReporting:
         if self.metric_reaches_target(run.last_metric):
             return REACHED
         bound = self._cost_bound(run.run_id)
-        # Predict the next epoch from this run's epochs so far.
+        # Predict the next epoch from this run's epochs so far (or from its price).
+        unit = run.epoch_cost
         if (
             bound is not None
-            and run.num_epochs > 0
-            and run.cost is not None
-            and run.cost + run.cost / run.num_epochs > bound * (1.0 + _BOUND_SLACK)
+            and unit is not None
+            and (run.cost or 0.0) + unit > bound * (1.0 + _BOUND_SLACK)
         ):
             return REASON_COST
         if run.num_epochs >= self.max_epochs:

@@ -142,6 +142,20 @@ class RunDevices:
         finally:
             self._call_power_limit("on_epoch_end")
 
+    def epoch_price(self, num_steps: int) -> Optional[Tuple[float, float]]:
+        """``(time_s, energy_j)`` of an epoch of ``num_steps`` steps at the chosen power limit.
+
+        From the power-limit profile's per-step measurement of the chosen limit (this process's
+        GPUs); None while no limit is chosen (profiling, or power-limit optimization off).
+        """
+        plo = self.power_limit
+        if plo is None or plo.state != DONE:
+            return None
+        chosen = plo.chosen_measurement
+        if chosen is None:
+            return None
+        return num_steps * chosen.time_per_step_s, num_steps * chosen.energy_per_step_j
+
     def end_epoch(self) -> Tuple[aggregate.WindowTotals, tuple]:
         """The epoch's time and energy over every rank: as measured, and at the chosen limit.
 

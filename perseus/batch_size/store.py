@@ -76,6 +76,8 @@ _ADDED_COLUMNS: Dict[str, List[Tuple[str, str]]] = {
         # Why the optimizer chose the run's batch size, and why the run stopped (explain()).
         ("why_chosen", "TEXT"),
         ("why_stopped", "TEXT"),
+        # One epoch's cost at the chosen power limit, priced before the first epoch ended.
+        ("priced_epoch_cost", "REAL"),
     ],
     "epochs": [("steady_time_s", "REAL"), ("steady_energy_j", "REAL")],
 }
@@ -86,7 +88,7 @@ FAILED = "failed"
 
 _RUN_COLUMNS = (
     "run_id, batch_size, phase, pruning_round, status, reason, num_epochs, time_s, energy_j,"
-    " cost, last_metric, steady_time_s, steady_energy_j"
+    " cost, last_metric, steady_time_s, steady_energy_j, priced_epoch_cost"
 )
 
 
@@ -108,6 +110,9 @@ class RunRow:
         last_metric: The metric of the last reported epoch.
         steady_time_s: Wall time at the chosen power limit (s).
         steady_energy_j: Energy at the chosen power limit (J).
+        priced_epoch_cost: One epoch's cost at the chosen power limit as priced before the
+            run's first epoch ended (from its power-limit profile or first steps); None when
+            it was not.
     """
 
     run_id: int
@@ -123,13 +128,19 @@ class RunRow:
     last_metric: Optional[float]
     steady_time_s: float = 0.0
     steady_energy_j: float = 0.0
+    priced_epoch_cost: Optional[float] = None
 
     @property
     def epoch_cost(self) -> Optional[float]:
-        """Mean cost of one epoch (None for runs reported as totals only)."""
-        if self.cost is None or self.num_epochs < 1:
-            return None
-        return self.cost / self.num_epochs
+        """Mean cost of one epoch: of its epochs, else as priced (None when neither is known).
+
+        None for runs reported as totals only.
+        """
+        if self.cost is not None and self.num_epochs >= 1:
+            return self.cost / self.num_epochs
+        if self.priced_epoch_cost is not None and self.priced_epoch_cost > 0:
+            return self.priced_epoch_cost
+        return None
 
 
 class Store:
@@ -385,6 +396,16 @@ class Store:
                 (run_id, int(epoch[0]), metric, *measured, *steady),
             )
         return int(epoch[0])
+
+    def price_run(self, run_id: int, epoch_cost: float) -> None:
+        """Record a running run's epoch cost, priced before its first epoch ended."""
+        with self.transaction() as conn:
+            status = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if status is None or status[0] != RUNNING:
+                raise ConfigError(
+                    f"{self.path}: run {run_id} is not running; start one with next_batch_size()"
+                )
+            conn.execute("UPDATE runs SET priced_epoch_cost=? WHERE run_id=?", (epoch_cost, run_id))
 
     def finish_run(
         self,

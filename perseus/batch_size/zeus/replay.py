@@ -341,8 +341,18 @@ class PerseusPolicy:
         return [mw // 1000 for mw in self.shapes[batch_size].limits_mw]
 
     def starts(self, batch_size: int, steady: EpochCost) -> bool:
-        """Runs always start."""
-        return True
+        """Price the run's epoch (the profile's figure at the chosen limit) and ask to go on.
+
+        :meth:`BatchSizeOptimizer.report_epoch_cost`, then
+        :meth:`BatchSizeOptimizer.should_stop`: a run stopped on its price ends with no epoch
+        (reported as such) and does not start, as the published method skips a run of which
+        not one epoch fits under its bound.
+        """
+        self.optimizer.report_epoch_cost(steady.time_s, steady.energy_j)
+        if not self.optimizer.should_stop():
+            return True
+        self.optimizer.report_run()
+        return False
 
     def report_epoch(self, reached: bool, measured: EpochCost, steady: EpochCost) -> None:
         """:meth:`BatchSizeOptimizer.report_epoch` (metric 1 at the target, else 0)."""

@@ -23,6 +23,7 @@ from perseus.batch_size.elimination import (
 from perseus.batch_size.posterior import ArmRuns, CostPosterior
 from perseus.batch_size.pruning import PRUNING, pruning_state
 from perseus.batch_size.store import FAILED, REACHED, RUNNING, RunRow
+from perseus.errors import BatchSizeError
 
 SIZES = [16, 32, 64, 128, 256, 512]
 
@@ -307,3 +308,75 @@ def test_state_files_from_before_the_reasons_load_and_explain(tmp_path: Path) ->
     lines = bso.explain()
     assert "reason not recorded: an older run" in lines[1]
     assert bso.next_batch_size() in (64, 256)  # the walk goes on from the old run
+
+
+def _converge(bso: BatchSizeOptimizer, epochs: int, epoch_cost: float) -> dict:
+    for epoch in range(1, epochs + 1):
+        bso.report_epoch(1.0 if epoch == epochs else 0.0, epoch_cost, 0.0)
+    assert bso.should_stop()
+    return bso.report_run()
+
+
+def test_a_run_priced_before_its_first_epoch_is_judged_on_its_price(tmp_path: Path) -> None:
+    # movielens-1m's shape: every batch size converges in 4 epochs, and an epoch costs about
+    # 1.7 x as much at half the batch size (eta 0, 1 W: cost = time). Priced before its first
+    # epoch ends, 512 could only beat 1024 by converging in 2 epochs or fewer, while the larger
+    # side's cheaper epochs would rule it out at most outcomes of their runs: it is deferred
+    # before paying an epoch, and ruled out once the larger side ran.
+    sizes = [256, 512, 1024, 2048, 4096]
+    unit = {256: 6.0, 512: 3.5, 1024: 2.0, 2048: 1.15, 4096: 0.84}
+    bso = BatchSizeOptimizer(
+        tmp_path / "bso.db", "job", sizes, 1024, eta=0.0, max_epochs=20, max_power_w=1.0, seed=1
+    )
+    assert bso.next_batch_size() == 1024
+    _converge(bso, 4, unit[1024])
+    assert bso.next_batch_size() == 512
+    bso.report_epoch_cost(unit[512], 0.0)
+    assert bso.should_stop()
+    result = bso.report_run()
+    assert (result["status"], result["reason"], result["cost"]) == ("failed", DEFERRED, 0.0)
+    for batch_size in (2048, 4096):
+        assert bso.next_batch_size() == batch_size
+        bso.report_epoch_cost(unit[batch_size], 0.0)
+        assert not bso.should_stop()  # priced in play: they run
+        assert _converge(bso, 4, unit[batch_size])["status"] == REACHED
+    assert bso.next_batch_size() == 4096  # 512 is ruled out without a run: the bandit's turn
+    lines = bso.explain()
+    assert any(
+        line.startswith("run 5: batch size 512")
+        and "not run: ruled out before it ran: P(cheaper than 4096)" in line
+        for line in lines
+    )
+    assert any(
+        "run 2: batch size 512" in line
+        and "stopped on its price (an epoch 3.5) before its first epoch ended, cost 0" in line
+        and "a run of 2048 (the other side's next) would rule it out" in line
+        for line in lines
+    )
+
+
+def test_an_epoch_priced_past_the_early_stop_bound_stops_the_run_unpaid(tmp_path: Path) -> None:
+    bso = BatchSizeOptimizer(
+        tmp_path / "bso.db",
+        "job",
+        [512, 1024],
+        1024,
+        eta=0.0,
+        max_power_w=1.0,
+        rule_out_probability=0.0,  # the early-stop bound alone
+    )
+    bso.next_batch_size()
+    _converge(bso, 1, 1.0)
+    assert bso.next_batch_size() == 512
+    with pytest.raises(BatchSizeError, match="costs nothing; pass one epoch's measured time"):
+        bso.report_epoch_cost(0.0, 0.0)
+    bso.report_epoch_cost(1.9, 0.0)  # one epoch fits under 2 x 1.0
+    assert not bso.should_stop()
+    bso.report_epoch_cost(2.1, 0.0)  # it does not: the published method skips such a run
+    assert bso.should_stop()
+    result = bso.report_run()
+    assert (result["status"], result["reason"]) == ("failed", "cost_exceeded")
+    run = bso.store.runs(None, "job")[-1]
+    assert (run.num_epochs, run.priced_epoch_cost, run.epoch_cost) == (0, 2.1, 2.1)
+    with pytest.raises(BatchSizeError, match="no run in progress"):
+        bso.report_epoch_cost(1.0, 0.0)

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from perseus.batch_size import RecurringJob
+from perseus.batch_size.store import Store
 from perseus.config.schema import GPUConfig
 from perseus.errors import BatchSizeError
 from perseus.gpu.emulated.device import EmulatedGPU
@@ -92,6 +93,45 @@ def test_runs_stop_early_when_they_would_cost_too_much(tmp_path: Path) -> None:
     # exactly 4 epochs would be a tie that a part per ten thousand of measurement decides)
     assert results[1]["reason"] == "cost_exceeded"
     assert results[1]["cost"] == pytest.approx(2.0 * results[0]["cost"], rel=1e-3)
+
+
+def test_a_run_whose_priced_epoch_passes_the_bound_stops_inside_its_first_epoch(
+    tmp_path: Path,
+) -> None:
+    # 64 converges in one epoch of 16 steps. An epoch of 32 is 32 such steps: priced once its
+    # power-limit profile chose a limit (inside its first epoch), it passes the early-stop
+    # bound (1.5 x 64's run), so the run ends there instead of paying the whole epoch.
+    epochs: Dict[int, Optional[int]] = {32: 6, 64: 1, 128: 1, 256: None}
+    steps_run: List[int] = []
+    results = []
+    for _ in range(2):
+        clock = VirtualClock()
+        gpu = emulated_gpu(clock)
+        with _job(tmp_path, clock, gpu, beta=1.5, rule_out_probability=0.0) as job:
+            steps = 0
+            for epoch in job.epochs():
+                for _ in job.steps(range(1024 // job.batch_size)):
+                    with job.instruction("forward"):
+                        steps += 1
+                job.report_metric(min(1.0, epoch / (epochs[job.batch_size] or 1e9)))
+            steps_run.append(steps)
+        assert gpu.power_limit_mw() == TOP_MW
+        assert job.result is not None
+        results.append(job.result)
+    assert [r["batch_size"] for r in results] == [64, 32]
+    assert results[1]["reason"] == "cost_exceeded"
+    assert steps_run[0] == 16 and 0 < steps_run[1] < 32  # stopped inside its first epoch
+    (first, second) = Store(tmp_path / "bso.db").runs(None, "job")
+    assert second.num_epochs == 0 and second.priced_epoch_cost is not None
+    # the price: the chosen limit's measured cost per step x the loader's 32 steps
+    report = results[1]["power_limit"]
+    chosen = next(
+        m for m in report["measurements"] if m["power_limit_w"] == report["chosen_power_limit_w"]
+    )
+    assert second.priced_epoch_cost == pytest.approx(32 * chosen["zeus_cost_j"], rel=1e-6)
+    assert second.priced_epoch_cost > 1.5 * first.cost
+    # what the run spent (the profile's steps and one more) is charged, less than an epoch
+    assert 0.0 < results[1]["measured_cost"] < second.priced_epoch_cost
 
 
 def test_a_failing_training_loop_is_a_failed_run_and_the_gpu_is_restored(tmp_path: Path) -> None:
