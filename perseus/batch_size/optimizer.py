@@ -162,6 +162,9 @@ class BatchSizeOptimizer(RunReporting):
         self._standing: Optional[
             Tuple[CostPosterior, Tuple[Optional[int], Dict[int, Standing]]]
         ] = None
+        # The last run judged, with the job's runs it was judged on, and the verdict: a stop is
+        # judged by should_stop() and again by report_run() (its reason, then its detail).
+        self._verdict: Optional[Tuple[Tuple[Any, ...], Optional[RunVerdict]]] = None
 
     @classmethod
     def from_db(cls, db_path: Union[str, Path], job_id: str, **kwargs: Any) -> BatchSizeOptimizer:
@@ -433,6 +436,13 @@ class BatchSizeOptimizer(RunReporting):
         if self.rule_out_probability <= 0 or unit is None or unit <= 0.0:
             return None
         runs = self.store.runs(None, self.job_id)
+        key = (run, *runs)
+        if self._verdict is None or self._verdict[0] != key:
+            self._verdict = (key, self._judge(run, runs, unit))
+        return self._verdict[1]
+
+    def _judge(self, run: RunRow, runs: List[RunRow], unit: float) -> Optional[RunVerdict]:
+        """:meth:`_run_verdict` on the job's ``runs`` (a pure function of them)."""
         posterior = self._posterior(runs)
         best = best_of(posterior, self.batch_sizes)
         if best is None or best == run.batch_size:
