@@ -4,9 +4,9 @@ This module owns the rules of one run: its cost (``eta * E + (1 - eta) * P_max *
 batch size's chosen power limit), its early stop (the next epoch, predicted from its epochs so
 far or, before the first, from its price, would take it past ``beta`` x the cheapest converged
 run; or ``max_epochs`` ran out; or its batch size is ruled out and finishing would cost more
-than a fresh run of the best one,
-``ruled_out``, judged by the optimizer: :mod:`perseus.batch_size.elimination`), and its outcome
-(a run that reaches the target above that bound counts as failed, ``cost_exceeded``).
+than a fresh run of the best one, ``ruled_out``, judged by the optimizer:
+:mod:`perseus.batch_size.elimination`), and its outcome (a run that reaches the target above
+that bound counts as failed, ``cost_exceeded``).
 :class:`RunReporting` is the base of :class:`~perseus.batch_size.optimizer.BatchSizeOptimizer`,
 which sets the attributes it declares, owns the store and chooses the batch size each run trains
 with.
