@@ -1,13 +1,14 @@
 """The ``baseline`` phase: every instruction at the highest clock, and the job's first measurement.
 
-From ``settle_steps`` on, and once every stage's GPU is thermally settled, the clean job
-iterations are the job's max-speed baseline, the instruction durations and the energy counters'
-update period (as the job measured it from the ranks' counter updates) size the profiling
-sweeps' windows, and the instruction records and counter updates already feed the job's
-estimates (the highest clock's points). Once every stage registered and ``baseline_steps`` clean
-iterations are measured, the job goes on to ``profiling`` (or fails where profiling is
-disabled). The sweeps then re-measure the clocks whose rows the estimates still find uncertain,
-as their budget allows.
+From ``settle_steps`` on, and once every stage registered and its GPU is thermally settled,
+the clean job iterations are the job's max-speed baseline (before, a job step holds only the
+stages registered: not the job's time and energy), the instruction durations and the energy
+counters' update period (as the job measured it from the ranks' counter updates) size the
+profiling sweeps' windows, and the instruction records and counter updates already feed the
+job's estimates (the highest clock's points). Once ``baseline_steps`` clean iterations are
+measured, the job goes on to ``profiling`` (or fails where profiling is disabled). The sweeps
+then re-measure the clocks whose rows the estimates still find uncertain, as their budget
+allows.
 
 **Thermally settled** (``docs/design.md``, "Thermal drift"): leakage power rises with the
 card's temperature, so iterations measured while a card still warms up from idle read low. Each
@@ -107,9 +108,16 @@ class Baseline(JobPhase):
             self._measured()
 
     def thermally_settled(self) -> bool:
-        """Whether every stage's GPU has settled (see the module docstring); once true, stays."""
+        """Whether every stage's GPU has settled (see the module docstring); once true, stays.
+
+        Never before every stage registered: until then a job step holds only the stages
+        known (their time and energy, not the job's), and a stage not heard from has not
+        settled.
+        """
         if self.settled:
             return True
+        if not self.ctx.ranks.all_stages_known():
+            return False
         ready, verdicts = stages_settled(self.thermal)
         if not ready:
             return False
