@@ -33,6 +33,14 @@ def wait_prefetched(source: OnlineSource, step: int, limit_s: float = 60.0) -> N
         time.sleep(0.005)
 
 
+def wait_registered(sources: Sequence[OnlineSource], limit_s: float = 60.0) -> None:
+    """Wait until every stage leader's link has registered its rank (and the job)."""
+    deadline = time.monotonic() + limit_s
+    while not all(s.link.registered for s in sources if s.link is not None):
+        assert time.monotonic() < deadline, "a stage leader never registered"
+        time.sleep(0.005)
+
+
 @dataclass
 class RankRun:
     """What one rank saw: the clock of every instruction of every step, and its phases."""

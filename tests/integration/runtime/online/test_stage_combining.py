@@ -13,7 +13,13 @@ import pytest
 from perseus.config.schema import ServerConfig
 from perseus.runtime.online.client import ServerClient
 from perseus.server.process import ServerHandle, start_server_process
-from tests.unit.server.stage_ranks import order_of, run_ranks, spec_of, stage_sources
+from tests.unit.server.stage_ranks import (
+    order_of,
+    run_ranks,
+    spec_of,
+    stage_sources,
+    wait_registered,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.one_worker]
 
@@ -27,6 +33,9 @@ def test_only_leaders_talk_and_every_rank_runs_its_stages_schedule(server: Serve
     }
     sources, infos = stage_sources(server.url, spec, clients=clients)
     assert [s.link is not None for s in sources] == [True, True, False, False, False, False]
+    # Both leaders registered before the first iteration (a leader that registers late finds
+    # the job's first iterations measured without its stage: only the baseline waits for it).
+    wait_registered(sources)
     num_steps = 10
     runs = run_ranks(sources, infos, num_steps, energy_j=2.0)
     for source in sources:
